@@ -1,0 +1,1 @@
+"""Loss-gap analysis between runs and the comparison report."""

@@ -1,0 +1,1 @@
+"""Tokenizer, sources, token shards, loaders and chat formatting."""

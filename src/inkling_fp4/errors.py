@@ -1,0 +1,21 @@
+"""Errors meant for the person at the command line.
+
+A :class:`UserError` carries a one-line message that says what is wrong and how to fix it; the CLI
+prints it and exits with code 2, without a traceback. Anything else is a bug and keeps its traceback.
+"""
+
+
+class UserError(Exception):
+    """A problem with the user's input (recipe, files, shapes, hardware request)."""
+
+
+class ConfigError(UserError):
+    """An invalid recipe, override or config value."""
+
+
+class DataError(UserError):
+    """A missing, empty or corrupt data source, shard or tokenizer."""
+
+
+class NumericsError(UserError, ValueError):
+    """A tensor the number formats cannot take: NaN/Inf, a bad shape or dtype."""

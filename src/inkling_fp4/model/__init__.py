@@ -1,0 +1,1 @@
+"""The hybrid Mamba-2 / attention / MLP language model."""

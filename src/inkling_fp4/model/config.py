@@ -1,0 +1,82 @@
+"""Model configuration: the hybrid layout and the sizes of its three block types.
+
+The defaults are the ``tiny`` model (CPU tests, seconds). Named presets live in
+:mod:`inkling_fp4.model.presets`; a recipe picks one with ``model.preset`` and may override any field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ModelConfig:
+    preset: str | None = None
+    """Named size (tiny, hybrid-125m, hybrid-350m, nemotron-h-12b); explicit fields override it."""
+    pattern: str = "M-*-M-"
+    """One character per layer: 'M' Mamba-2, '*' attention, '-' MLP (Nemotron-H notation)."""
+    vocab_size: int = 4096
+    """Vocabulary size; must be >= the tokenizer's."""
+    d_model: int = 64
+    """Residual stream width."""
+    n_heads: int = 4
+    """Attention query heads."""
+    n_kv_heads: int = 2
+    """Attention key/value heads (grouped-query attention); divides n_heads."""
+    head_dim: int | None = None
+    """Attention head width; None means d_model // n_heads."""
+    ffn_dim: int = 256
+    """MLP hidden width (squared-ReLU MLP)."""
+    mamba_heads: int = 8
+    """Mamba-2 heads H; d_inner = mamba_heads * mamba_head_dim (expand * d_model in the papers)."""
+    mamba_head_dim: int = 16
+    """Mamba-2 head width P."""
+    d_state: int = 16
+    """SSM state size N."""
+    n_groups: int = 2
+    """Groups G of B/C, each shared by mamba_heads / n_groups heads."""
+    conv_kernel: int = 4
+    """Depthwise causal conv width over x, B, C."""
+    chunk_size: int = 64
+    """SSD chunk length (a speed knob; results are the same for any value)."""
+    dt_min: float = 1e-3
+    """dt_bias is initialised so that softplus(dt_bias) is log-uniform in [dt_min, dt_max]."""
+    dt_max: float = 0.1
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    init_std: float = 0.02
+    """Std of the normal init of linear layers and embeddings (output projections scaled by depth)."""
+    ssd_impl: str = "auto"
+    """SSD scan implementation: auto (Triton on CUDA when available), triton, or reference."""
+
+    def __post_init__(self):
+        bad = set(self.pattern) - set("M*-")
+        if not self.pattern or bad:
+            raise ValueError(
+                f"model.pattern '{self.pattern}' may only contain 'M' (Mamba-2), '*' (attention) "
+                "and '-' (MLP), at least one layer"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"model.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+        if self.mamba_heads % self.n_groups:
+            raise ValueError(
+                f"model.n_groups={self.n_groups} must divide mamba_heads={self.mamba_heads}"
+            )
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ValueError(
+                f"model.d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set head_dim"
+            )
+        if self.ssd_impl not in ("auto", "triton", "reference"):
+            raise ValueError(f"model.ssd_impl must be auto, triton or reference, not '{self.ssd_impl}'")
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.pattern)
+
+    @property
+    def d_inner(self) -> int:
+        return self.mamba_heads * self.mamba_head_dim
+
+    @property
+    def attn_head_dim(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads

@@ -1,0 +1,1 @@
+"""Precision recipes, the per-layer policy and QuantLinear: where the paper's recipe becomes behaviour."""

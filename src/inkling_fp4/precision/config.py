@@ -1,0 +1,53 @@
+"""Precision configuration: which recipe, which backend, which pieces of the recipe are on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RECIPES = ("bf16", "fp8", "fp8-tensorwise", "nvfp4", "mxfp4")
+BACKENDS = ("auto", "emulated", "native-fp8", "te")
+
+
+@dataclass
+class PrecisionConfig:
+    recipe: str = "nvfp4"
+    """GEMM precision: bf16 | fp8 (paper baseline, blockwise E4M3) | fp8-tensorwise | nvfp4 | mxfp4."""
+    backend: str = "auto"
+    """auto (fastest faithful for the device) | emulated | native-fp8 (Hopper+) | te (Blackwell)."""
+    rht: bool = True
+    """Random Hadamard transform on the wgrad operands (nvfp4, mxfp4)."""
+    stochastic_rounding: bool = True
+    """Stochastic rounding of gradients (dy) in dgrad and wgrad."""
+    weight_2d: bool = True
+    """16x16 2D block scales for weights, so W and its transpose quantize identically."""
+    bf16_first_layers: int | None = None
+    """First N layers kept in BF16; None = the recipe's default for this depth."""
+    bf16_last_layers: int | None = None
+    """Last N layers kept in BF16; None = the recipe's default for this depth."""
+    rht_signs: str = "fixed"
+    """RHT sign vector: 'fixed' (Transformer Engine's) or 'random' (seeded by rht_seed)."""
+    rht_seed: int = 0
+    """Seed of the random RHT sign vector."""
+    switch_to_bf16: str | int | float | None = "decay"
+    """When to leave the recipe for BF16: a step (int), a fraction of the run (float < 1),
+    'decay' (the first decay step), or null / 'never'."""
+    switch_scope: str = "all"
+    """What the switch moves to BF16: 'all' GEMMs, or 'forward' passes only (paper appendix D)."""
+
+    def __post_init__(self):
+        if self.recipe not in RECIPES:
+            raise ValueError(f"precision.recipe '{self.recipe}' is not one of {', '.join(RECIPES)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"precision.backend '{self.backend}' is not one of {', '.join(BACKENDS)}")
+        if self.rht_signs not in ("fixed", "random"):
+            raise ValueError("precision.rht_signs must be 'fixed' or 'random'")
+        if self.switch_scope not in ("all", "forward"):
+            raise ValueError("precision.switch_scope must be 'all' or 'forward'")
+        if isinstance(self.switch_to_bf16, str) and self.switch_to_bf16 not in ("decay", "never"):
+            raise ValueError(
+                "precision.switch_to_bf16 must be a step, a fraction in (0, 1), 'decay' or 'never'"
+            )
+        for name in ("bf16_first_layers", "bf16_last_layers"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ValueError(f"precision.{name} must be >= 0")

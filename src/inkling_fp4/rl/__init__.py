@@ -1,0 +1,1 @@
+"""RL: rollouts sampled under NVFP4, rewards, policy update."""

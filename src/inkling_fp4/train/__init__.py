@@ -1,0 +1,1 @@
+"""Schedules, optimizer, the training loop, checkpoints and metrics."""
