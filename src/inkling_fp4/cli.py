@@ -6,7 +6,9 @@ below prints one line and exits with code 2; anything else is a bug and keeps it
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import typer
 
@@ -35,6 +37,76 @@ def info() -> None:
         typer.echo(f"cuda: {torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]})")
     else:
         typer.echo("cuda: not available (CPU only; NVFP4 and FP8 are emulated)")
+
+
+@app.command()
+def pretrain(
+    overrides: list[str] = typer.Argument(None, help="Dotted config overrides, e.g. train.steps=100."),
+    recipe: str = typer.Option(
+        None, help="Recipe YAML path or built-in name (default: tiny; with --resume: the run's config)."
+    ),
+    run_dir: Path = typer.Option(None, help="Run directory (default: runs/<name>)."),
+    resume: bool = typer.Option(False, help="Continue the run in --run-dir from its latest good checkpoint."),
+    baseline: Path = typer.Option(None, help="A baseline run directory: log the live loss gap to it."),
+) -> None:
+    """Pretrain with the WSD schedule and the precision recipe, switching to BF16 before the decay."""
+    from inkling_fp4.config import load_config
+    from inkling_fp4.train.loop import run
+
+    overrides = list(overrides or [])
+    cfg = load_config(recipe or "tiny", overrides)
+    run_dir = run_dir or Path("runs") / cfg.name
+    if resume and recipe is None and (run_dir / "config.yaml").is_file():
+        cfg = load_config(run_dir / "config.yaml", overrides)  # the run's own resolved config
+    if not resume and run_dir.exists() and any(run_dir.iterdir()):
+        raise UserError(
+            f"run directory {run_dir} already holds a run; pass --resume to continue it or --run-dir "
+            "to start a new one elsewhere"
+        )
+    out = run(cfg, run_dir, resume=resume, baseline=baseline)
+    if os.environ.get("RANK", "0") == "0":  # once under torchrun
+        typer.echo(f"run directory: {out}")
+
+
+def _comma_list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+@app.command("compare-baseline")
+def compare_baseline(
+    overrides: list[str] = typer.Argument(None, help="Dotted overrides for every run, e.g. train.steps=100."),
+    recipe: str = typer.Option(None, help="Recipe to train in FP8 and in its own precision (default: tiny)."),
+    run_dir: Path = typer.Option(None, help="Where the runs and report go (default: runs/<name>-compare)."),
+    with_recipes: str = typer.Option("", "--with", help="More precisions to compare, e.g. bf16,mxfp4."),
+    ablate: str = typer.Option("", help="Pieces to turn off, one run each: rht,sr,2d,bf16-layers,switch."),
+    only: str = typer.Option(None, help="Train only this run of the comparison (e.g. fp8), no report."),
+    run: Path = typer.Option(None, help="An existing run directory to compare with --baseline."),
+    baseline: Path = typer.Option(None, help="The existing baseline run directory for --run."),
+    out: Path = typer.Option(None, help="Report directory for --run / --baseline (default: <run>/report)."),
+) -> None:
+    """Train the recipe under the paper's FP8 baseline and under NVFP4 and report the loss gap, or
+    compare two existing runs (--run A --baseline B)."""
+    from inkling_fp4.compare.run import compare_runs, run_compare
+    from inkling_fp4.config import load_config
+
+    if run is not None or baseline is not None:
+        if run is None or baseline is None:
+            raise UserError("--run and --baseline go together: pass both run directories")
+        if overrides or recipe or run_dir or with_recipes or ablate or only:
+            raise UserError(
+                "--run / --baseline compare existing runs: drop --recipe, --run-dir, --with, --ablate, "
+                "--only and the overrides"
+            )
+        typer.echo(f"report: {compare_runs(run, baseline, out)}")
+        return
+    if out is not None:
+        raise UserError("--out goes with --run / --baseline; a new comparison reports into --run-dir")
+    cfg = load_config(recipe or "tiny", list(overrides or []))
+    run_dir = run_dir or Path("runs") / f"{cfg.name}-compare"
+    withs, pieces = _comma_list(with_recipes), _comma_list(ablate)
+    report = run_compare(cfg, run_dir, withs, pieces, only=only, echo=typer.echo)
+    if report is not None:
+        typer.echo(f"report: {report}")
 
 
 def main() -> None:

@@ -1,1 +1,16 @@
-"""The hybrid Mamba-2 / attention / MLP language model."""
+"""The hybrid Mamba-2 / attention / MLP language model (Nemotron-H style).
+
+config.py      ModelConfig: the pattern and the sizes of the three block types
+presets.py     named sizes: tiny, hybrid-125m, hybrid-350m, nemotron-h-12b
+hybrid.py      HybridLM: embedding, pre-norm blocks from the pattern, final norm, LM head; generation
+mamba2.py      the Mamba-2 mixer: in_proj, conv, SSD scan, gated norm, out_proj
+conv.py        the depthwise causal conv with document resets (reference and fused)
+ssd.py         the SSD scan: chunked reference, token recurrence, dispatcher to the Triton kernel
+ssd_triton.py  the Triton SSD kernel (ssd_kernels/ holds its pieces)
+attention.py   grouped-query causal attention without positional embedding
+mlp.py         squared-ReLU MLP
+norm.py        RMSNorm and the grouped, gated RMSNorm of Mamba-2
+packing.py     document boundaries of packed batches (segment ids, attention mask)
+cache.py       the inference cache (KV, conv window, SSM state, per-sequence lengths)
+flops.py       training FLOPs per token, for MFU
+"""

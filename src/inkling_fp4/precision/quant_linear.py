@@ -1,21 +1,41 @@
-"""QuantLinear: the one linear layer of the model, whose GEMMs follow a precision recipe.
+"""QuantLinear: the one linear layer of the model, whose three GEMMs follow a precision recipe.
 
 Every matrix multiply in the model's blocks goes through this class so that a recipe (and its
 per-layer policy) applies without touching model code. ``recipe`` is set by the precision policy;
-``None`` means high precision (BF16 compute where the input is BF16).
+``None`` means BF16 (BF16 operands, FP32 accumulation). The master weight is FP32; the layer casts
+its operands itself and does not rely on autocast (on CPU there is none), returning BF16.
+
+Legend: M tokens (all leading dims of x flattened), K = in_features, N = out_features.
+
+    fprop   y  [M, N] = Q(x) [M, K] · Q(W)ᵀ          Q(W): 16×16 tiles (NVFP4), shared with dgrad
+    dgrad   dx [M, K] = Q_sr(dy) [M, N] · Q(W)        contraction over N, W's tiles transposed
+    wgrad   dW [N, K] = Q_sr(RHT(dyᵀ)) · Q(RHT(xᵀ))ᵀ  both blocked along tokens M; RHT cancels
+
+(see :mod:`inkling_fp4.precision.recipes` for the per-recipe table). What is saved for backward is
+the *quantized* operands the backward GEMMs consume (packed codes + scales): the dgrad weight
+operand and the wgrad activation operand ``Q(RHT(xᵀ))`` are produced in the forward pass, so an
+NVFP4 layer keeps ~0.56 bytes per element of x and W alive instead of BF16's 2, emulated or not.
+
+Dims that are not multiples of a recipe's block (16, 32, 128) are zero-padded inside the GEMMs and
+the outputs sliced back; zeros change neither block scales nor products, so results are exactly
+those of a quantizer that accepted partial blocks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inkling_fp4.precision import gemm
+from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant, Recipe
+
 
 class QuantLinear(nn.Module):
-    """``y = x @ W.T`` with W: [out_features, in_features], no bias (Nemotron-H has none)."""
+    """``y = x @ W.T`` with W: [out_features, in_features] (FP32 master), no bias (Nemotron-H has none)."""
 
     def __init__(self, in_features: int, out_features: int, *, layer_idx: int, name: str = ""):
         super().__init__()
@@ -24,12 +44,196 @@ class QuantLinear(nn.Module):
         self.layer_idx = layer_idx
         self.name = name
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.recipe = None
+        self.recipe: Recipe | None = None
+        self.rng = None
+        """Stochastic-rounding generators (``.for_device(device)``), set by the policy.
+
+        None: torch's default generator."""
         nn.init.normal_(self.weight, std=1.0 / math.sqrt(in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight.to(x.dtype))
+        recipe = self.recipe
+        if recipe is None or not recipe.quantizes_anything:
+            return _bf16_linear(x, self.weight)
+        if recipe.backend == "te" and recipe.fprop is not None:
+            from inkling_fp4.precision.te_linear import te_linear
+
+            return te_linear(self, x)
+        lead = x.shape[:-1]
+        x2d = x.reshape(-1, self.in_features)  # x2d: [M, K]
+        generator = self.rng.for_device(x.device) if self.rng is not None else None
+        name = f"layers.{self.layer_idx}.{self.name or 'linear'}"  # for error messages
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            y = _QuantLinearFn.apply(x2d, self.weight, recipe, generator, name)
+        else:
+            y = quantized_forward(x2d, self.weight, recipe, name=name, out_dtype=torch.bfloat16)
+        return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        r = getattr(self.recipe, "name", "bf16") if self.recipe is not None else "bf16"
+        r = self.recipe.name if self.recipe is not None else "bf16"
+        if self.recipe is not None and self.recipe.fprop is None:
+            r += " (bf16 forward)"
         return f"{self.in_features}->{self.out_features}, layer={self.layer_idx}, precision={r}"
+
+
+def _bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """BF16 operands, FP32 accumulation, BF16 output.
+
+    NOTE: CPUs have no BF16 matrix units worth the name (a BF16 ``F.linear`` is ~40x slower than
+    FP32 there), so on CPU the BF16-rounded operands are widened to FP32 first: products of two BF16
+    values are exact in FP32, so this is the same GEMM with FP32 accumulation, only faster.
+    """
+    if x.device.type == "cuda":
+        return F.linear(x.to(torch.bfloat16), weight.to(torch.bfloat16))
+    x16 = x.to(torch.bfloat16).float()
+    w16 = weight.to(torch.bfloat16).float()
+    return F.linear(x16, w16).to(torch.bfloat16)  # y: [..., N]
+
+
+# -- the three GEMMs -----------------------------------------------------------------------------
+
+
+def _symmetric(spec: OperandQuant) -> bool:
+    """Whether the operand's quantization is the same for the tensor and its transpose."""
+    return spec.block == TENSORWISE or spec.block[0] == spec.block[1]
+
+
+def _transposed_operand(t, spec: OperandQuant, recipe: Recipe, generator, name: str, *, keep: bool):
+    """The operand ``tᵀ`` (t: [contraction, rows]); symmetric blocks quantize t as stored.
+
+    ``keep``: the operand is saved for backward (packed codes); otherwise it is multiplied at once.
+    """
+    if _symmetric(spec) and not spec.rht:
+        op = gemm.quantize(t, spec, codes=keep, values=not keep, name=name)
+        return dataclasses.replace(op, transposed=True)
+    return gemm.quantize(
+        t, spec, transpose=True, signs=recipe.rht_signs, generator=generator, codes=keep,
+        values=not keep, name=name,
+    )  # fmt: skip
+
+
+def quantized_forward(
+    x2d: torch.Tensor, weight: torch.Tensor, recipe: Recipe, *, name: str = "", out_dtype=torch.float32
+) -> torch.Tensor:
+    """fprop only (no autograd): y [M, N], FP32 unless ``out_dtype`` says otherwise."""
+    with torch.autocast(device_type=x2d.device.type, enabled=False):
+        y, _, _ = _fprop(x2d, weight, recipe, name, out_dtype)
+    return y
+
+
+def _fprop(x2d, weight, recipe: Recipe, name: str, out_dtype, keep_x=False, keep_w=False):
+    """y [M, N] = x · Wᵀ, and the quantized operands (packed codes kept where asked for)."""
+    M, N = x2d.shape[0], weight.shape[0]
+    if recipe.fprop is None:
+        return gemm.bf16_matmul(x2d, weight).to(out_dtype), None, None  # y: [M, N]
+    xq = gemm.quantize(x2d, recipe.fprop.a, codes=keep_x, values=True, name=f"{name} x")  # [M, K]
+    wq = gemm.quantize(weight, recipe.fprop.b, codes=keep_w, values=True, name=f"{name} W")  # [N, K]
+    y = gemm.matmul(xq, wq, backend=recipe.backend, out_dtype=out_dtype, size=(M, N))  # y: [M, N]
+    return y, xq, wq
+
+
+class _QuantLinearFn(torch.autograd.Function):
+    """The autograd function of a quantized linear layer (see the module docstring for the GEMMs)."""
+
+    @staticmethod
+    def forward(ctx, x2d, weight, recipe: Recipe, generator, name: str):
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        fprop, dgrad, wgrad = recipe.fprop, recipe.dgrad, recipe.wgrad
+        # Operands that serve two GEMMs: W's 16x16 (or 128x128) tiles are the same for Wᵀ, and a
+        # per-tensor-scaled x is the same for xᵀ.
+        reuse_w = need_dx and fprop is not None and dgrad is not None and dgrad.b == fprop.b
+        reuse_w = reuse_w and _symmetric(fprop.b)
+        reuse_x = need_dw and fprop is not None and wgrad is not None and wgrad.b == fprop.a
+        reuse_x = reuse_x and fprop.a.block == TENSORWISE
+        with torch.autocast(device_type=x2d.device.type, enabled=False):
+            y, xq, wq = _fprop(x2d, weight, recipe, name, torch.bfloat16, keep_x=reuse_x, keep_w=reuse_w)
+            saved = {}
+            if need_dx:
+                if dgrad is None:
+                    saved["w"] = weight
+                elif reuse_w:
+                    saved["w"] = dataclasses.replace(wq.packed(), transposed=True)  # [K, N] logical
+                else:
+                    saved["w"] = _transposed_operand(
+                        weight, dgrad.b, recipe, generator, f"{name} W", keep=True
+                    )
+            if need_dw:
+                if wgrad is None:
+                    saved["x"] = x2d.to(torch.bfloat16)
+                elif reuse_x:
+                    saved["x"] = dataclasses.replace(xq.packed(), transposed=True)  # [K, M] logical
+                else:  # Q(RHT(xᵀ)): [K, M], blocked along the tokens
+                    saved["x"] = _transposed_operand(x2d, wgrad.b, recipe, generator, f"{name} x", keep=True)
+        _stash(ctx, saved)
+        ctx.recipe, ctx.generator, ctx.name = recipe, generator, name
+        ctx.shapes = (x2d.shape[0], x2d.shape[1], weight.shape[0], x2d.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        recipe, generator, name = ctx.recipe, ctx.generator, ctx.name
+        M, K, N, x_dtype = ctx.shapes
+        saved = _unstash(ctx)
+        dx = dw = None
+        backend = recipe.backend
+        with torch.autocast(device_type=dy.device.type, enabled=False):
+            dy = dy.reshape(M, N)  # dy: [M, N]
+            dyq = None
+            if "w" in saved:
+                if recipe.dgrad is None:
+                    dx = gemm.bf16_matmul(dy, saved["w"].t()).to(x_dtype)  # dx: [M, K] = dy · W
+                else:
+                    dyq = gemm.quantize(
+                        dy, recipe.dgrad.a, generator=generator, values=True, name=f"{name} dy"
+                    )
+                    dx = gemm.matmul(dyq, saved["w"], backend=backend, out_dtype=x_dtype, size=(M, K))
+            if "x" in saved:
+                if recipe.wgrad is None:
+                    dw = gemm.bf16_matmul(dy.t(), saved["x"].t())  # dW: [N, K] = dyᵀ · x
+                else:
+                    a = recipe.wgrad.a
+                    if dyq is not None and dyq.spec == a and a.block == TENSORWISE:
+                        dy_t = dataclasses.replace(dyq, transposed=True)
+                    else:  # Q_sr(RHT(dyᵀ)): [N, M], blocked along the tokens
+                        dy_t = _transposed_operand(dy, a, recipe, generator, f"{name} dy", keep=False)
+                    dw = gemm.matmul(dy_t, saved["x"], backend=backend, out_dtype=torch.float32, size=(N, K))
+        return dx, dw, None, None, None
+
+
+# -- saving quantized operands through ctx.save_for_backward -------------------------------------
+# Saved tensors must go through save_for_backward (not ctx attributes) so autograd manages their
+# lifetime and saved_tensors_hooks (offloading, memory accounting) see them.
+
+
+def _stash(ctx, saved: dict) -> None:
+    tensors, layout = [], {}
+    for key, item in saved.items():
+        if isinstance(item, torch.Tensor):
+            layout[key] = ("tensor", len(tensors))
+            tensors.append(item)
+            continue
+        q = item.q
+        fields = {}
+        for f in dataclasses.fields(q):
+            value = getattr(q, f.name)
+            if isinstance(value, torch.Tensor):
+                fields[f.name] = ("tensor", len(tensors))
+                tensors.append(value)
+            else:
+                fields[f.name] = ("value", value)
+        layout[key] = ("operand", type(q), fields, item.spec, item.transposed)
+    ctx.save_for_backward(*tensors)
+    ctx.layout = layout
+
+
+def _unstash(ctx) -> dict:
+    tensors = ctx.saved_tensors
+    out = {}
+    for key, entry in ctx.layout.items():
+        if entry[0] == "tensor":
+            out[key] = tensors[entry[1]]
+            continue
+        _, cls, fields, spec, transposed = entry
+        kwargs = {name: tensors[v] if kind == "tensor" else v for name, (kind, v) in fields.items()}
+        out[key] = gemm.Operand(cls(**kwargs), spec, transposed)
+    return out

@@ -1,8 +1,14 @@
-"""Training-loop configuration: steps, batch, schedule, optimizer, evaluation, checkpoints, logs."""
+"""Training-loop configuration: steps, batch, schedule, optimizer, evaluation, checkpoints, logs.
+
+Steps are counted from 1: step k is the k-th optimizer update, ``checkpoints/step_<k>`` holds the
+state after it, and the schedules below take the same numbers.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
 
 
 @dataclass
@@ -14,11 +20,15 @@ class TrainConfig:
     batch_size: int = 8
     """Sequences per optimizer step (global, across ranks and accumulation)."""
     micro_batch_size: int | None = None
-    """Sequences per forward/backward on one rank; None = batch_size / world size."""
+    """Sequences per forward/backward on one rank; None = batch_size / world size. Gradients are
+    accumulated over batch_size / (micro_batch_size * world size) micro batches."""
     device: str = "auto"
-    """auto | cpu | cuda | cuda:N."""
+    """auto | cpu | cuda | cuda:N (under torchrun, auto picks cuda:LOCAL_RANK)."""
     compile: bool = False
     """torch.compile the model."""
+    parallel: str = "ddp"
+    """Several GPUs (torchrun): ddp (a replica per GPU) or fsdp (FSDP2: weights, gradients and Adam
+    states sharded across the GPUs, for models whose replica does not fit one)."""
     log_every: int = 10
     """Steps between console/metrics log lines."""
     checkpoint_every: int = 100
@@ -31,16 +41,40 @@ class TrainConfig:
     """linear | cosine | 1-sqrt."""
     min_lr_ratio: float = 0.01
     """LR at the end of the decay, as a fraction of optim.lr."""
+    stop_after: int | None = None
+    """End this invocation after this step with a checkpoint, as an interrupt would (e.g. to fit a job's
+    time limit); ``--resume`` then goes on to train.steps with the same schedule."""
 
     def __post_init__(self):
         if self.steps < 1:
             raise ValueError("train.steps must be >= 1")
         if self.batch_size < 1:
             raise ValueError("train.batch_size must be >= 1")
-        if self.decay_shape not in ("linear", "cosine", "1-sqrt"):
+        if self.micro_batch_size is not None and (
+            self.micro_batch_size < 1 or self.batch_size % self.micro_batch_size
+        ):
+            raise ValueError(
+                f"train.micro_batch_size={self.micro_batch_size} must be >= 1 and divide "
+                f"train.batch_size={self.batch_size}"
+            )
+        if self.parallel not in ("ddp", "fsdp"):
+            raise ValueError(f"train.parallel must be ddp or fsdp, not '{self.parallel}'")
+        if self.log_every < 1:
+            raise ValueError("train.log_every must be >= 1")
+        if self.checkpoint_every < 0:
+            raise ValueError("train.checkpoint_every must be >= 0 (0 = only at the end)")
+        if isinstance(self.warmup_steps, float) and not 0.0 <= self.warmup_steps < 1.0:
+            raise ValueError("train.warmup_steps must be a step count (int) or a fraction in [0, 1)")
+        if isinstance(self.warmup_steps, int) and self.warmup_steps < 0:
+            raise ValueError("train.warmup_steps must be >= 0")
+        if self.decay_shape not in DECAY_SHAPES:
             raise ValueError("train.decay_shape must be linear, cosine or 1-sqrt")
         if not 0.0 <= self.decay_fraction <= 1.0:
             raise ValueError("train.decay_fraction must be in [0, 1]")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError("train.min_lr_ratio must be in [0, 1]")
+        if self.stop_after is not None and self.stop_after < 1:
+            raise ValueError("train.stop_after must be >= 1 or null")
 
 
 @dataclass
@@ -48,12 +82,24 @@ class OptimConfig:
     lr: float = 3e-3
     """Peak learning rate."""
     beta1: float = 0.9
+    """Adam beta1 (first-moment decay)."""
     beta2: float = 0.95
+    """Adam beta2 (second-moment decay)."""
     eps: float = 1e-8
+    """Adam epsilon."""
     weight_decay: float = 0.1
     """Decoupled weight decay, on matrices only (not norms, biases, A_log, D, dt_bias)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = off)."""
+
+    def __post_init__(self):
+        if self.lr <= 0:
+            raise ValueError("optim.lr must be > 0")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"optim.{name} must be in [0, 1)")
+        if self.weight_decay < 0 or self.grad_clip < 0 or self.eps <= 0:
+            raise ValueError("optim.weight_decay and optim.grad_clip must be >= 0, optim.eps > 0")
 
 
 @dataclass
@@ -65,11 +111,19 @@ class EvalConfig:
     in_training_precision: bool = True
     """Also evaluate in the training precision (always in BF16, as the paper does)."""
 
+    def __post_init__(self):
+        if self.every < 0 or self.batches < 1:
+            raise ValueError("eval.every must be >= 0 and eval.batches >= 1")
+
 
 @dataclass
 class CheckpointConfig:
     keep_last: int = 3
     """Keep the newest K checkpoints."""
+
+    def __post_init__(self):
+        if self.keep_last < 1:
+            raise ValueError("checkpoint.keep_last must be >= 1")
 
 
 @dataclass
@@ -84,16 +138,34 @@ class MonitorConfig:
     """Robust z-score (median / MAD) above which a loss is a spike."""
     grad_zscore: float = 6.0
     """Robust z-score above which a grad norm is a spike."""
+    min_rel_spread: float = 0.05
+    """Floor of the spread in the z-score, as a fraction of the median, so that a very flat history
+    does not turn ordinary noise into a spike."""
     max_triggers: int = 3
     """Triggers within `window` steps before the run falls back to BF16."""
     fallback_steps: int = 0
     """Steps to stay in BF16 after a fallback (0 = for good)."""
 
+    def __post_init__(self):
+        if self.window < 2 or self.warmup < 1 or self.max_triggers < 1 or self.fallback_steps < 0:
+            raise ValueError(
+                "monitor.window must be >= 2, monitor.warmup >= 1, monitor.max_triggers >= 1 and "
+                "monitor.fallback_steps >= 0"
+            )
+        if self.warmup > self.window:
+            raise ValueError("monitor.warmup must be <= monitor.window")
+        if self.loss_zscore <= 0 or self.grad_zscore <= 0 or self.min_rel_spread < 0:
+            raise ValueError("monitor.loss_zscore and grad_zscore must be > 0, min_rel_spread >= 0")
+
 
 @dataclass
 class LogConfig:
     wandb: bool = False
-    """Log to wandb (offline unless WANDB_API_KEY is set)."""
+    """Log to wandb (offline unless WANDB_API_KEY is set); the run name is the config's name."""
     wandb_project: str = "fp4train"
+    """wandb project."""
     progress: bool = True
     """Show a progress bar (off when not a terminal)."""
+    peak_flops: float | None = None
+    """Peak dense BF16 FLOP/s of one device for MFU; None = from the device name (H100/H200 989e12,
+    B200 2.25e15, A100 312e12); MFU is not reported on CPU."""

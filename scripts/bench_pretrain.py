@@ -1,0 +1,286 @@
+"""Pretraining throughput on one GPU (or several under torchrun): bf16 vs fp8 (native) vs nvfp4 (emulated).
+
+Trains a preset (default hybrid-350m at sequence 2048) for a few steps per precision recipe with the
+training loop's own pieces (HybridLM, PrecisionPolicy, AdamW with FP32 master weights, BF16 autocast,
+FP32 masked cross-entropy, gradient clipping) and reports, per recipe:
+
+    tokens/s      global tokens per second over the timed steps (after --warmup untimed steps)
+    step ms       wall time per optimizer step
+    MFU           model.flops_per_token(seq) * tokens/s / (989e12 * GPUs). The FLOPs are the model's
+                  training FLOPs: 6 per GEMM weight per token (every QuantLinear and the LM head),
+                  causal attention QK^T and AV, and the SSD scan, forward + backward
+                  (inkling_fp4/model/flops.py); the peak is the H100/H200 dense BF16 datasheet rate
+                  for every recipe, so FP8/NVFP4 runs are on the same scale as BF16.
+    peak GiB      torch.cuda.max_memory_allocated over the run of that recipe
+    vs bf16       step time / the bf16 step time (targets: nvfp4 <= 1.3, fp8 <= 0.85)
+
+``--config peer158m`` runs the 158M configuration that Hugging Face transformers' NemotronH was
+measured at on this H200 (126K tokens/s, 28 GiB with mamba-ssm's Triton scan, batch 8 x 2048).
+
+Exit status is non-zero when a loss is not finite, when a recipe's first loss is more than 2% away
+from bf16's (the same init and batch: the formats may move it, not by that much), or when the loss
+did not go down over the run (a broken backward trains nothing).
+
+Examples:
+    python scripts/bench_pretrain.py --out bench_1gpu.json
+    python scripts/bench_pretrain.py --config peer158m --out bench_peer.json
+    torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
+        --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from inkling_fp4.config import RunConfig, from_dict, to_dict
+from inkling_fp4.model.config import ModelConfig
+from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.precision.config import PrecisionConfig
+from inkling_fp4.precision.policy import PrecisionPolicy
+from inkling_fp4.train import distributed as D
+from inkling_fp4.train.config import OptimConfig
+from inkling_fp4.train.evaluate import masked_cross_entropy
+from inkling_fp4.train.flops import mfu, peak_flops
+from inkling_fp4.train.optimizer import build_optimizer, set_lr
+
+PEER_158M = dict(
+    pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-",
+    d_model=768,
+    mamba_heads=24,
+    mamba_head_dim=64,
+    d_state=128,
+    n_groups=2,
+    ffn_dim=3072,
+    n_heads=12,
+    n_kv_heads=4,
+    vocab_size=32768,
+)
+CONFIGS = {"hybrid-350m": (dict(preset="hybrid-350m"), 16), "peer158m": (PEER_158M, 8)}
+"""name -> (ModelConfig fields, default global batch)"""
+BACKENDS = {"bf16": "auto", "fp8": "native-fp8", "fp8-tensorwise": "native-fp8", "nvfp4": "emulated"}
+PEER_TOKENS_PER_S = 126_000
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", choices=sorted(CONFIGS), default="hybrid-350m")
+    p.add_argument("--recipes", default="bf16,fp8,fp8-tensorwise,nvfp4", help="comma list of recipes")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=None, help="global batch (default 16; peer158m 8)")
+    p.add_argument("--micro-batch", type=int, default=None, help="per-GPU micro batch (default: all of it)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation, autotuning)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--data", choices=["builtin", "random"], default="builtin")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--ssd-impl", default="auto", choices=["auto", "triton", "reference"])
+    p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    p.add_argument("--compare-to", type=Path, default=None, help="a JSON of this script: scaling and losses")
+    return p.parse_args()
+
+
+def batches(args, dist, cfg: RunConfig, micro: int, accum: int, n_steps: int):
+    """n_steps lists of ``accum`` micro batches, the same global batches for any number of GPUs."""
+    if args.data == "random":
+        g = torch.Generator().manual_seed(1234)
+        for _ in range(n_steps):
+            step = []
+            for _ in range(accum):
+                full = torch.randint(
+                    0, cfg.model.vocab_size, (micro * dist.world_size, args.seq + 1), generator=g
+                )
+                mine = full[dist.rank :: dist.world_size]
+                ids, tgt = mine[:, :-1].contiguous(), mine[:, 1:].contiguous()
+                step.append((ids, tgt, None, torch.ones_like(ids, dtype=torch.bool)))
+            yield step
+        return
+    from inkling_fp4.data.pipeline import build_pretrain_data
+
+    run_dir = Path(tempfile.mkdtemp(prefix="bench_pretrain_"))
+    for building in (True, False):  # rank 0 first: it trains the tokenizer and writes the shards
+        if dist.is_main == building:
+            data = build_pretrain_data(cfg.data, run_dir, 0, rank=dist.rank, world_size=dist.world_size)
+        D.barrier(dist)
+    for _ in range(n_steps):
+        step = []
+        for _ in range(accum):
+            b = data.train.next_batch(micro)
+            step.append((b.input_ids, b.targets, b.doc_ids, b.loss_mask))
+        yield step
+
+
+def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int) -> dict:
+    device = dist.device
+    torch.manual_seed(0)
+    model = HybridLM(cfg.model).to(device)
+    policy = PrecisionPolicy(PrecisionConfig(recipe=recipe, backend=BACKENDS[recipe]), cfg.model.n_layers)
+    policy.set_generator_seed(dist.rank)
+    policy.apply(model)
+    described = policy.describe(model)
+    opt = build_optimizer(model, OptimConfig(lr=args.lr))
+    fwd = torch.compile(model) if args.compile else model
+    train_model = D.wrap_model(fwd, dist)
+    n_steps = args.warmup + args.steps
+    tokens_per_step = cfg.train.batch_size * args.seq
+    torch.cuda.reset_peak_memory_stats(device)
+    losses, t0 = [], None
+    for i, step_batches in enumerate(batches(args, dist, cfg, micro, accum, n_steps)):
+        if i == args.warmup:
+            torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+        set_lr(opt, args.lr * min(1.0, (i + 1) / 10))
+        n_tok = D.all_reduce_sum(
+            torch.tensor(float(sum(int(m.sum()) for *_, m in step_batches)), device=device), dist
+        )
+        loss_sum = torch.zeros((), device=device)
+        for j, (ids, tgt, docs, mask) in enumerate(step_batches):
+            ids, tgt, mask = (
+                ids.to(device, non_blocking=True),
+                tgt.to(device, non_blocking=True),
+                mask.to(device),
+            )
+            docs = docs.to(device) if docs is not None else None
+            sync = j == accum - 1
+            with train_model.no_sync() if dist.active and not sync else contextlib.nullcontext():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    logits_BLV = train_model(ids, doc_ids=docs)
+                part = masked_cross_entropy(logits_BLV, tgt, mask)
+                (part * (dist.world_size / n_tok)).backward()
+            loss_sum += part.detach()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append((D.all_reduce_sum(loss_sum, dist) / n_tok).item())
+    torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - t0
+    tok_s = tokens_per_step * args.steps / elapsed
+    peak = peak_flops(device)
+    result = {
+        "recipe": recipe,
+        "precision": described,
+        "tokens_per_s": tok_s,
+        "step_ms": 1e3 * elapsed / args.steps,
+        "mfu": mfu(model.flops_per_token(args.seq), tok_s, dist.world_size, peak),
+        "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+        "losses": losses,
+    }
+    del model, opt, fwd, train_model
+    torch.cuda.empty_cache()
+    return result
+
+
+def main() -> int:
+    args = parse_args()
+    if not torch.cuda.is_available():
+        print("bench_pretrain.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    dist = D.init_distributed("cuda")
+    model_fields, default_batch = CONFIGS[args.config]
+    batch = args.batch or default_batch
+    micro = args.micro_batch or batch // dist.world_size
+    accum = batch // (micro * dist.world_size)
+    if accum * micro * dist.world_size != batch:
+        raise SystemExit(f"--batch {batch} is not a multiple of micro batch {micro} x {dist.world_size} GPUs")
+    cfg = from_dict(
+        RunConfig,
+        {
+            "name": f"bench-{args.config}",
+            "model": {**model_fields, "ssd_impl": args.ssd_impl},
+            "data": {"vocab_size": 32768, "seq_len": args.seq, "max_documents": 4000},
+            "train": {"batch_size": batch, "micro_batch_size": micro},
+        },
+    )
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    results = [bench_recipe(r, args, dist, cfg, micro, accum) for r in recipes]
+    failures = check(results)
+    if dist.is_main:
+        report(args, cfg, dist, micro, accum, results, failures)
+    D.shutdown(dist)
+    return 1 if failures else 0
+
+
+def check(results: list[dict]) -> list[str]:
+    failures = []
+    base = next((r for r in results if r["recipe"] == "bf16"), None)
+    for r in results:
+        ls = r["losses"]
+        if not all(math.isfinite(x) for x in ls):
+            failures.append(f"{r['recipe']}: non-finite loss")
+            continue
+        if base is not None and abs(ls[0] - base["losses"][0]) > 0.02 * base["losses"][0]:
+            failures.append(f"{r['recipe']}: first loss {ls[0]:.4f} vs bf16 {base['losses'][0]:.4f}")
+        k = max(1, len(ls) // 5)
+        if sum(ls[-k:]) / k >= sum(ls[:k]) / k:
+            failures.append(f"{r['recipe']}: the loss did not go down ({ls[0]:.4f} -> {ls[-1]:.4f})")
+    return failures
+
+
+def report(args, cfg, dist, micro, accum, results, failures) -> None:
+    gpu = torch.cuda.get_device_name(dist.device)
+    n_params = HybridLM(ModelConfig(**to_dict(cfg.model))).num_params() / 1e6
+    print(
+        f"{args.config}: {n_params:.0f}M params, seq {args.seq}, batch {cfg.train.batch_size} "
+        f"({micro} x {accum} accum x {dist.world_size} GPU), {args.steps} timed steps after {args.warmup}, "
+        f"data {args.data}, compile {args.compile}, {gpu} x {dist.world_size}"
+    )
+    base = next((r for r in results if r["recipe"] == "bf16"), None)
+    head = f"{'recipe':<16}{'tokens/s':>12}{'step ms':>10}{'MFU':>8}{'peak GiB':>10}{'vs bf16':>9}"
+    print(f"{head}  loss first->last")
+    for r in results:
+        ratio = f"{r['step_ms'] / base['step_ms']:.2f}x" if base else "-"
+        mfu_s = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
+        print(
+            f"{r['recipe']:<16}{r['tokens_per_s']:>12,.0f}{r['step_ms']:>10.1f}{mfu_s:>8}"
+            f"{r['peak_mem_gib']:>10.1f}{ratio:>9}  {r['losses'][0]:.4f}->{r['losses'][-1]:.4f}"
+        )
+    for r in results:
+        print(f"  {r['recipe']}: {r['precision']}")
+    if args.config == "peer158m" and base is not None:
+        x = base["tokens_per_s"] / PEER_TOKENS_PER_S
+        print(f"bf16 vs the transformers NemotronH peer (126K tokens/s): {x:.2f}x (target >= 2x)")
+    summary = {
+        "config": args.config,
+        "gpu": gpu,
+        "world_size": dist.world_size,
+        "args": vars(args) | {"out": str(args.out), "compare_to": str(args.compare_to)},
+        "results": results,
+        "failures": failures,
+    }
+    if args.compare_to is not None:
+        summary["comparison"] = compare(json.loads(args.compare_to.read_text()), summary)
+    if args.out is not None:
+        args.out.write_text(json.dumps(summary, indent=1))
+        print(f"wrote {args.out}")
+    for f in failures:
+        print(f"FAIL {f}")
+
+
+def compare(other: dict, this: dict) -> dict:
+    """Scaling efficiency and the largest loss difference against another run of this script."""
+    out = {}
+    for r in this["results"]:
+        o = next((x for x in other["results"] if x["recipe"] == r["recipe"]), None)
+        if o is None:
+            continue
+        eff = (r["tokens_per_s"] / this["world_size"]) / (o["tokens_per_s"] / other["world_size"])
+        n = min(len(r["losses"]), len(o["losses"]))
+        diff = max(abs(a - b) / b for a, b in zip(r["losses"][:n], o["losses"][:n], strict=True))
+        out[r["recipe"]] = {"scaling_efficiency": eff, "max_rel_loss_diff": diff, "steps_compared": n}
+        print(
+            f"{r['recipe']}: {this['world_size']} vs {other['world_size']} GPU(s): scaling efficiency "
+            f"{eff:.1%} (target >= 85%), largest relative loss difference over {n} steps {diff:.2e}"
+        )
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

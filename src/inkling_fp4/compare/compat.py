@@ -1,0 +1,118 @@
+"""Which two runs may be compared: the same model, data, seed and schedule, different precision.
+
+A loss gap measures precision only when everything else is equal. Two runs that differ in seed see
+different batches and start from different weights, and their losses differ by more than the gap
+the paper cares about (< 1%); a different schedule or data changes the loss curve itself. So the
+comparison refuses such pairs and names every key that differs, instead of publishing a number
+that means nothing.
+
+Compared: every field of ``model`` and ``data`` except pure speed or storage knobs, the seed and
+the schedule in ``train``, all of ``optim``, and the evaluation batches. Not compared: ``precision``
+(what the comparison is about), logging, checkpointing, device and compile settings. A key missing
+from an older run's ``config.yaml`` counts as its default value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from inkling_fp4.config import RunConfig, to_dict
+from inkling_fp4.errors import UserError
+
+COMPARED_SECTIONS = ("model", "data", "optim")
+"""Sections compared key by key (minus IGNORED_KEYS)."""
+COMPARED_KEYS = (
+    "train.seed",
+    "train.steps",
+    "train.batch_size",
+    "train.warmup_steps",
+    "train.decay_fraction",
+    "train.decay_shape",
+    "train.min_lr_ratio",
+    "eval.batches",
+)
+"""Single keys compared outside those sections: the seed, the WSD schedule, the validation set size."""
+IGNORED_KEYS = (
+    "model.ssd_impl",
+    "model.chunk_size",
+    "data.cache_dir",
+    "data.shard_tokens",
+    "data.verify_checksums",
+)
+"""Keys that change speed or where files live, not the numbers."""
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: data}
+
+
+def _compared(flat: dict[str, Any]) -> dict[str, Any]:
+    keep = {}
+    for key, value in flat.items():
+        section = key.split(".", 1)[0]
+        if key in IGNORED_KEYS:
+            continue
+        if section in COMPARED_SECTIONS or key in COMPARED_KEYS:
+            keep[key] = value
+    return keep
+
+
+def _same(a: Any, b: Any) -> bool:
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if number(a) and number(b):  # 10 and 10.0 are the same warmup
+        return float(a) == float(b)
+    return a == b
+
+
+def config_differences(config_a: dict, config_b: dict) -> list[tuple[str, Any, Any]]:
+    """``(key, value_a, value_b)`` for every compared key whose values differ (plain config data)."""
+    defaults = _flatten(to_dict(RunConfig()))
+    a = _compared({**defaults, **_flatten(config_a)})
+    b = _compared({**defaults, **_flatten(config_b)})
+    missing = object()
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key, missing), b.get(key, missing)
+        if va is missing or vb is missing or not _same(va, vb):
+            diffs.append((key, None if va is missing else va, None if vb is missing else vb))
+    return diffs
+
+
+def read_config_data(run_dir: str | Path) -> dict:
+    """The plain data of ``<run_dir>/config.yaml``."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise UserError(f"no config.yaml in {run_dir}: pass a run directory written by `fp4train pretrain`")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UserError(f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} is not a run config (expected a mapping of sections)")
+    return data
+
+
+def describe_differences(diffs: list[tuple[str, Any, Any]]) -> str:
+    return ", ".join(f"{key} ({va!r} vs {vb!r})" for key, va, vb in diffs)
+
+
+def check_comparable(run_a: str | Path, run_b: str | Path) -> None:
+    """Raise a UserError naming the differing keys unless the two runs differ only in precision."""
+    diffs = config_differences(read_config_data(run_a), read_config_data(run_b))
+    if diffs:
+        first_key, _, first_b = diffs[0]
+        raise UserError(
+            f"{run_a} and {run_b} cannot be compared: they differ in {describe_differences(diffs)}; "
+            "a loss gap needs the same model, data, seed and schedule, so rerun one of them with the "
+            f"other's values (e.g. {first_key}={first_b})"
+        )

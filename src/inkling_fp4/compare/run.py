@@ -1,0 +1,296 @@
+"""compare-baseline: train one recipe under the FP8 baseline and under its own precision, then report.
+
+The question is "does NVFP4 train as well as FP8 for my model and data?", so every run of a
+comparison is the same recipe (model, data, seed and data order, schedule) and only the precision
+differs:
+
+- ``fp8``: the paper's baseline, E4M3 with 1x128 / 128x128 block scales and that recipe's own
+  default BF16 layers (first 1 and last 2 at the paper's depth), in FP8 from the first step to the
+  last (the paper's FP8 run never switches to BF16);
+- the recipe's own precision (``nvfp4`` by default), exactly as configured, BF16 switch included;
+- ``--with bf16,mxfp4``: the same recipe in those precisions (same layer split and switch);
+- ``--ablate rht,sr,2d,bf16-layers,switch``: the recipe with one piece off at a time.
+
+Runs go to ``<run_dir>/<label>`` and the report to ``<run_dir>/report``. A run that already finished
+is reused (after checking that its config is the one planned), an interrupted one is resumed from
+its latest checkpoint, so a long comparison can be run in pieces: interrupt it (Ctrl-C, SIGTERM) and
+run the same command again. Each run after the baseline logs its live gap to the baseline.
+
+The run without the BF16 switch is identical to the recipe's run up to the switch, so it is not
+trained twice: the recipe's run stops at the step before the switch, its checkpoint there is copied
+to start the run without the switch, and both continue from that same state.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inkling_fp4.compare.compat import (
+    check_comparable,
+    config_differences,
+    describe_differences,
+    read_config_data,
+)
+from inkling_fp4.compare.gap import (
+    METRICS_FILE,
+    boundaries_from_config,
+    load_run_config,
+    parse_metrics_lines,
+    row_value,
+)
+from inkling_fp4.compare.report import write_report
+from inkling_fp4.compare.summary import summarize
+from inkling_fp4.config import RunConfig, from_dict, to_dict
+from inkling_fp4.errors import ConfigError, UserError
+from inkling_fp4.precision.config import RECIPES
+from inkling_fp4.train import loop
+from inkling_fp4.train.checkpoint import checkpoint_dirs
+from inkling_fp4.train.metrics import truncate_metrics
+
+BASELINE = "fp8"
+BASELINE_CHANGES = {
+    "precision.recipe": "fp8",
+    "precision.switch_to_bf16": "never",
+    "precision.bf16_first_layers": None,
+    "precision.bf16_last_layers": None,
+}
+"""The paper's FP8 baseline: its recipe, its default BF16 layers, no switch."""
+
+ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "rht": ("no random Hadamard transform on the wgrad operands", {"precision.rht": False}),
+    "sr": ("round-to-nearest gradients (no stochastic rounding)", {"precision.stochastic_rounding": False}),
+    "2d": ("1x16 weight scales instead of 16x16 tiles", {"precision.weight_2d": False}),
+    "bf16-layers": (
+        "every layer quantized (none kept in BF16)",
+        {"precision.bf16_first_layers": 0, "precision.bf16_last_layers": 0},
+    ),
+    "switch": ("no switch to BF16 before the decay", {"precision.switch_to_bf16": "never"}),
+}
+"""Pieces of the recipe that ``--ablate`` switches off, one run each."""
+ABLATABLE = {"rht": ("nvfp4", "mxfp4"), "sr": ("nvfp4", "mxfp4"), "2d": ("nvfp4",)}
+"""Recipes that have the piece (the others have every piece in any 4-bit or 8-bit recipe)."""
+
+
+@dataclass
+class PlannedRun:
+    label: str
+    cfg: RunConfig
+    about: str
+    branch_from: str | None = None
+    """Label of the run whose checkpoint just before the BF16 switch this run starts from."""
+    branch_step: int | None = None
+
+
+def derive(cfg: RunConfig, changes: dict[str, Any], name: str) -> RunConfig:
+    """A copy of ``cfg`` with dotted-key changes, validated like any recipe."""
+    data = to_dict(cfg)
+    for key, value in changes.items():
+        section, field = key.split(".")
+        data[section][field] = value
+    data["name"] = name
+    return from_dict(RunConfig, data)
+
+
+def plan_runs(cfg: RunConfig, with_recipes=(), ablate=()) -> list[PlannedRun]:
+    """The runs of a comparison, the baseline first, then the recipe, the extra recipes, the ablations."""
+    main = cfg.precision.recipe
+    if main == BASELINE:
+        raise ConfigError(
+            "precision.recipe=fp8 is the baseline itself: compare-baseline trains the recipe in FP8 and in "
+            "its own precision; set precision.recipe to nvfp4 (or mxfp4, bf16, fp8-tensorwise)"
+        )
+    if cfg.train.stop_after is not None:
+        raise ConfigError(
+            "train.stop_after does not apply to a comparison of several runs; interrupt it (Ctrl-C) and run "
+            "the same command again to continue"
+        )
+    plan = [
+        PlannedRun(
+            BASELINE, derive(cfg, BASELINE_CHANGES, f"{cfg.name}-{BASELINE}"), "the paper's FP8 baseline"
+        ),
+        PlannedRun(main, derive(cfg, {}, f"{cfg.name}-{main}"), "the recipe as configured"),
+    ]
+    for recipe in dict.fromkeys(with_recipes):
+        if recipe not in RECIPES or recipe in (BASELINE, main):
+            others = [r for r in RECIPES if r not in (BASELINE, main)]
+            raise ConfigError(f"--with {recipe}: choose among {', '.join(others)}")
+        changes = {"precision.recipe": recipe}
+        plan.append(
+            PlannedRun(recipe, derive(cfg, changes, f"{cfg.name}-{recipe}"), f"the recipe in {recipe}")
+        )
+    for piece in dict.fromkeys(ablate):
+        if piece not in ABLATIONS:
+            raise ConfigError(f"--ablate {piece}: choose among {', '.join(ABLATIONS)}")
+        if main not in ABLATABLE.get(piece, ("nvfp4", "mxfp4")):
+            raise ConfigError(f"--ablate {piece}: the {main} recipe has no such piece")
+        about, changes = ABLATIONS[piece]
+        label = f"{main}-no-{piece}"
+        run = PlannedRun(label, derive(cfg, changes, f"{cfg.name}-{label}"), about)
+        if piece == "switch":
+            switch = boundaries_from_config(cfg).switch_step
+            if switch is None:
+                raise ConfigError(
+                    "--ablate switch: the recipe never switches to BF16 (precision.switch_to_bf16)"
+                )
+            if switch > 1:
+                run.branch_from, run.branch_step = main, switch - 1
+        plan.append(run)
+    return plan
+
+
+# ----------------------------------------------------------------------------------------------
+# training the planned runs
+
+
+def last_logged_step(run_dir: Path) -> int:
+    """The last training step in a run's metrics (0 when it has none)."""
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        return 0
+    rows, _ = parse_metrics_lines(path.read_text().splitlines())
+    steps = [hit[0] for hit in (row_value(r, "loss") for r in rows) if hit is not None]
+    return max(steps, default=0)
+
+
+def check_same_run(run_dir: Path, cfg: RunConfig) -> None:
+    """Refuse to reuse a run directory that holds a different run."""
+    if not (run_dir / "config.yaml").is_file():
+        return
+    old = read_config_data(run_dir)
+    new = to_dict(cfg)
+    diffs = config_differences(old, new)
+    old_p, new_p = old.get("precision", {}), new["precision"]
+    diffs += [(f"precision.{k}", old_p.get(k), v) for k, v in new_p.items() if old_p.get(k, v) != v]
+    if diffs:
+        raise UserError(
+            f"{run_dir} holds a different run ({describe_differences(diffs)}); pass another --run-dir or "
+            "remove it to start over"
+        )
+
+
+def _checkpoint_steps(run_dir: Path) -> list[int]:
+    return [step for step, _ in checkpoint_dirs(run_dir)]
+
+
+def train_run(cfg: RunConfig, run_dir: Path, baseline: Path | None, echo: Callable[[str], None]) -> bool:
+    """Train (or resume, or reuse) one run; True once it has logged its last step."""
+    target = cfg.train.stop_after or cfg.train.steps
+    done = last_logged_step(run_dir)
+    if done >= target:
+        echo(f"{run_dir}: already trained to step {done}, reusing it")
+        return True
+    resume = bool(_checkpoint_steps(run_dir))
+    echo(f"{run_dir}: {'resuming' if resume else 'training'} {cfg.precision.recipe} to step {target}")
+    loop.run(cfg, run_dir, resume=resume, baseline=baseline)
+    done = last_logged_step(run_dir)
+    if done < target:
+        echo(f"{run_dir}: stopped at step {done} of {target}; run the same command again to continue")
+        return False
+    return True
+
+
+def branch(parent: PlannedRun, child: PlannedRun, run_dir: Path, echo: Callable[[str], None]) -> bool:
+    """Start ``child`` from ``parent``'s checkpoint at ``child.branch_step`` (training the parent that
+    far first). False when training stopped early; a child that cannot branch trains from scratch."""
+    child_dir, parent_dir, step = run_dir / child.label, run_dir / parent.label, child.branch_step
+    if last_logged_step(child_dir) or _checkpoint_steps(child_dir):
+        return True  # branched (or started) before
+    if last_logged_step(parent_dir) < step:
+        stop_cfg = derive(parent.cfg, {"train.stop_after": step}, parent.cfg.name)
+        if not train_run(stop_cfg, parent_dir, _baseline_dir(run_dir, parent.label), echo):
+            return False
+    source = parent_dir / "checkpoints" / f"step_{step}"
+    if not (source / "state.json").is_file():
+        echo(
+            f"{child_dir}: no checkpoint of {parent.label} at step {step} to start from; "
+            "training it from scratch"
+        )
+        return True
+    child_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(source, child_dir / "checkpoints" / source.name)
+    for name in ("tokenizer.json", METRICS_FILE):
+        if (parent_dir / name).is_file():
+            shutil.copy2(parent_dir / name, child_dir / name)
+    truncate_metrics(child_dir / METRICS_FILE, step)  # the parent may have logged past the branch
+    echo(f"{child_dir}: starts from {parent.label}'s checkpoint at step {step} (identical until the switch)")
+    return True
+
+
+def train_planned(
+    plan: list[PlannedRun], run_dir: Path, echo: Callable[[str], None] = print, only: str | None = None
+) -> bool:
+    """Train the planned runs in order (or just the one labelled ``only``); False as soon as one stops
+    before its last step. A run that branches from another is branched before that other one trains
+    past the branch point."""
+    by_label = {p.label: p for p in plan}
+    if only is not None and only not in by_label:
+        raise UserError(f"no run '{only}' in this comparison; its runs are {', '.join(by_label)}")
+    for p in plan:
+        check_same_run(run_dir / p.label, p.cfg)
+    for p in plan:
+        if only is not None and p.label != only:
+            continue
+        children = [c for c in plan if c.branch_from == p.label]  # branched before p trains past them
+        for child in ([p] if p.branch_from else []) + children:
+            if not branch(by_label[child.branch_from], child, run_dir, echo):
+                return False
+        if not train_run(p.cfg, run_dir / p.label, _baseline_dir(run_dir, p.label), echo):
+            return False
+    return True
+
+
+def _baseline_dir(run_dir: Path, label: str) -> Path | None:
+    """The baseline run to log the live gap against (once it exists)."""
+    path = run_dir / BASELINE
+    return path if label != BASELINE and path.is_dir() else None
+
+
+# ----------------------------------------------------------------------------------------------
+# entry points
+
+
+def run_compare(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    with_recipes=(),
+    ablate=(),
+    only: str | None = None,
+    echo: Callable[[str], None] = print,
+) -> Path | None:
+    """Train the comparison's runs and write the report; returns the report directory, or None when
+    a run stopped early (interrupted) or only one run (the one labelled ``only``) was asked for."""
+    run_dir = Path(run_dir)
+    plan = plan_runs(cfg, with_recipes, ablate)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not train_planned(plan, run_dir, echo, only) or only is not None:
+        return None
+    return write_comparison(run_dir, [p.label for p in plan], {p.label: p.about for p in plan})
+
+
+def write_comparison(run_dir: str | Path, labels: list[str], about: dict[str, str] | None = None) -> Path:
+    """The report of the runs under ``run_dir`` (``labels[0]`` the baseline) in ``run_dir/report``."""
+    run_dir = Path(run_dir)
+    missing = [label for label in labels if not (run_dir / label / METRICS_FILE).is_file()]
+    if missing:
+        raise UserError(f"{run_dir}: no run yet for {', '.join(missing)}; train it first")
+    base, *others = labels
+    for label in others:
+        check_comparable(run_dir / label, run_dir / base)
+    comparison = summarize({label: run_dir / label for label in others}, run_dir / base, base, about=about)
+    return write_report(comparison, run_dir / "report")
+
+
+def compare_runs(run_a: str | Path, baseline_b: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Compare two existing run directories (refusing unless only their precision differs)."""
+    run_a, baseline_b = Path(run_a), Path(baseline_b)
+    check_comparable(run_a, baseline_b)
+    label_a = load_run_config(run_a).precision.recipe
+    label_b = load_run_config(baseline_b).precision.recipe
+    if label_a == label_b:
+        label_a, label_b = run_a.name, baseline_b.name
+    comparison = summarize({label_a: run_a}, baseline_b, label_b)
+    return write_report(comparison, Path(out_dir) if out_dir else run_a / "report")

@@ -1,0 +1,110 @@
+"""Grouped-query causal self-attention, as in Nemotron-H: no positional embedding, no biases.
+
+Nemotron-H's attention layers carry no position information of their own (no RoPE): the Mamba-2
+layers before them already encode order, so attention only needs to be causal. Keys and values have
+``n_kv_heads`` heads, each shared by ``n_heads / n_kv_heads`` query heads (GQA). Q, K and V come from
+one fused projection (one GEMM, as Megatron's ``linear_qkv``).
+
+Masking:
+- no packing: ``is_causal=True``, so ``scaled_dot_product_attention`` can take its flash kernels;
+- packed documents: a boolean block-diagonal causal mask [B, 1, L, L] (query i sees key j iff
+  j <= i and both are in the same document), built once per forward by
+  :class:`~inkling_fp4.model.packing.Packing`. Every query sees at least itself, so no row of the
+  mask is empty. NOTE: SDPA's flash kernels take no mask, so packed batches run the memory-efficient
+  kernel; the mask costs B·L² bytes.
+- decoding: one query per sequence against the cached keys 0 .. lengths[b] (a [B, 1, 1, T] mask).
+
+The softmax, QK^T and AV always run in high precision (BF16 under autocast, FP32 on CPU): only the
+two projections are QuantLinear layers that a precision recipe quantizes.
+
+Shape letters: B batch, L length, D d_model, H query heads, K kv heads, E head dim, T cached length.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inkling_fp4.model.cache import AttentionState, InferenceCache
+from inkling_fp4.model.config import ModelConfig
+from inkling_fp4.model.packing import Packing
+from inkling_fp4.precision.quant_linear import QuantLinear
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads = cfg.n_heads
+        self.n_kv_heads = cfg.n_kv_heads
+        self.head_dim = cfg.attn_head_dim
+        qkv_width = (cfg.n_heads + 2 * cfg.n_kv_heads) * self.head_dim
+        self.qkv_proj = QuantLinear(cfg.d_model, qkv_width, layer_idx=layer_idx, name="attn.qkv_proj")
+        self.o_proj = QuantLinear(
+            cfg.n_heads * self.head_dim, cfg.d_model, layer_idx=layer_idx, name="attn.o_proj"
+        )
+
+    def output_projections(self) -> list[QuantLinear]:
+        return [self.o_proj]
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [..., D] -> q: [..., H, E], k, v: [..., K, E]."""
+        qkv = self.qkv_proj(x)  # [..., (H + 2K) E]
+        q, k, v = qkv.split(
+            [self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim],
+            -1,
+        )
+        return (
+            q.unflatten(-1, (self.n_heads, self.head_dim)),
+            k.unflatten(-1, (self.n_kv_heads, self.head_dim)),
+            v.unflatten(-1, (self.n_kv_heads, self.head_dim)),
+        )
+
+    def _attend(self, q, k, v, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """q: [B, Lq, H, E], k, v: [B, Lk, K, E] -> [B, Lq, H E]; causal when attn_mask is None."""
+        rep = self.n_heads // self.n_kv_heads
+        # K/V heads are repeated explicitly rather than through SDPA's enable_gqa, which not every
+        # fused kernel accepts (a silent fall back to the math kernel would cost O(L^2) memory).
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, L, E]
+        k = k.repeat_interleave(rep, dim=1).to(q.dtype)  # [B, H, Lk, E]
+        v = v.repeat_interleave(rep, dim=1).to(q.dtype)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
+        return y.transpose(1, 2).flatten(2)  # [B, Lq, H E]
+
+    def forward(self, x: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
+        """x: [B, L, D] -> [B, L, D]."""
+        q, k, v = self._qkv(x)
+        y = self._attend(q, k, v, None if packing is None else packing.attn_mask)
+        return self.o_proj(y)
+
+    def allocate_state(self, batch: int, max_len: int, device, dtype) -> AttentionState:
+        shape = (batch, max_len, self.n_kv_heads, self.head_dim)
+        return AttentionState(
+            k=torch.zeros(shape, device=device, dtype=dtype), v=torch.zeros(shape, device=device, dtype=dtype)
+        )
+
+    def prefill(self, x: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
+        """x: [B, L, D] right-padded prompts (cache.lengths real tokens) -> [B, L, D]; fills the KV cache.
+
+        Right padding cannot reach a real position through a causal mask, so the plain causal path
+        serves; padded keys/values are stored as zeros and never read (decoding masks by length)."""
+        state: AttentionState = cache.layers[self.layer_idx]
+        q, k, v = self._qkv(x)
+        L = x.shape[1]
+        valid = cache.valid_mask(L)[..., None, None]  # [B, L, 1, 1]
+        state.k[:, :L] = (k * valid).to(state.k.dtype)
+        state.v[:, :L] = (v * valid).to(state.v.dtype)
+        return self.o_proj(self._attend(q, k, v, None))
+
+    def step(self, x: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
+        """x: [B, D] one new token per sequence, at position cache.lengths[b] -> [B, D]."""
+        state: AttentionState = cache.layers[self.layer_idx]
+        q, k, v = self._qkv(x)  # q: [B, H, E], k, v: [B, K, E]
+        rows = torch.arange(x.shape[0], device=x.device)
+        state.k[rows, cache.lengths] = k.to(state.k.dtype)
+        state.v[rows, cache.lengths] = v.to(state.v.dtype)
+        T = cache.longest + 1
+        visible = torch.arange(T, device=x.device)[None, :] <= cache.lengths[:, None]  # [B, T]
+        y = self._attend(q[:, None], state.k[:, :T], state.v[:, :T], visible[:, None, None, :])
+        return self.o_proj(y[:, 0])  # [B, D]

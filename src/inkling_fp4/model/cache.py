@@ -1,0 +1,71 @@
+"""Inference cache for generation: what each layer must remember between decoding steps.
+
+- attention layer: the keys and values of every position so far, [B, max_len, H_kv, hd];
+- Mamba-2 layer: the last k-1 inputs of the depthwise conv, [B, conv_dim, k-1], and the SSM state
+  S, [B, H, P, N], in FP32 at least (it integrates over the whole sequence; BF16 would drift);
+- MLP layer: nothing.
+
+Sequences in a batch have their own lengths (``lengths``, [B]): prompts are right-padded for
+``prefill`` and each sequence continues from its own position in ``decode_step``. Padding never
+enters the cache: padded positions are written as zeros in the KV cache (and masked when read), are
+not part of the conv state, and reach the SSM with dt = 0, which neither decays nor feeds the state.
+
+Shape letters: B batch, T max_len, H heads, P head dim, N state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionState:
+    k: torch.Tensor
+    """[B, T, H_kv, hd] keys of the positions so far (zeros beyond each sequence's length)."""
+    v: torch.Tensor
+    """[B, T, H_kv, hd] values, like ``k``."""
+
+    def reset(self) -> None:
+        self.k.zero_()
+        self.v.zero_()
+
+
+@dataclass
+class MambaState:
+    conv: torch.Tensor
+    """[B, conv_dim, k-1] the last k-1 conv inputs (x||B||C before the conv), oldest first."""
+    ssm: torch.Tensor
+    """[B, H, P, N] SSM state S, FP32 (FP64 in a cache allocated for FP64)."""
+
+    def reset(self) -> None:
+        self.conv.zero_()
+        self.ssm.zero_()
+
+
+@dataclass
+class InferenceCache:
+    layers: list[AttentionState | MambaState | None]
+    """One entry per layer of the pattern (None for MLP layers)."""
+    lengths: torch.Tensor
+    """[B] int64 tokens held per sequence; the next token of sequence b goes to position lengths[b]."""
+    max_len: int
+    """Capacity in tokens per sequence."""
+    longest: int = 0
+    """max(lengths) kept on the host, so decoding needs no device sync to size its attention."""
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    def reset(self) -> None:
+        for state in self.layers:
+            if state is not None:
+                state.reset()
+        self.lengths.zero_()
+        self.longest = 0
+
+    def valid_mask(self, length: int) -> torch.Tensor:
+        """[B, length] bool: True at the real (not padded) positions 0 .. lengths[b]-1."""
+        return torch.arange(length, device=self.lengths.device)[None, :] < self.lengths[:, None]

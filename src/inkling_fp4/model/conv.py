@@ -1,0 +1,63 @@
+"""The depthwise causal conv of the Mamba-2 mixer, with document resets, and its fused form.
+
+    out_t = silu(bias + sum_{s=0}^{k-1} weight[:, k-1-s] * x_{t-s})      (PyTorch's Conv1d orientation)
+
+Packed documents: a tap that would reach back into a previous document is zeroed, which is exactly a
+fresh zero-padded conv per document (the conv's "state" is its window of the last k-1 inputs). The
+reference computes the k taps one by one in FP32; on CUDA that is some twenty memory-bound passes over
+a [B, L, C] tensor, forward and backward, which would cost more than the SSD scan itself. The fused
+form is the same function through ``torch.compile`` (one kernel per pass, the taps read once), so
+there is one definition of the math and a test holds the two together.
+
+Shape letters: B batch, L length, C channels (x||B||C), k kernel width.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from inkling_fp4.model.norm import at_least_fp32
+
+
+def causal_conv(
+    xBC: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    seg: torch.Tensor | None = None,
+    prev: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Depthwise causal conv, summed tap by tap in FP32 (FP64 for FP64 inputs), before the SiLU.
+
+    xBC: [B, L, C]; weight: [C, k]; bias: [C]; seg: [B, L] segment ids (taps that cross a boundary
+    contribute nothing); prev: [B, C, k-1] the inputs before position 0 (zeros when None).
+    Returns [B, L, C] in FP32 (or FP64).
+    """
+    Bsz, L, C = xBC.shape
+    k = weight.shape[1]
+    if prev is None:
+        prev = xBC.new_zeros(Bsz, C, k - 1)
+    xp = at_least_fp32(torch.cat([prev.transpose(1, 2).to(xBC.dtype), xBC], 1))  # [B, k-1+L, C]
+    if seg is not None:
+        # positions before 0 belong to the first document (they are its carried-in state)
+        seg_p = torch.cat([seg[:, :1].expand(Bsz, k - 1), seg], 1)  # [B, k-1+L]
+    out = at_least_fp32(bias).expand(Bsz, L, C)
+    for s in range(k):
+        tap = xp[:, k - 1 - s : k - 1 - s + L]  # x_{t-s}: [B, L, C]
+        if seg is not None and s > 0:
+            tap = tap * (seg_p[:, k - 1 - s : k - 1 - s + L] == seg)[..., None]
+        out = out + tap * weight[:, k - 1 - s]
+    return out
+
+
+def conv_silu(xBC: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, seg: torch.Tensor | None = None):
+    """silu(causal_conv(xBC)) in xBC's dtype: [B, L, C] -> [B, L, C]."""
+    return F.silu(causal_conv(xBC, weight, bias, seg=seg)).to(xBC.dtype)
+
+
+@functools.cache
+def fused_conv_silu():
+    """:func:`conv_silu` compiled by ``torch.compile`` (forward and backward fused; built on first use)."""
+    return torch.compile(conv_silu, dynamic=True)

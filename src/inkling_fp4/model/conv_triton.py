@@ -1,0 +1,278 @@
+"""The Mamba-2 causal depthwise conv + SiLU as two Triton kernels (forward, backward), with document resets.
+
+Same function as :func:`inkling_fp4.model.conv.conv_silu` (the reference, whose docstring has the math):
+
+    a_t   = bias + sum_{s=0}^{k-1} weight[:, k-1-s] * x_{t-s} * [seg_{t-s} == seg_t]
+    out_t = silu(a_t)
+
+Why a kernel: the op is purely memory-bound (k = 4 multiply-adds per element), so its cost is the bytes
+moved. Forward reads x once and writes out once (2 x B L C x 2 bytes in BF16); backward reads x and dout
+and writes dx (3 x B L C x 2 bytes) plus small per-tile partial sums for dweight and dbias. The k shifted
+reads of a tile hit L1/L2, not HBM. Nothing of size B L C is saved beyond x itself: the backward
+recomputes the pre-activation a.
+
+The input may be a strided view (the x||B||C slice of in_proj's output): only its last dim must be
+contiguous, so the split of in_proj's output costs no copy.
+
+Backward, per position t (masks as above, [t+s < L] and [seg_{t+s} == seg_t]):
+
+    da_t       = dout_t * silu'(a_t),   silu'(a) = sig(a) (1 + a (1 - sig(a)))
+    dx_t       = sum_s weight[:, k-1-s] * da_{t+s}
+    dweight[:, k-1-s] = sum_{b,t} da_t * x_{t-s}        dbias = sum_{b,t} da_t
+
+dweight and dbias are summed per (batch row, tile of L) into an FP32 buffer, then reduced in PyTorch:
+deterministic, unlike atomics, so training runs reproduce bit for bit.
+
+CUDA tensors, or any device under ``TRITON_INTERPRET=1`` (how the CPU tests run the kernels).
+Shape letters: B batch, L length, C channels, k kernel width.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
+
+BLOCK_L = 32
+BLOCK_C = 128
+
+
+@triton.jit
+def _conv_pre(
+    x_ptr,
+    seg_ptr,
+    w_ptr,
+    bias_ptr,
+    b,
+    t,
+    c,
+    c_ok,
+    L,
+    sxb,
+    sxl,
+    ssb,
+    HAS_SEG: tl.constexpr,
+    K: tl.constexpr,
+    BL: tl.constexpr,
+    BC: tl.constexpr,
+):
+    """Pre-activation a at positions t [BL] (any, masked to 0 <= t < L) and channels c [BC], FP32."""
+    t_ok = (t >= 0) & (t < L)
+    acc = tl.zeros((BL, BC), dtype=tl.float32) + tl.load(bias_ptr + c, mask=c_ok, other=0.0)[None, :].to(
+        tl.float32
+    )
+    if HAS_SEG:
+        seg_t = tl.load(seg_ptr + b * ssb + t, mask=t_ok, other=-1)
+    for s in tl.static_range(K):
+        ts = t - s
+        ok = t_ok & (ts >= 0)
+        if HAS_SEG:
+            seg_s = tl.load(seg_ptr + b * ssb + ts, mask=ok, other=-2)
+            ok = ok & (seg_s == seg_t)
+        xs = tl.load(
+            x_ptr + b * sxb + ts[:, None] * sxl + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0
+        )
+        w = tl.load(w_ptr + c * K + (K - 1 - s), mask=c_ok, other=0.0).to(tl.float32)
+        acc += xs.to(tl.float32) * w[None, :]
+    return acc
+
+
+@triton.jit
+def _conv_silu_fwd(
+    x_ptr,
+    seg_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    L,
+    C,
+    sxb,
+    sxl,
+    ssb,
+    sob,
+    sol,
+    HAS_SEG: tl.constexpr,
+    K: tl.constexpr,
+    BL: tl.constexpr,
+    BC: tl.constexpr,
+):
+    b = tl.program_id(0)
+    t = tl.program_id(1) * BL + tl.arange(0, BL)
+    c = tl.program_id(2) * BC + tl.arange(0, BC)
+    c_ok = c < C
+    a = _conv_pre(x_ptr, seg_ptr, w_ptr, bias_ptr, b, t, c, c_ok, L, sxb, sxl, ssb, HAS_SEG, K, BL, BC)
+    out = a * tl.sigmoid(a)
+    tl.store(
+        out_ptr + b * sob + t[:, None] * sol + c[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=(t < L)[:, None] & c_ok[None, :],
+    )
+
+
+@triton.jit
+def _conv_silu_bwd(
+    x_ptr,
+    seg_ptr,
+    w_ptr,
+    bias_ptr,
+    dout_ptr,
+    dx_ptr,
+    dw_ptr,
+    db_ptr,
+    L,
+    C,
+    sxb,
+    sxl,
+    ssb,
+    sdb,
+    sdl,
+    sdxb,
+    sdxl,
+    HAS_SEG: tl.constexpr,
+    K: tl.constexpr,
+    BL: tl.constexpr,
+    BC: tl.constexpr,
+):
+    b = tl.program_id(0)
+    pid_l = tl.program_id(1)
+    t = pid_l * BL + tl.arange(0, BL)
+    c = tl.program_id(2) * BC + tl.arange(0, BC)
+    c_ok = c < C
+    t_ok = t < L
+    if HAS_SEG:
+        seg_t = tl.load(seg_ptr + b * ssb + t, mask=t_ok, other=-1)
+    dx = tl.zeros((BL, BC), dtype=tl.float32)
+    da_here = tl.zeros((BL, BC), dtype=tl.float32)
+    for s in tl.static_range(K):
+        ts = t + s  # the output position that tap s of position t feeds
+        ok = t_ok & (ts < L)
+        if HAS_SEG:
+            seg_s = tl.load(seg_ptr + b * ssb + ts, mask=ok, other=-2)
+            ok = ok & (seg_s == seg_t)
+        a = _conv_pre(x_ptr, seg_ptr, w_ptr, bias_ptr, b, ts, c, c_ok, L, sxb, sxl, ssb, HAS_SEG, K, BL, BC)
+        dout = tl.load(
+            dout_ptr + b * sdb + ts[:, None] * sdl + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0
+        ).to(tl.float32)
+        sig = tl.sigmoid(a)
+        da = dout * sig * (1.0 + a * (1.0 - sig))
+        w = tl.load(w_ptr + c * K + (K - 1 - s), mask=c_ok, other=0.0).to(tl.float32)
+        dx += da * w[None, :]
+        if s == 0:
+            da_here = da
+    tl.store(
+        dx_ptr + b * sdxb + t[:, None] * sdxl + c[None, :],
+        dx.to(dx_ptr.dtype.element_ty),
+        mask=t_ok[:, None] & c_ok[None, :],
+    )
+    # partial sums of this tile: row (b, pid_l) of the [B * nL, k, C] / [B * nL, C] buffers
+    row = b * tl.num_programs(1) + pid_l
+    tl.store(db_ptr + row * C + c, tl.sum(da_here, 0), mask=c_ok)
+    for s in tl.static_range(K):
+        ts = t - s
+        ok = t_ok & (ts >= 0)
+        if HAS_SEG:
+            seg_s = tl.load(seg_ptr + b * ssb + ts, mask=ok, other=-2)
+            ok = ok & (seg_s == seg_t)
+        xs = tl.load(
+            x_ptr + b * sxb + ts[:, None] * sxl + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0
+        )
+        tl.store(dw_ptr + (row * K + (K - 1 - s)) * C + c, tl.sum(da_here * xs.to(tl.float32), 0), mask=c_ok)
+
+
+def _device(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _row_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class _ConvSiLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, seg):
+        Bsz, L, C = x.shape
+        K = weight.shape[1]
+        out = torch.empty(Bsz, L, C, device=x.device, dtype=x.dtype)  # out: [B, L, C]
+        grid = (Bsz, triton.cdiv(L, BLOCK_L), triton.cdiv(C, BLOCK_C))
+        has_seg = seg is not None
+        seg_arg = seg if has_seg else x
+        with _device(x):
+            _conv_silu_fwd[grid](
+                x,
+                seg_arg,
+                weight,
+                bias,
+                out,
+                L,
+                C,
+                x.stride(0),
+                x.stride(1),
+                seg.stride(0) if has_seg else 0,
+                out.stride(0),
+                out.stride(1),
+                HAS_SEG=has_seg,
+                K=K,
+                BL=BLOCK_L,
+                BC=BLOCK_C,
+            )
+        ctx.save_for_backward(x, weight, bias, seg)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, bias, seg = ctx.saved_tensors
+        dout = _row_contiguous(dout)
+        Bsz, L, C = x.shape
+        K = weight.shape[1]
+        n_l = triton.cdiv(L, BLOCK_L)
+        dx = torch.empty(Bsz, L, C, device=x.device, dtype=x.dtype)
+        dw_part = torch.empty(Bsz * n_l, K, C, device=x.device, dtype=torch.float32)
+        db_part = torch.empty(Bsz * n_l, C, device=x.device, dtype=torch.float32)
+        has_seg = seg is not None
+        with _device(x):
+            _conv_silu_bwd[(Bsz, n_l, triton.cdiv(C, BLOCK_C))](
+                x,
+                seg if has_seg else x,
+                weight,
+                bias,
+                dout,
+                dx,
+                dw_part,
+                db_part,
+                L,
+                C,
+                x.stride(0),
+                x.stride(1),
+                seg.stride(0) if has_seg else 0,
+                dout.stride(0),
+                dout.stride(1),
+                dx.stride(0),
+                dx.stride(1),
+                HAS_SEG=has_seg,
+                K=K,
+                BL=BLOCK_L,
+                BC=BLOCK_C,
+            )
+        dweight = dw_part.sum(0).t().to(weight.dtype)  # [C, k]
+        dbias = db_part.sum(0).to(bias.dtype)
+        return dx, dweight.contiguous(), dbias, None
+
+
+@torch.compiler.disable  # Triton launches and a hand-written backward: a graph break, not a trace
+def conv_silu_triton(
+    xBC: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, seg: torch.Tensor | None = None
+) -> torch.Tensor:
+    """silu(causal depthwise conv(xBC)) in xBC's dtype, as :func:`~inkling_fp4.model.conv.conv_silu`.
+
+    xBC: [B, L, C] (any strides with the last dim contiguous); weight: [C, k]; bias: [C]; seg: [B, L]
+    segment ids or None. Differentiable in xBC, weight and bias. CUDA, or TRITON_INTERPRET=1.
+    """
+    if not (xBC.is_cuda or INTERPRET):
+        raise ValueError(f"conv_silu_triton needs CUDA tensors (got {xBC.device}); use conv_silu on CPU")
+    if seg is not None:
+        seg = _row_contiguous(seg)
+    return _ConvSiLU.apply(_row_contiguous(xBC), weight.contiguous(), bias.contiguous(), seg)

@@ -1,0 +1,168 @@
+"""The Mamba-2 mixer (Dao & Gu, 2024) as used in Nemotron-H.
+
+    zxBCdt = in_proj(u)                         # Order: [z, x, B, C, dt]
+    xBC    = silu(causal_conv1d(x||B||C))       # depthwise, kernel k, with bias
+    dt     = softplus(dt + dt_bias)             # [B, L, H], FP32
+    y      = SSD(x, dt, A = -exp(A_log), B, C) + D * x
+    out    = out_proj(GatedRMSNorm(y, z))       # norm(y * silu(z)) in G groups
+
+Only in_proj and out_proj are GEMMs (QuantLinear, so a precision recipe applies); the conv, the
+scan, the gate and the norm stay in high precision, and the scan runs in FP32 internally.
+
+Parameters and initialisation (Mamba-2 / Megatron conventions):
+- ``A_log`` [H] = log(U[a_init_range]) (1..16), so A = -exp(A_log) in [-16, -1];
+- ``dt_bias`` [H] = softplus^-1(dt) with dt log-uniform in [dt_min, dt_max], floored at
+  dt_init_floor, so the initial step sizes span two decades;
+- ``D`` [H] = 1 (the skip connection starts as identity);
+- conv weight [conv_dim, k] and bias [conv_dim] ~ U(-1/sqrt(k), 1/sqrt(k)) (PyTorch's Conv1d default
+  for a depthwise conv, which Mamba keeps);
+- in_proj / out_proj are initialised by the model (normal(0, init_std); out_proj scaled by depth).
+A_log, D and dt_bias are FP32 parameters flagged ``_no_weight_decay = True`` (the Mamba convention,
+read by the optimizer, which also exempts every 1-D parameter): decaying A_log towards 0 would pull
+every head towards the same decay rate.
+
+Packed documents: at a document boundary both states restart. The SSD handles its state itself
+(``doc_ids``); the conv zeroes each tap that would reach back into a previous document (see
+:mod:`inkling_fp4.model.conv`).
+
+Shape letters: B batch, L length, D d_model, E d_inner (= H P), H heads, P head dim, G groups,
+N state, C conv channels (E + 2 G N), k conv kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inkling_fp4.model.cache import InferenceCache, MambaState
+from inkling_fp4.model.config import ModelConfig
+from inkling_fp4.model.conv import conv_silu, fused_conv_silu
+from inkling_fp4.model.norm import GatedRMSNorm, at_least_fp32
+from inkling_fp4.model.packing import Packing
+from inkling_fp4.model.ssd import ssd, ssd_step
+from inkling_fp4.precision.quant_linear import QuantLinear
+
+
+class Mamba2Mixer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.H, self.P, self.G, self.N = cfg.mamba_heads, cfg.mamba_head_dim, cfg.n_groups, cfg.d_state
+        self.d_inner = cfg.d_inner
+        self.conv_dim = self.d_inner + 2 * self.G * self.N
+        self.chunk_size = cfg.chunk_size
+        self.ssd_impl = cfg.ssd_impl
+        self.conv_impl = cfg.conv_impl
+        k = cfg.conv_kernel
+
+        in_width = 2 * self.d_inner + 2 * self.G * self.N + self.H  # Order: [z, x, B, C, dt]
+        self.in_proj = QuantLinear(cfg.d_model, in_width, layer_idx=layer_idx, name="mamba.in_proj")
+        self.conv_weight = nn.Parameter(torch.empty(self.conv_dim, k))
+        self.conv_bias = nn.Parameter(torch.empty(self.conv_dim))
+        self.A_log = nn.Parameter(torch.empty(self.H, dtype=torch.float32))
+        self.dt_bias = nn.Parameter(torch.empty(self.H, dtype=torch.float32))
+        self.D = nn.Parameter(torch.empty(self.H, dtype=torch.float32))
+        for p in (self.A_log, self.dt_bias, self.D):
+            p._no_weight_decay = True
+        self.norm = GatedRMSNorm(self.d_inner, self.G, cfg.norm_eps)
+        self.out_proj = QuantLinear(self.d_inner, cfg.d_model, layer_idx=layer_idx, name="mamba.out_proj")
+        self._init_ssm_params(cfg)
+
+    @torch.no_grad()
+    def _init_ssm_params(self, cfg: ModelConfig) -> None:
+        if self.A_log.is_meta:  # built on the meta device to count parameters: no values to set
+            return
+        bound = 1.0 / math.sqrt(cfg.conv_kernel)
+        self.conv_weight.uniform_(-bound, bound)
+        self.conv_bias.uniform_(-bound, bound)
+        lo, hi = cfg.a_init_range
+        self.A_log.copy_(torch.empty_like(self.A_log).uniform_(lo, hi).log())
+        log_dt = torch.empty_like(self.dt_bias).uniform_(math.log(cfg.dt_min), math.log(cfg.dt_max))
+        dt = log_dt.exp().clamp(min=cfg.dt_init_floor)
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        self.D.fill_(1.0)
+
+    def output_projections(self) -> list[QuantLinear]:
+        return [self.out_proj]
+
+    def _split(self, zxbcdt: torch.Tensor):
+        """[..., 2E + 2GN + H] -> z [..., E], xBC [..., C], dt_raw [..., H]."""
+        return zxbcdt.split([self.d_inner, self.conv_dim, self.H], -1)
+
+    def _ssm_inputs(self, xBC: torch.Tensor, dt_raw: torch.Tensor):
+        """Conv output (after SiLU) and raw dt -> x [.., H, P], B, C [.., G, N], dt [.., H] FP32."""
+        x, B, C = xBC.split([self.d_inner, self.G * self.N, self.G * self.N], -1)
+        dt = F.softplus(at_least_fp32(dt_raw) + self.dt_bias)
+        return (
+            x.unflatten(-1, (self.H, self.P)),
+            B.unflatten(-1, (self.G, self.N)),
+            C.unflatten(-1, (self.G, self.N)),
+            dt,
+        )
+
+    def _output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """y, x: [..., H, P]; z: [..., E] -> out_proj(norm((y + D x) * silu(z))) [..., D]."""
+        y = y + x * self.D[:, None]  # D skip per head, FP32
+        return self.out_proj(self.norm(y.flatten(-2), z))
+
+    def _mix(self, u: torch.Tensor, seg: torch.Tensor | None, valid: torch.Tensor | None):
+        """The sequence path shared by forward and prefill. u: [B, L, D]; valid: [B, L] bool or None.
+        Returns the output [B, L, D], the pre-conv inputs xBC [B, L, C] and the final SSM state."""
+        zxbcdt = self.in_proj(u)  # [B, L, 2E + 2GN + H]
+        z, xBC_in, dt_raw = self._split(zxbcdt)
+        fused = self.conv_impl == "compiled" or (self.conv_impl == "auto" and u.is_cuda)
+        # inside a compiled model the enclosing torch.compile fuses the plain conv already
+        conv = fused_conv_silu() if fused and not torch.compiler.is_compiling() else conv_silu
+        xBC = conv(xBC_in, self.conv_weight, self.conv_bias, seg)  # [B, L, C]
+        x, B, C, dt = self._ssm_inputs(xBC, dt_raw)
+        if valid is not None:
+            dt = dt * valid[..., None]  # padded positions: no decay, no input (the state is untouched)
+        A = -torch.exp(self.A_log)  # [H]
+        y, final = ssd(x, dt, A, B, C, self.chunk_size, doc_ids=seg, impl=self.ssd_impl)  # y: [B, L, H, P]
+        return self._output(y, x, z), xBC_in, final
+
+    def forward(self, u: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
+        """u: [B, L, D] -> [B, L, D]."""
+        out, _, _ = self._mix(u, None if packing is None else packing.seg, None)
+        return out
+
+    def allocate_state(self, batch: int, max_len: int, device, dtype) -> MambaState:
+        k = self.conv_weight.shape[1]
+        return MambaState(
+            conv=torch.zeros(batch, self.conv_dim, k - 1, device=device, dtype=dtype),
+            ssm=torch.zeros(
+                batch, self.H, self.P, self.N, device=device, dtype=torch.promote_types(dtype, torch.float32)
+            ),
+        )
+
+    def prefill(self, u: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
+        """u: [B, L, D] right-padded prompts -> [B, L, D]; stores the conv window and SSM state."""
+        state: MambaState = cache.layers[self.layer_idx]
+        L = u.shape[1]
+        out, xBC_in, final = self._mix(u, None, cache.valid_mask(L))
+        # The conv window is the last k-1 *real* inputs: positions lengths-k+1 .. lengths-1 (zeros
+        # before position 0), gathered from the zero-prefixed inputs, where position t sits at t+k-1.
+        k = self.conv_weight.shape[1]
+        xp = F.pad(xBC_in, (0, 0, k - 1, 0))  # [B, k-1+L, C]
+        idx = cache.lengths[:, None] + torch.arange(k - 1, device=u.device)[None, :]  # [B, k-1]
+        window = xp.gather(1, idx[..., None].expand(-1, -1, self.conv_dim))  # [B, k-1, C]
+        state.conv.copy_(window.transpose(1, 2))
+        state.ssm.copy_(final)
+        return out
+
+    def step(self, u: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
+        """u: [B, D] one new token per sequence -> [B, D]; advances the conv window and SSM state."""
+        state: MambaState = cache.layers[self.layer_idx]
+        z, xBC_in, dt_raw = self._split(self.in_proj(u))  # xBC_in: [B, C]
+        window = torch.cat([state.conv, xBC_in[..., None].to(state.conv.dtype)], -1)  # [B, C, k]
+        state.conv.copy_(window[..., 1:])
+        conv = (at_least_fp32(window) * self.conv_weight).sum(-1) + self.conv_bias  # [B, C]
+        xBC = F.silu(conv).to(xBC_in.dtype)
+        x, B, C, dt = self._ssm_inputs(xBC, dt_raw)
+        A = -torch.exp(self.A_log)
+        y, new_ssm = ssd_step(state.ssm, x, dt, A, B, C)  # y: [B, H, P]
+        state.ssm.copy_(new_ssm)
+        return self._output(y.to(x.dtype), x, z)

@@ -1,0 +1,48 @@
+"""The MLP block of Nemotron-H: squared ReLU, ``down(relu(up(x))^2)``, no gate, no biases.
+
+Squared ReLU (So et al., "Primer", 2021) is what Nemotron-H uses instead of a gated unit: two GEMMs
+instead of three for the same width, and sparse activations.
+
+Shape letters: B batch, L length, D d_model, F ffn width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inkling_fp4.model.compiled import cuda_compiled
+from inkling_fp4.model.config import ModelConfig
+from inkling_fp4.precision.quant_linear import QuantLinear
+
+
+@cuda_compiled
+def squared_relu(h: torch.Tensor) -> torch.Tensor:
+    """relu(h)^2 elementwise, in h's dtype (one fused kernel per direction on CUDA)."""
+    return F.relu(h).square()
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.up_proj = QuantLinear(cfg.d_model, cfg.ffn_dim, layer_idx=layer_idx, name="mlp.up_proj")
+        self.down_proj = QuantLinear(cfg.ffn_dim, cfg.d_model, layer_idx=layer_idx, name="mlp.down_proj")
+
+    def output_projections(self) -> list[QuantLinear]:
+        return [self.down_proj]
+
+    def forward(self, x: torch.Tensor, packing=None) -> torch.Tensor:
+        """x: [..., D] -> [..., D]. ``packing`` is ignored: an MLP mixes no positions."""
+        h = squared_relu(self.up_proj(x))  # [..., F]
+        return self.down_proj(h)  # [..., D]
+
+    def allocate_state(self, batch: int, max_len: int, device, dtype) -> None:
+        return None
+
+    def prefill(self, x: torch.Tensor, cache) -> torch.Tensor:
+        return self(x)
+
+    def step(self, x: torch.Tensor, cache) -> torch.Tensor:
+        return self(x)

@@ -1,0 +1,88 @@
+"""RMS normalisation: the pre-norm of every block and the gated, grouped norm inside the Mamba-2 mixer.
+
+Both normalise in FP32 (or wider) whatever the activation dtype (a BF16 mean of squares over thousands of
+channels loses the low bits that matter here) and return the input's dtype. Norm gains are 1-D, so
+the optimizer gives them no weight decay.
+
+On CUDA both run as one fused kernel per direction (:mod:`inkling_fp4.model.compiled`); the
+gated norm also takes the Mamba-2 D skip (``y + D x``), so the FP32 sum never makes its own pass.
+
+Shape letters: D normalised width, G groups, H heads, P head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inkling_fp4.model.compiled import cuda_compiled
+
+
+def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """x in FP32, or unchanged when already wider (FP64 exactness tests)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def _rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+@cuda_compiled
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [..., D] -> x / rms(x) * weight in x's dtype, normalised in FP32 (or wider)."""
+    return (_rms_normalize(at_least_fp32(x), eps) * weight).to(x.dtype)
+
+
+@cuda_compiled
+def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, n_groups: int, eps: float):
+    """y, z: [..., D] -> norm(y * silu(z)) * weight over G groups of D/G channels, in y's dtype."""
+    h = at_least_fp32(y) * F.silu(at_least_fp32(z))
+    h = _rms_normalize(h.unflatten(-1, (n_groups, -1)), eps).flatten(-2)  # [..., G, D/G]
+    return (h * weight).to(y.dtype)
+
+
+@cuda_compiled
+def skip_gated_rms_norm(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    D: torch.Tensor,
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    n_groups: int,
+    eps: float,
+) -> torch.Tensor:
+    """Mamba-2's output: ``gated_rms_norm(y + D x, z)``. y, x: [..., H, P]; D: [H]; z: [..., H P].
+    The skip sum takes the promoted dtype of y, x and D (FP32 for the FP32 D), and so does the result."""
+    y = (y + x * D[:, None]).flatten(-2)  # [..., H P]
+    return gated_rms_norm.reference(y, z, weight, n_groups, eps)
+
+
+class RMSNorm(nn.Module):
+    """y = x / rms(x) * weight over the last dim (no bias, no mean subtraction)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., D]
+        return rms_norm(x, self.weight, self.eps)
+
+
+class GatedRMSNorm(nn.Module):
+    """Mamba-2's output norm: normalise ``y * silu(z)`` in G groups of D/G channels, then scale.
+
+    The gate is applied before normalising (``norm_before_gate=False`` in the Mamba code), and the
+    groups match the G groups of B/C, so a group's statistics never mix heads of different groups,
+    which keeps the layer's output independent of how heads are split across tensor-parallel ranks.
+    """
+
+    def __init__(self, dim: int, n_groups: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.n_groups = n_groups
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # y, z: [..., D]
+        return gated_rms_norm(y, z, self.weight, self.n_groups, self.eps)

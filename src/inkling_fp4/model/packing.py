@@ -1,0 +1,47 @@
+"""Document boundaries of a packed batch, computed once per forward and shared by every layer.
+
+Training packs several documents into one row of ``L`` tokens; ``doc_ids`` [B, L] says which
+document each token belongs to. A packed row must give the same outputs as its documents run one
+by one, so every mixer that mixes positions respects the boundaries: attention through a
+block-diagonal causal mask, the Mamba-2 conv and SSD scan by resetting their state where the
+document changes (see :mod:`inkling_fp4.model.mamba2` and :mod:`inkling_fp4.model.ssd`).
+
+Only changes of ``doc_ids`` between neighbours matter (ids may repeat across non-adjacent
+documents); they are turned into segment indices 0, 1, 2, ... per row.
+
+Shape letters: B batch, L length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inkling_fp4.model.ssd import segment_ids
+
+
+@dataclass
+class Packing:
+    seg: torch.Tensor
+    """[B, L] int64 segment index per token, stepping by one at each document boundary."""
+    attn_mask: torch.Tensor | None
+    """[B, 1, L, L] bool, True where query i may attend to key j: j <= i and the same document
+    (None when the model has no attention layer)."""
+
+    @staticmethod
+    def from_doc_ids(doc_ids: torch.Tensor | None, attention: bool = True) -> Packing | None:
+        """None when there is nothing to mask (no doc_ids, or one document per row): the fast paths
+        (``is_causal`` attention, unmasked scan) then run. One host sync decides that per forward.
+        ``attention=False`` skips the B·L² mask for models without attention layers."""
+        if doc_ids is None:
+            return None
+        seg = segment_ids(doc_ids)
+        if not bool(seg[:, -1].any()):
+            return None
+        if not attention:
+            return Packing(seg=seg, attn_mask=None)
+        L = seg.shape[1]
+        causal = torch.ones(L, L, dtype=torch.bool, device=seg.device).tril()
+        same_doc = seg[:, :, None] == seg[:, None, :]  # [B, L, L]
+        return Packing(seg=seg, attn_mask=(same_doc & causal)[:, None])

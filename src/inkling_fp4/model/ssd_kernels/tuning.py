@@ -1,0 +1,73 @@
+"""How the SSD kernels are compiled: matmul operand types, autotune configs, the interpreter switch.
+
+All chunk matmuls go through :func:`mma`: operands rounded to the input dtype (BF16 on the fast path,
+as tensor cores take them), FP32 accumulation. Two facts shape it:
+
+- Triton's CPU interpreter (``TRITON_INTERPRET=1``, what the CPU tests run) multiplies BF16 operands as
+  their raw 16-bit integers, and rounds FP32 -> BF16 by truncation. Under the interpreter, operands are
+  rounded to BF16 to nearest by :func:`cast_rne` and then widened to FP32 (exact), so the
+  interpreter computes the same products, and stores the same BF16 outputs, as the GPU.
+- FP32 inputs get ``input_precision="ieee"`` (true FP32 products, no TF32), so the FP32 path is an
+  accurate check of the algorithm rather than of TF32 rounding.
+
+Autotuning tries a handful of configs per kernel on the GPU (keyed on the shapes that change the
+best choice) and exactly one under the interpreter, where timing means nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_INTERPRET = tl.constexpr(INTERPRET)
+
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def operand_types(dtype: torch.dtype) -> tuple[tl.dtype, tl.dtype, str]:
+    """Input dtype -> (IN_DTYPE operands are rounded to, MM_DTYPE tl.dot sees, PRECISION)."""
+    if dtype not in _TL_DTYPES:
+        raise ValueError(f"SSD kernels take bfloat16, float16 or float32 inputs, not {dtype}")
+    in_dtype = _TL_DTYPES[dtype]
+    mm_dtype = tl.float32 if INTERPRET else in_dtype
+    return in_dtype, mm_dtype, "ieee" if mm_dtype == tl.float32 else "tf32"
+
+
+def _cast_rne(v, DTYPE: tl.constexpr):
+    """v rounded to DTYPE to nearest (what the GPU does; emulated for BF16 under the interpreter)."""
+    if _INTERPRET and DTYPE == tl.bfloat16:
+        # Veltkamp split: hi = v rounded to nearest with 8 significant bits, BF16's precision, so the
+        # interpreter's truncating cast below is exact.
+        v = v.to(tl.float32)
+        split = v * 65537.0  # 2^16 + 1
+        return (split - (split - v)).to(DTYPE)
+    else:
+        return v.to(DTYPE)
+
+
+def _mma(a, b, acc, IN_DTYPE: tl.constexpr, MM_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + a @ b with a, b rounded to IN_DTYPE, FP32 accumulation."""
+    a = cast_rne(a, IN_DTYPE).to(MM_DTYPE)
+    b = cast_rne(b, IN_DTYPE).to(MM_DTYPE)
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+# The interpreter re-patches triton.language on every call of a @triton.jit helper (~10 ms each); the
+# helpers run as plain Python there, which the interpreter executes the same way.
+cast_rne = _cast_rne if INTERPRET else triton.jit(_cast_rne)
+mma = _mma if INTERPRET else triton.jit(_mma)
+
+
+def configs(candidates: list[tuple[dict, int]], num_stages: int = 2) -> list[triton.Config]:
+    """Autotune candidates from (block sizes, num_warps) pairs; only the first under the interpreter."""
+    out = [triton.Config(dict(blocks), num_warps=w, num_stages=num_stages) for blocks, w in candidates]
+    return out[:1] if INTERPRET else out
+
+
+def block_size(dim: int) -> int:
+    """A whole-dimension block: the next power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(dim))

@@ -1,0 +1,123 @@
+"""FP8 (E4M3 / E5M2) with current scaling: per tensor, or per block with FP32 scales.
+
+Why: the paper's baseline (arXiv 2509.25149, section 4) is FP8 with E4M3 for all GEMM operands,
+1×128 blocks for activations and gradients, 128×128 blocks for weights and FP32 scales, the
+DeepSeek-V3 style recipe. compare-baseline trains with these quantizers so that the loss gap it
+reports is NVFP4 against the paper's baseline, not against a stronger or weaker one.
+
+Current scaling, per tensor or per block, in FP32 (Transformer Engine's rule):
+
+    scale     = fp8_max / amax     (1 when amax == 0; FLT_MAX if the quotient overflows)
+    data      = fp8(clamp(x · scale, -fp8_max, fp8_max))   (one round-half-even)
+    scale_inv = 1 / scale          (stored; dequantize is data · scale_inv)
+
+The clamp is not cosmetic: torch's FP32→FP8 cast does not saturate on every version (E5M2
+overflows to Inf), and ``x · scale`` can exceed fp8_max by one rounding.
+
+128×128 blocks allow M not a multiple of 128: the last row tile is partial and takes the amax of
+the rows it has, so ``scale_inv`` is ``[ceil(M/128), N/128]``. The last dim must be a multiple of
+the block width. 1×bn blocks keep any leading dims (``scale_inv [..., N/bn]``); bm×bn tiles need 2-D x.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inkling_fp4.errors import NumericsError
+from inkling_fp4.numerics import checks
+from inkling_fp4.numerics.formats import FLT_MAX
+
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+@dataclass
+class FP8Tensor:
+    """Tensorwise FP8: ``x ≈ data · scale_inv``."""
+
+    data: torch.Tensor  # fp8, same shape as the input
+    scale_inv: torch.Tensor  # float32 0-dim
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.data.float() * self.scale_inv).to(dtype)
+
+
+@dataclass
+class FP8BlockTensor:
+    """Blockwise FP8: each (bm, bn) block of ``data`` times its entry of ``scale_inv``."""
+
+    data: torch.Tensor  # fp8 [..., N] (2-D [M, N] when bm > 1)
+    scale_inv: torch.Tensor  # float32 [..., N/bn] or [ceil(M/bm), N/bn]
+    block: tuple[int, int]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        bm, bn = self.block
+        scale_inv = self.scale_inv.repeat_interleave(bn, dim=-1)
+        if bm > 1:
+            scale_inv = scale_inv.repeat_interleave(bm, dim=0)[: self.data.shape[0]]
+        return (self.data.float() * scale_inv).to(dtype)
+
+
+def _fp8_max(dtype: torch.dtype, op: str) -> float:
+    if dtype not in FP8_MAX:
+        raise NumericsError(f"{op}: dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
+    return FP8_MAX[dtype]
+
+
+def current_scale(amax: torch.Tensor, fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, scale_inv) in FP32 from an amax tensor of any shape."""
+    amax = amax.float()
+    # NOTE: not ``fp8_max / amax``: torch evaluates scalar / tensor as reciprocal(tensor) · scalar.
+    scale = torch.where(amax == 0, 1.0, (torch.full_like(amax, fp8_max) / amax).clamp(max=FLT_MAX))
+    return scale, torch.reciprocal(scale)
+
+
+def _cast(v: torch.Tensor, fp8_max: float, dtype: torch.dtype) -> torch.Tensor:
+    return v.clamp_(-fp8_max, fp8_max).to(dtype)
+
+
+def quantize_tensorwise(
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, name: str | None = None
+) -> FP8Tensor:
+    """One FP32 scale for the whole tensor (current scaling)."""
+    op = "fp8.quantize_tensorwise"
+    fp8_max = _fp8_max(dtype, op)
+    checks.check_dtype(x, op=op, name=name)
+    xf = x.float()
+    amax = xf.abs().amax() if xf.numel() else xf.new_zeros(())
+    checks.check_finite(x, op=op, name=name, amax=amax)
+    scale, scale_inv = current_scale(amax, fp8_max)
+    return FP8Tensor(data=_cast(xf * scale, fp8_max, dtype), scale_inv=scale_inv)
+
+
+def quantize_blockwise(
+    x: torch.Tensor,
+    block: tuple[int, int] = (1, 128),
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    name: str | None = None,
+) -> FP8BlockTensor:
+    """One FP32 scale per (bm, bn) block: (1, 128) for activations/gradients, (128, 128) for weights."""
+    op = "fp8.quantize_blockwise"
+    fp8_max = _fp8_max(dtype, op)
+    bm, bn = block
+    if bm < 1 or bn < 1:
+        raise NumericsError(f"{op}: block must be two positive sizes, got {block}")
+    checks.check_input(x, op=op, block=bn, name=name, ndim=2 if bm > 1 else None)
+    xf = x.float()
+    n = xf.shape[-1]
+    magnitude = xf.abs().unflatten(-1, (n // bn, bn))  # [..., N/bn, bn]
+    if bm == 1:
+        block_amax = magnitude.amax(-1)  # [..., N/bn]
+    else:
+        pad = -xf.shape[0] % bm
+        if pad:
+            magnitude = torch.cat([magnitude, magnitude.new_zeros(pad, *magnitude.shape[1:])])
+        tiles = magnitude.unflatten(0, (magnitude.shape[0] // bm, bm))  # [ceil(M/bm), bm, N/bn, bn]
+        block_amax = tiles.amax(dim=(1, 3))  # [ceil(M/bm), N/bn]
+    checks.check_finite(x, op=op, name=name, amax=block_amax)
+    scale, scale_inv = current_scale(block_amax, fp8_max)
+    if bm > 1:
+        scale = scale.repeat_interleave(bm, dim=0)[: xf.shape[0]]  # [M, N/bn]
+    scaled = (xf.unflatten(-1, (n // bn, bn)) * scale[..., None]).flatten(-2)
+    return FP8BlockTensor(data=_cast(scaled, fp8_max, dtype), scale_inv=scale_inv, block=(bm, bn))

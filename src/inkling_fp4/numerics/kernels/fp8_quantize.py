@@ -1,0 +1,176 @@
+"""FP8 (E4M3 / E5M2) current-scaling quantizers in Triton: tensorwise, 1x128, 128x128, transposed.
+
+Why: the native FP8 GEMMs on Hopper are fast enough that quantization dominates a linear layer when it
+is done with torch ops (abs, amax, divide, multiply, clamp, cast, transpose copies: many passes over
+x). Each kernel here reads x once per output and derives the scales on the device, so nothing waits
+on the host. The results equal ``numerics/fp8.py`` (the reference) bit for bit:
+
+    scale     = fp8_max / amax  (correctly rounded; 1 when amax == 0; at most FLT_MAX)
+    data      = fp8(clamp(x · scale, -fp8_max, fp8_max))   round half to even
+    scale_inv = 1 / scale       (correctly rounded)
+
+One kernel covers every layout; a program owns a tile x[BLOCK_M rows, 128 cols]:
+
+- ``ROWS``: 1x128 blocks along the last dim (one scale per row of the tile) -> data [M, N];
+- ``COLS``: 1x128 blocks along the first dim (tokens), written transposed -> data_t [N, M]: the
+  wgrad operands xᵀ and dyᵀ straight from x and dy, without a transposed copy (BLOCK_M = 128);
+- ``TILE``: one scale per 128x128 tile (weights; rows past M count as zeros);
+- ``TENSOR``: the scale from a global amax (``kernels.amax``) read through a pointer; writes data
+  and/or data_t.
+
+Block scales are written in the layout ``torch._scaled_mm`` consumes, so the GEMM needs no copy:
+a 1x128 scale of logical shape [R, C/128] is stored "outer-dim major" (a contiguous [C/128, R]
+buffer, returned as its transpose view); 128x128 scales are row-major [ceil(R/128), C/128].
+
+NOTE the FP8 byte is computed with integer arithmetic on the FP32 bit pattern (as in ``common.py``):
+the interpreter's float downcasts truncate, and the result must not depend on where it runs. NaN in
+x becomes an Inf amax, hence an Inf ``scale_inv``: the caller checks finiteness from the scales.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from inkling_fp4.numerics.kernels.common import FLT_MAX, TWO_POW_23, TWO_POW_23_BITS
+
+BLOCK = 128
+MODE_TENSOR, MODE_BLOCKS, MODE_TILE = 0, 1, 2
+# (mantissa bits, exponent bias, max) of the two formats
+FORMATS = {torch.float8_e4m3fn: (3, 7, 448.0), torch.float8_e5m2: (2, 15, 57344.0)}
+
+
+@triton.jit
+def _scales(amax, FP8_MAX: tl.constexpr):
+    """Block (or tensor) amax -> (scale, scale_inv), FP32, correctly rounded as in the reference."""
+    scale = tl.minimum(tl.math.div_rn(tl.full(amax.shape, FP8_MAX, tl.float32), amax), FLT_MAX)
+    scale = tl.where(amax == 0.0, 1.0, scale)
+    return scale, tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), scale)
+
+
+@triton.jit
+def _fp8_bytes(x, scale, FMT: tl.constexpr):
+    """FP32 ``x · scale`` clamped to ±FP8_MAX -> FP8 bytes (uint8), round half to even.
+
+    Normal range: round the 23-bit mantissa to MANT bits on the bit pattern (a carry moves into the
+    exponent). Subnormal range (|v| < 2^(1-BIAS)): the value is k·2^(1-BIAS-MANT) and k is the byte.
+    """
+    MANT: tl.constexpr = FMT[0]
+    BIAS: tl.constexpr = FMT[1]
+    FP8_MAX: tl.constexpr = FMT[2]
+    SUB_FACTOR: tl.constexpr = FMT[3]
+    MIN_NORMAL: tl.constexpr = FMT[4]
+    v = tl.minimum(tl.abs(x * scale), FP8_MAX)
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = bits + ((1 << (22 - MANT)) - 1) + ((bits >> (23 - MANT)) & 1)
+    normal = (rounded >> (23 - MANT)) - ((127 - BIAS) << MANT)
+    # subnormal: k = rne(v · 2^(BIAS-1+MANT)), a power-of-two product (exact), rounded by the 2^23 add
+    k = (v * SUB_FACTOR + TWO_POW_23).to(tl.int32, bitcast=True) - TWO_POW_23_BITS
+    byte = tl.where(v < MIN_NORMAL, k, normal)
+    sign = (x.to(tl.int32, bitcast=True) >> 24) & 0x80
+    return (byte | sign).to(tl.uint8)
+
+
+@triton.jit
+def _quantize_fp8_kernel(
+    x_ptr, amax_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, stride_xm,
+    BLOCK_M: tl.constexpr, MODE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+    MANT: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * 128 + tl.arange(0, 128)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    # x: [BLOCK_M, 128]
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    magnitude = tl.abs(x)
+    magnitude = tl.where(magnitude == magnitude, magnitude, float("inf"))  # NaN -> Inf amax
+    if MODE == 0:
+        scale, scale_inv = _scales(tl.load(amax_ptr), FP8_MAX)
+        if ROWS:
+            q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX)
+            tl.store(data_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], q, mask=mask)
+        if COLS:
+            q = _fp8_bytes(tl.trans(x), scale, MANT, BIAS, FP8_MAX)  # [128, BLOCK_M]
+            t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
+            tl.store(t_ptrs, q, mask=tl.trans(mask))
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            tl.store(scale_ptr, scale_inv)
+    elif MODE == 1:
+        if ROWS:
+            scale, scale_inv = _scales(tl.max(magnitude, axis=1), FP8_MAX)  # [BLOCK_M]
+            q = _fp8_bytes(x, scale[:, None], MANT, BIAS, FP8_MAX)
+            tl.store(data_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], q, mask=mask)
+            # scale_inv [M, N/128], outer-dim major: element (r, b) at b·M + r
+            tl.store(scale_ptr + tl.program_id(1) * M + rows, scale_inv, mask=rows < M)
+        if COLS:
+            scale, scale_inv = _scales(tl.max(magnitude, axis=0), FP8_MAX)  # [128], one per column
+            q = _fp8_bytes(tl.trans(x), scale[:, None], MANT, BIAS, FP8_MAX)  # [128, BLOCK_M]
+            t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
+            tl.store(t_ptrs, q, mask=tl.trans(mask))
+            # scale_inv of data_t [N, M/128], outer-dim major: element (c, b) at b·N + c
+            tl.store(scale_t_ptr + tl.program_id(0) * N + cols, scale_inv, mask=cols < N)
+    else:
+        scale, scale_inv = _scales(tl.max(tl.max(magnitude, axis=1), axis=0), FP8_MAX)
+        q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX)
+        tl.store(data_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], q, mask=mask)
+        tl.store(scale_ptr + tl.program_id(0) * tl.cdiv(N, 128) + tl.program_id(1), scale_inv)
+
+
+def quantize_fp8(
+    x: torch.Tensor,
+    dtype: torch.dtype,
+    *,
+    mode: int,
+    rows: bool = True,
+    cols: bool = False,
+    amax: torch.Tensor | None = None,
+    block_m: int | None = None,
+    num_warps: int = 8,
+) -> dict[str, torch.Tensor]:
+    """Launch the quantizer on x [M, N] (unit last-dim stride, N % 128 == 0; M % 128 == 0 for ``cols``).
+
+    Returns the outputs asked for: ``data`` [M, N] and ``scale_inv``, ``data_t`` [N, M] and
+    ``scale_inv_t`` (layouts in the module docstring). ``MODE_TENSOR`` needs ``amax`` (FP32 [1]).
+    """
+    mant, bias, fp8_max = FORMATS[dtype]
+    m, n = x.shape
+    if n % BLOCK or x.stride(1) != 1 or (cols and mode != MODE_TENSOR and m % BLOCK):
+        raise ValueError(f"quantize_fp8: x of shape {tuple(x.shape)} does not fit 128-element blocks")
+    if block_m is None:
+        block_m = 128 if (cols or mode == MODE_TILE) else 32
+    dev = x.device
+    out = {}
+    data = data_t = scale = scale_t = None
+    if mode == MODE_TENSOR:
+        scale = torch.empty((), dtype=torch.float32, device=dev)
+        out["scale_inv"] = scale
+    if rows or mode == MODE_TILE:
+        data = torch.empty(m, n, dtype=torch.uint8, device=dev)
+        out["data"] = data.view(dtype)
+        if mode == MODE_BLOCKS:
+            scale = torch.empty(n // BLOCK, m, dtype=torch.float32, device=dev)
+            out["scale_inv"] = scale.t()  # [M, N/128], stride (1, M)
+        elif mode == MODE_TILE:
+            scale = torch.empty(triton.cdiv(m, BLOCK), n // BLOCK, dtype=torch.float32, device=dev)
+            out["scale_inv"] = scale
+    if cols:
+        data_t = torch.empty(n, m, dtype=torch.uint8, device=dev)
+        out["data_t"] = data_t.view(dtype)
+        if mode == MODE_BLOCKS:
+            scale_t = torch.empty(m // BLOCK, n, dtype=torch.float32, device=dev)
+            out["scale_inv_t"] = scale_t.t()  # [N, M/128], stride (1, N)
+    if m == 0:
+        if scale is not None and mode == MODE_TENSOR:
+            scale.fill_(1.0)
+        return out
+    dummy = x
+    grid = (triton.cdiv(m, block_m), n // BLOCK)
+    _quantize_fp8_kernel[grid](
+        x, dummy if amax is None else amax,
+        dummy if data is None else data, dummy if scale is None else scale,
+        dummy if data_t is None else data_t, dummy if scale_t is None else scale_t,
+        m, n, x.stride(0),
+        BLOCK_M=block_m, MODE=mode, ROWS=rows, COLS=cols,
+        MANT=mant, BIAS=bias, FP8_MAX=fp8_max, num_warps=num_warps,
+    )  # fmt: skip
+    return out

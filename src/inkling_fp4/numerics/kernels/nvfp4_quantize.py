@@ -1,0 +1,104 @@
+"""NVFP4 quantization along rows (1x16 blocks, or 16x16 tiles for weights): the second pass.
+
+Each program owns a tile of x [BLOCK_M rows, BLOCK_N cols] = [BLOCK_M, G, 16] with G = BLOCK_N/16
+blocks per row. A block is loaded as two 8-element halves (two 16-byte loads), so one thread holds
+a whole block: its amax, scale and codes need no data exchange between threads. The program writes
+any of:
+
+- packed codes [M, N/2] (uint8, element 2i in the low nibble), 8 contiguous bytes per block, and
+  the E4M3 scale bytes [M, N/16];
+- block values [M, N] (BF16): ``code · block_scale``, exact in BF16 (at most 6 significant bits),
+  the operand an emulated GEMM multiplies directly; the FP32 tensor scale ``1/S_enc`` stays apart.
+
+The global amax comes in through a pointer (from the first pass), so the tensor scale is derived on
+the device and nothing waits on the host. Stochastic rounding draws 16 random bytes per block from
+one Philox call keyed by (seed, block index); the seed is a kernel argument drawn from the caller's
+torch generator.
+
+2-D mode (``TILE_2D``): one scale per 16x16 tile, the max over the tile's 16 rows of the 1x16 block
+maxima, stored once per row so the scale tensor keeps the 1x16 layout. BLOCK_M is a multiple of 16
+then, and tile rows past M count as zeros (as in the reference).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from inkling_fp4.numerics.kernels.common import block_values, encode_blocks, packed_codes, tensor_scales
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _quantize_rows_kernel(
+    x_ptr, amax_ptr, seed, codes_ptr, scales_ptr, values_ptr, M, N, stride_xm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE_2D: tl.constexpr, STOCHASTIC: tl.constexpr,
+    WRITE_CODES: tl.constexpr, WRITE_VALUES: tl.constexpr,
+):  # fmt: skip
+    G: tl.constexpr = BLOCK_N // 16
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    blocks = tl.program_id(1) * G + tl.arange(0, G)
+    block_mask = (rows < M)[:, None] & (blocks < N // 16)[None, :]  # [BLOCK_M, G]
+    mask = block_mask[:, :, None]
+    row_start = rows.to(tl.int64)[:, None, None]
+    # lo, hi: [BLOCK_M, G, 8], elements 0-7 and 8-15 of each block
+    lo_ptrs = x_ptr + row_start * stride_xm + (blocks[:, None] * 16 + tl.arange(0, 8)[None, :])[None]
+    lo = tl.load(lo_ptrs, mask=mask, other=0.0).to(tl.float32)
+    hi = tl.load(lo_ptrs + 8, mask=mask, other=0.0).to(tl.float32)
+
+    block_amax = tl.maximum(tl.max(tl.abs(lo), axis=2), tl.max(tl.abs(hi), axis=2))  # [BLOCK_M, G]
+    if TILE_2D:
+        tile_amax = tl.max(tl.reshape(block_amax, [BLOCK_M // 16, 16, G]), axis=1)  # [BLOCK_M/16, G]
+        block_amax = tl.reshape(tl.broadcast_to(tile_amax[:, None, :], [BLOCK_M // 16, 16, G]), [BLOCK_M, G])
+    s_enc, decode_scale = tensor_scales(tl.load(amax_ptr))
+    block_index = rows[:, None] * (N // 16) + blocks[None, :]
+    scale_byte, scale, code_lo, code_hi, value_lo, value_hi = encode_blocks(
+        lo, hi, block_amax, s_enc, decode_scale, seed, block_index, STOCHASTIC
+    )
+
+    if WRITE_CODES:
+        byte_cols = (blocks[:, None] * 8 + tl.arange(0, 8)[None, :])[None]  # [1, G, 8]
+        packed = packed_codes(code_lo, code_hi, BLOCK_M, G)
+        tl.store(codes_ptr + row_start * (N // 2) + byte_cols, packed, mask=mask)
+        scale_ptrs = scales_ptr + rows.to(tl.int64)[:, None] * (N // 16) + blocks[None, :]
+        tl.store(scale_ptrs, scale_byte.to(tl.uint8), mask=block_mask)
+    if WRITE_VALUES:
+        cols = (blocks[:, None] * 16 + tl.arange(0, 16)[None, :])[None]  # [1, G, 16]
+        values = block_values(value_lo, value_hi, scale, BLOCK_M, G)
+        tl.store(values_ptr + row_start * N + cols, values.to(values_ptr.dtype.element_ty), mask=mask)
+
+
+def quantize_rows(
+    x: torch.Tensor,
+    amax: torch.Tensor,
+    *,
+    block_2d: bool,
+    seed: int | None,
+    codes: torch.Tensor | None,
+    scales: torch.Tensor | None,
+    values: torch.Tensor | None,
+    block_m: int = 16,
+    block_n: int = 256,
+    num_warps: int = 4,
+) -> None:
+    """Launch the row quantizer on x [M, N] (unit last-dim stride, N % 16 == 0) given its amax.
+
+    Writes into whichever of ``codes`` (uint8 [M, N/2]) with ``scales`` (uint8 view of E4M3
+    [M, N/16]), and ``values`` ([M, N], BF16 or FP32) are given; ``seed`` (a Philox seed >= 2^32)
+    turns on stochastic rounding.
+    """
+    if block_2d and block_m % 16:
+        raise ValueError(f"quantize_rows: block_m={block_m} must be a multiple of 16 in 2-D mode")
+    m, n = x.shape
+    if n % 16 or x.stride(1) != 1:
+        raise ValueError(
+            f"quantize_rows: x of shape {tuple(x.shape)} needs unit-stride rows of 16·k elements"
+        )
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    _quantize_rows_kernel[grid](
+        x, amax, 0 if seed is None else seed,
+        amax if codes is None else codes,
+        amax if scales is None else scales,
+        amax if values is None else values,
+        m, n, x.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, TILE_2D=block_2d, STOCHASTIC=seed is not None,
+        WRITE_CODES=codes is not None, WRITE_VALUES=values is not None, num_warps=num_warps,
+    )  # fmt: skip

@@ -1,0 +1,288 @@
+"""Fused wgrad operand: ``quantize(rht(x.t()))`` for x [M, N] without materializing ``x.t()``.
+
+The weight gradient contracts over tokens, so its NVFP4 operands are blocked along the token dim M
+after a 16-point random Hadamard transform R = diag(s)·H16/4 along that same dim (hadamard.py).
+Each 16-token RHT group is exactly one 1x16 block of the output, so a program can transform,
+quantize and write a group without ever forming ``x.t()``.
+
+Layout trick: a program loads the 16 token rows of a group as 16 separate row vectors x[m0 + i, n]
+(coalesced along features) and joins them, so each thread holds all 16 tokens of its features in
+registers: y [BLOCK_N, 16]. The transform is then the constant-geometry fast Walsh-Hadamard
+butterfly, four stages of ``(a, b) -> (a + b, a - b)`` on in-thread pairs (k, k + 8): 64 adds per
+16 values and no data exchange between threads. The sign vector is a compile-time bit mask (one
+compilation per sign vector) folded into the first multiply by ±1/4. The result is rounded once to
+BF16, as the reference ``rht`` does.
+
+Exactness: the ±1/4 products are exact, so y is the exact sum of 16 terms whenever that sum is
+representable in FP32 (for BF16 input: whenever the magnitudes inside a 16-token group span less
+than 2^12), and then any summation order, the reference's matmul included, gives the same BF16 y.
+FP32 input with a wider spread may differ from the reference in the last BF16 bit of a few values.
+
+Two launches, like the row quantizer: ``AMAX_ONLY`` reduces the global amax of y (a loop over
+GROUPS token groups, then one atomic max per program), then the same code recomputes y and
+quantizes it (GROUPS = 1, 2 or 4 groups per program), so both passes see identical values. The
+amax launch can also reduce ``max |x|`` from the same loads (``X_AMAX``): x and dy are quantized
+both along rows (fprop, dgrad) and after the RHT along tokens (wgrad), and the RHT changes the
+amax, so one read of the tensor gives both tensor scales.
+
+Defaults are the fastest configurations of an H200 sweep (16384x4096 BF16): 64 features x 2 groups
+on 2 warps for the quantize pass; 256 features x 8 groups on 4 warps for the amax pass.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from inkling_fp4.numerics.kernels.common import (
+    bf16_round,
+    block_values,
+    encode_blocks,
+    packed_codes,
+    tensor_scales,
+)
+
+
+@triton.jit
+def _load_pair(ptrs, step, mask):
+    return tl.join(tl.load(ptrs, mask=mask, other=0.0), tl.load(ptrs + step, mask=mask, other=0.0))
+
+
+@triton.jit
+def _load_token_group(ptrs, stride, mask, BLOCK_N: tl.constexpr):
+    """Rows x[m0 + i, features] for i in 0..15 -> FP32 [BLOCK_N, 16], a feature's tokens in one thread.
+
+    Each join adds an in-thread axis; joining row k with row k + 8, then k + 4, k + 2, k + 1 puts
+    token 8s + 4t + 2u + v at index (s, t, u, v), which flattens to the natural order.
+    """
+    step = 8 * stride
+    a0 = _load_pair(ptrs, step, mask)
+    a1 = _load_pair(ptrs + stride, step, mask)
+    a2 = _load_pair(ptrs + 2 * stride, step, mask)
+    a3 = _load_pair(ptrs + 3 * stride, step, mask)
+    a4 = _load_pair(ptrs + 4 * stride, step, mask)
+    a5 = _load_pair(ptrs + 5 * stride, step, mask)
+    a6 = _load_pair(ptrs + 6 * stride, step, mask)
+    a7 = _load_pair(ptrs + 7 * stride, step, mask)
+    b0 = tl.join(a0, a4)
+    b1 = tl.join(a1, a5)
+    b2 = tl.join(a2, a6)
+    b3 = tl.join(a3, a7)
+    x = tl.join(tl.join(b0, b2), tl.join(b1, b3))
+    return tl.reshape(x, [BLOCK_N, 16]).to(tl.float32)
+
+
+@triton.jit
+def _halves(y, BLOCK_N: tl.constexpr):
+    """[BLOCK_N, 16] -> (elements 0..7, elements 8..15), each [BLOCK_N, 8]."""
+    return tl.split(tl.permute(tl.reshape(y, [BLOCK_N, 2, 8]), [0, 2, 1]))
+
+
+@triton.jit
+def _rht_group(col_ptrs, group, M, stride_xm, feature_ok,
+               SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr):  # fmt: skip
+    """rht along the 16 tokens of ``group`` ([1]) for the features at ``col_ptrs`` ([BLOCK_N]):
+    (the loaded x, the transform y), both FP32 [BLOCK_N, 16], y holding BF16 values."""
+    m0 = group * 16
+    x = _load_token_group(col_ptrs + m0.to(tl.int64) * stride_xm, stride_xm, feature_ok & (m0 < M), BLOCK_N)
+    # diag(s)/4 first (exact), then H16 by four butterfly stages out[2k + s] = in[k] ± in[k + 8]
+    token = tl.arange(0, 16)[None, :]
+    y = x * tl.where(((SIGN_BITS >> token) & 1) != 0, -0.25, 0.25)
+    for _ in tl.static_range(4):
+        a, b = _halves(y, BLOCK_N)
+        y = tl.reshape(tl.join(a + b, a - b), [BLOCK_N, 16])
+    return x, bf16_round(y, NATIVE_BF16)
+
+
+@triton.jit
+def _concat(a, b, R: tl.constexpr, K: tl.constexpr):
+    """[R, K] and [R, K] -> [R, 2K] (a first), without leaving the thread."""
+    return tl.reshape(tl.permute(tl.join(a, b), [0, 2, 1]), [R, 2 * K])
+
+
+@triton.jit
+def _encode_group(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc, decode_scale, seed,
+                  SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr,
+                  STOCHASTIC: tl.constexpr):  # fmt: skip
+    """One 16-token group (``group``: [1]) -> its output block column: packed codes [BLOCK_N, 8],
+    scale bytes [BLOCK_N, 1] and block values [BLOCK_N, 16]."""
+    _, y = _rht_group(col_ptrs, group, M, stride_xm, feature_ok, SIGN_BITS, BLOCK_N, NATIVE_BF16)
+    lo, hi = _halves(y, BLOCK_N)
+    lo = tl.reshape(lo, [BLOCK_N, 1, 8])
+    hi = tl.reshape(hi, [BLOCK_N, 1, 8])
+    block_amax = tl.maximum(tl.max(tl.abs(lo), axis=2), tl.max(tl.abs(hi), axis=2))  # [BLOCK_N, 1]
+    block_index = features[:, None] * (M // 16) + group[None, :]
+    scale_byte, scale, code_lo, code_hi, value_lo, value_hi = encode_blocks(
+        lo, hi, block_amax, s_enc, decode_scale, seed, block_index, STOCHASTIC
+    )
+    codes = tl.reshape(packed_codes(code_lo, code_hi, BLOCK_N, 1), [BLOCK_N, 8])
+    values = tl.reshape(block_values(value_lo, value_hi, scale, BLOCK_N, 1), [BLOCK_N, 16])
+    return codes, scale_byte.to(tl.uint8), values
+
+
+@triton.jit
+def _encode_pair(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc, decode_scale, seed,
+                 SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr,
+                 STOCHASTIC: tl.constexpr):  # fmt: skip
+    """Groups ``group`` and ``group + 1`` side by side: codes [BLOCK_N, 16], scales [BLOCK_N, 2],
+    values [BLOCK_N, 32]."""
+    codes0, scales0, values0 = _encode_group(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc,
+                                             decode_scale, seed, SIGN_BITS, BLOCK_N, NATIVE_BF16,
+                                             STOCHASTIC)  # fmt: skip
+    codes1, scales1, values1 = _encode_group(col_ptrs, group + 1, features, feature_ok, M, stride_xm, s_enc,
+                                             decode_scale, seed, SIGN_BITS, BLOCK_N, NATIVE_BF16,
+                                             STOCHASTIC)  # fmt: skip
+    return (
+        _concat(codes0, codes1, BLOCK_N, 8),
+        _concat(scales0, scales1, BLOCK_N, 1),
+        _concat(values0, values1, BLOCK_N, 16),
+    )
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _rht_kernel(
+    x_ptr, amax_ptr, seed, codes_ptr, scales_ptr, values_ptr, M, N, stride_xm, stride_xn,
+    SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, AMAX_ONLY: tl.constexpr,
+    NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, WRITE_CODES: tl.constexpr,
+    WRITE_VALUES: tl.constexpr, X_AMAX: tl.constexpr,
+):  # fmt: skip
+    features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    feature_ok = features < N
+    col_ptrs = x_ptr + features.to(tl.int64) * stride_xn
+    first = tl.program_id(0) * GROUPS  # the program's first 16-token group
+    if AMAX_ONLY:
+        running = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+        running_x = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+        for g in range(GROUPS):
+            group = first + g + tl.arange(0, 1)
+            x, y = _rht_group(col_ptrs, group, M, stride_xm, feature_ok, SIGN_BITS, BLOCK_N, NATIVE_BF16)
+            y = tl.abs(y)
+            running = tl.maximum(running, tl.where(y == y, y, float("inf")))
+            if X_AMAX:
+                x = tl.abs(x)
+                running_x = tl.maximum(running_x, tl.where(x == x, x, float("inf")))
+        tl.atomic_max(amax_ptr, tl.max(tl.max(running, axis=1), axis=0))
+        if X_AMAX:  # the plain amax of x, from the same loads, into the word after rht's
+            tl.atomic_max(amax_ptr + 1, tl.max(tl.max(running_x, axis=1), axis=0))
+    else:
+        s_enc, decode_scale = tensor_scales(tl.load(amax_ptr))
+        # GROUPS (1, 2 or 4) consecutive output blocks of each feature row are gathered in the thread
+        # so that each row segment is written at once.
+        group = first + tl.arange(0, 1)
+        if GROUPS == 1:
+            codes, scales, values = _encode_group(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc,
+                                                  decode_scale, seed, SIGN_BITS, BLOCK_N, NATIVE_BF16,
+                                                  STOCHASTIC)  # fmt: skip
+        else:
+            codes, scales, values = _encode_pair(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc,
+                                                 decode_scale, seed, SIGN_BITS, BLOCK_N, NATIVE_BF16,
+                                                 STOCHASTIC)  # fmt: skip
+            if GROUPS == 4:
+                codes2, scales2, values2 = _encode_pair(col_ptrs, group + 2, features, feature_ok, M,
+                                                        stride_xm, s_enc, decode_scale, seed, SIGN_BITS,
+                                                        BLOCK_N, NATIVE_BF16, STOCHASTIC)  # fmt: skip
+                codes = _concat(codes, codes2, BLOCK_N, 16)
+                scales = _concat(scales, scales2, BLOCK_N, 2)
+                values = _concat(values, values2, BLOCK_N, 32)
+
+        out_rows = features.to(tl.int64)[:, None]
+        if WRITE_CODES:
+            byte_cols = first * 8 + tl.arange(0, 8 * GROUPS)[None, :]
+            byte_mask = feature_ok[:, None] & (byte_cols < M // 2)
+            tl.store(codes_ptr + out_rows * (M // 2) + byte_cols, codes, mask=byte_mask)
+            block_cols = first + tl.arange(0, GROUPS)[None, :]
+            block_mask = feature_ok[:, None] & (block_cols < M // 16)
+            tl.store(scales_ptr + out_rows * (M // 16) + block_cols, scales, mask=block_mask)
+        if WRITE_VALUES:
+            cols = first * 16 + tl.arange(0, 16 * GROUPS)[None, :]
+            value_mask = feature_ok[:, None] & (cols < M)
+            tl.store(
+                values_ptr + out_rows * M + cols, values.to(values_ptr.dtype.element_ty), mask=value_mask
+            )
+
+
+def sign_bits(signs: torch.Tensor) -> int:
+    """RHT sign vector (16 values of ±1) -> bit mask, bit i set where ``signs[i] == -1``."""
+    values = signs.tolist()
+    if len(values) != 16 or any(v not in (1.0, -1.0) for v in values):
+        raise ValueError(f"rht signs must be 16 values of +-1, got {values}")
+    return sum(1 << i for i, v in enumerate(values) if v < 0)
+
+
+def _native_bf16() -> bool:
+    """The interpreter's FP32 -> BF16 cast truncates; there the rounding is done on the bits."""
+    return os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _token_blocked_shape(x: torch.Tensor) -> tuple[int, int]:
+    m, n = x.shape
+    if m % 16:
+        raise ValueError(
+            f"rht kernels: x of shape {tuple(x.shape)} needs a token dim that is a multiple of 16"
+        )
+    return m, n
+
+
+def rht_t_abs_max(
+    x: torch.Tensor,
+    signs: int,
+    *,
+    with_x_amax: bool = False,
+    block_n: int = 256,
+    groups: int = 8,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """``max |rht(x.t())|`` for x [M, N] (M % 16 == 0) as FP32 [1]; +Inf when any value is NaN/Inf.
+    ``signs``: the :func:`sign_bits` mask of the RHT sign vector.
+
+    ``with_x_amax``: FP32 [2], ``[max |rht(x.t())|, max |x|]`` from the same read of x: the amaxes of
+    an operand that is quantized both along rows and, after the RHT, along tokens (x, dy).
+    """
+    m, n = _token_blocked_shape(x)
+    amax = torch.zeros(2 if with_x_amax else 1, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(m // 16, groups), triton.cdiv(n, block_n))
+    _rht_kernel[grid](
+        x, amax, 0, amax, amax, amax, m, n, *x.stride(),
+        SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=True, NATIVE_BF16=_native_bf16(),
+        STOCHASTIC=False, WRITE_CODES=False, WRITE_VALUES=False, X_AMAX=with_x_amax, num_warps=num_warps,
+    )  # fmt: skip
+    return amax
+
+
+def quantize_rht_t_tiles(
+    x: torch.Tensor,
+    signs: int,
+    amax: torch.Tensor,
+    *,
+    seed: int | None,
+    codes: torch.Tensor | None,
+    scales: torch.Tensor | None,
+    values: torch.Tensor | None,
+    block_n: int = 64,
+    groups: int = 2,
+    num_warps: int = 2,
+) -> None:
+    """Quantize rht(x.t()) for x [M, N] given its amax (from :func:`rht_t_abs_max`).
+
+    Writes into whichever of ``codes`` (uint8 [N, M/2]), ``scales`` (uint8 view of E4M3 [N, M/16])
+    and ``values`` ([N, M], BF16 or FP32) are given; ``seed`` (a Philox seed >= 2^32) turns on stochastic
+    rounding.
+    """
+    if groups not in (1, 2, 4):
+        raise ValueError(f"quantize_rht_t_tiles: groups={groups} must be 1, 2 or 4")
+    m, n = _token_blocked_shape(x)
+    write_codes = codes is not None
+    write_values = values is not None
+    grid = (triton.cdiv(m // 16, groups), triton.cdiv(n, block_n))
+    _rht_kernel[grid](
+        x, amax,
+        0 if seed is None else seed,
+        codes if write_codes else amax,
+        scales if write_codes else amax,
+        values if write_values else amax,
+        m, n, *x.stride(),
+        SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=False, NATIVE_BF16=_native_bf16(),
+        STOCHASTIC=seed is not None, WRITE_CODES=write_codes, WRITE_VALUES=write_values, X_AMAX=False,
+        num_warps=num_warps,
+    )  # fmt: skip

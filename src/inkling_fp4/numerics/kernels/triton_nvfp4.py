@@ -1,0 +1,205 @@
+"""NVFP4 on CUDA through Triton: the same formats as ``numerics/nvfp4.py``, at memory bandwidth.
+
+``nvfp4.quantize`` / ``nvfp4.quantize_rht_t`` dispatch here for CUDA tensors; the torch code stays
+the reference and the CPU path. Round-to-nearest gives the reference's codes and scale bytes bit
+for bit; stochastic rounding follows the same formula with random bits from a Philox stream
+seeded from the caller's torch generator (same distribution, different draws).
+
+Every quantizer is two launches: a global amax pass (reads x once, one atomic word per few tiles),
+then the quantize pass, which derives S_enc from that amax on the device. The kernels never wait on
+the host (a seed drawn from a CUDA generator, and the first read of a device sign vector, do);
+finiteness is the caller's check on the returned ``amax`` (+Inf when x holds NaN or Inf), except in
+the ``fake_quantize*`` entry points, which check it themselves.
+
+``fake_quantize`` / ``fake_quantize_rht_t`` write what an emulated GEMM consumes: BF16 block values
+``code · block_scale`` (exact) with the FP32 tensor scale ``1/S_enc`` kept apart, and optionally the
+packed codes and scales from the same pass (to save for backward).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from inkling_fp4.numerics import checks, nvfp4
+from inkling_fp4.numerics.hadamard import RHT_SIZE, rht_signs
+from inkling_fp4.numerics.kernels.amax import abs_max
+from inkling_fp4.numerics.kernels.nvfp4_block_values import block_values_from_codes
+from inkling_fp4.numerics.kernels.nvfp4_quantize import quantize_rows
+from inkling_fp4.numerics.kernels.nvfp4_rht import quantize_rht_t_tiles, rht_t_abs_max, sign_bits
+
+BLOCK = 16
+
+
+@dataclass
+class NVFP4BlockValues:
+    """An emulated-GEMM operand: ``values · decode_scale`` is the dequantized tensor."""
+
+    values: torch.Tensor  # [..., N] BF16: code · block scale, exact
+    decode_scale: torch.Tensor  # FP32 0-dim: 1/S_enc, applied to the GEMM output
+    amax: torch.Tensor  # FP32 0-dim
+    quantized: nvfp4.NVFP4Tensor | None  # codes + scales from the same pass, when asked for
+
+
+def _draw_seed(generator: torch.Generator | None) -> int:
+    """A Philox seed drawn from ``generator`` (torch's default CPU generator when None). Always in
+    [2^32, 2^62) so the kernel argument keeps one type; a CUDA generator costs a host sync here."""
+    device = generator.device if generator is not None else "cpu"
+    return int(torch.randint(2**32, 2**62, (1,), generator=generator, device=device, dtype=torch.int64))
+
+
+_FIXED_SIGN_BITS = sign_bits(rht_signs("fixed"))
+# id(signs) -> (weak reference, version, bit mask): reading a device tensor's signs syncs, so a
+# sign tensor that is passed again unchanged is read once.
+_sign_cache: dict[int, tuple[weakref.ref, int, int]] = {}
+
+
+def _sign_bits(signs: torch.Tensor | None) -> int:
+    if signs is None:
+        return _FIXED_SIGN_BITS
+    if tuple(signs.shape) != (RHT_SIZE,):
+        raise ValueError(f"quantize_rht_t: signs must have shape ({RHT_SIZE},), got {tuple(signs.shape)}")
+    cached = _sign_cache.get(id(signs))
+    if cached is not None and cached[0]() is signs and cached[1] == signs._version:
+        return cached[2]
+    bits = sign_bits(signs)
+    if len(_sign_cache) > 64:
+        _sign_cache.clear()
+    _sign_cache[id(signs)] = (weakref.ref(signs), signs._version, bits)
+    return bits
+
+
+def _rows_view(x: torch.Tensor) -> torch.Tensor:
+    """x [..., N] as [M, N] with unit last-dim stride (a view when possible)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _run_rows(
+    x: torch.Tensor, block_2d: bool, stochastic: bool, generator: torch.Generator | None,
+    write_codes: bool, values_dtype: torch.dtype | None,
+) -> tuple[nvfp4.NVFP4Tensor | None, torch.Tensor | None, torch.Tensor]:  # fmt: skip
+    x2 = _rows_view(x)
+    m, n = x2.shape
+    codes = torch.empty((m, n // 2), dtype=torch.uint8, device=x.device) if write_codes else None
+    scales = torch.empty((m, n // BLOCK), dtype=torch.float8_e4m3fn, device=x.device) if write_codes else None
+    values = torch.empty((m, n), dtype=values_dtype, device=x.device) if values_dtype else None
+    if m == 0:
+        amax = torch.zeros(1, dtype=torch.float32, device=x.device)
+    else:
+        amax = abs_max(x2)
+        seed = _draw_seed(generator) if stochastic else None
+        quantize_rows(
+            x2, amax, block_2d=block_2d, seed=seed, codes=codes,
+            scales=scales.view(torch.uint8) if write_codes else None, values=values,
+        )  # fmt: skip
+    lead = x.shape[:-1]
+    quantized = None
+    if write_codes:
+        quantized = nvfp4.NVFP4Tensor(
+            codes=codes.reshape(*lead, n // 2),
+            scales=scales.reshape(*lead, n // BLOCK),
+            amax=amax.reshape(()),
+            shape=x.shape,
+            block_2d=block_2d,
+        )
+    return quantized, None if values is None else values.reshape(x.shape), amax.reshape(())
+
+
+def _run_rht_t(
+    x: torch.Tensor, signs: torch.Tensor | None, stochastic: bool, generator: torch.Generator | None,
+    write_codes: bool, values_dtype: torch.dtype | None,
+) -> tuple[nvfp4.NVFP4Tensor | None, torch.Tensor | None, torch.Tensor]:  # fmt: skip
+    m, n = x.shape
+    codes = torch.empty((n, m // 2), dtype=torch.uint8, device=x.device) if write_codes else None
+    scales = torch.empty((n, m // BLOCK), dtype=torch.float8_e4m3fn, device=x.device) if write_codes else None
+    values = torch.empty((n, m), dtype=values_dtype, device=x.device) if values_dtype else None
+    if m == 0 or n == 0:
+        amax = torch.zeros(1, dtype=torch.float32, device=x.device)
+    else:
+        bits = _sign_bits(signs)
+        amax = rht_t_abs_max(x, bits)
+        seed = _draw_seed(generator) if stochastic else None
+        quantize_rht_t_tiles(
+            x, bits, amax, seed=seed, codes=codes,
+            scales=scales.view(torch.uint8) if write_codes else None, values=values,
+        )  # fmt: skip
+    quantized = None
+    if write_codes:
+        quantized = nvfp4.NVFP4Tensor(
+            codes=codes, scales=scales, amax=amax.reshape(()), shape=torch.Size((n, m)), block_2d=False
+        )
+    return quantized, values, amax.reshape(())
+
+
+def quantize(
+    x: torch.Tensor,
+    block_2d: bool = False,
+    stochastic: bool = False,
+    generator: torch.Generator | None = None,
+) -> nvfp4.NVFP4Tensor:
+    """NVFP4-quantize x [..., N] (N % 16 == 0; 2-D in ``block_2d`` mode) along its last dim."""
+    quantized, _, _ = _run_rows(x, block_2d, stochastic, generator, write_codes=True, values_dtype=None)
+    return quantized
+
+
+def quantize_rht_t(
+    x: torch.Tensor,
+    signs: torch.Tensor | None = None,
+    stochastic: bool = False,
+    generator: torch.Generator | None = None,
+) -> nvfp4.NVFP4Tensor:
+    """The wgrad operand ``quantize(rht(x.t(), signs))`` for x [M, N] (M % 16 == 0) -> shape [N, M]."""
+    quantized, _, _ = _run_rht_t(x, signs, stochastic, generator, write_codes=True, values_dtype=None)
+    return quantized
+
+
+def fake_quantize(
+    x: torch.Tensor,
+    block_2d: bool = False,
+    stochastic: bool = False,
+    generator: torch.Generator | None = None,
+    keep_codes: bool = False,
+    dtype: torch.dtype = torch.bfloat16,
+    name: str | None = None,
+) -> NVFP4BlockValues:
+    """Block values of ``quantize(x, ...)`` in one pass (plus the amax pass): ``values`` [..., N]
+    equal ``quantize(x).block_values(dtype)``; ``keep_codes`` also returns the packed tensor."""
+    op = "nvfp4.fake_quantize"
+    checks.check_input(x, op=op, block=BLOCK, name=name, ndim=2 if block_2d else None)
+    quantized, values, amax = _run_rows(x, block_2d, stochastic, generator, keep_codes, dtype)
+    checks.check_finite(x, op=op, name=name, amax=amax)
+    return NVFP4BlockValues(values, nvfp4.tensor_scales(amax)[1], amax, quantized)
+
+
+def fake_quantize_rht_t(
+    x: torch.Tensor,
+    signs: torch.Tensor | None = None,
+    stochastic: bool = False,
+    generator: torch.Generator | None = None,
+    keep_codes: bool = False,
+    dtype: torch.dtype = torch.bfloat16,
+    name: str | None = None,
+) -> NVFP4BlockValues:
+    """Block values [N, M] of ``quantize_rht_t(x, ...)`` for x [M, N], fused like
+    :func:`fake_quantize`."""
+    op = "nvfp4.fake_quantize_rht_t"
+    checks.check_dtype(x, op=op, name=name)
+    checks.check_block_shape(x, op=op, block=1, name=name, ndim=2)
+    checks.check_rows(x, op=op, block=BLOCK, what="the token dim, blocked after the transpose", name=name)
+    quantized, values, amax = _run_rht_t(x, signs, stochastic, generator, keep_codes, dtype)
+    checks.check_finite(x, op=op, name=name, amax=amax)
+    return NVFP4BlockValues(values, nvfp4.tensor_scales(amax)[1], amax, quantized)
+
+
+def block_values(t: nvfp4.NVFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``t.block_values(dtype)`` from the packed codes and scales, in one read of them."""
+    n = t.shape[-1]
+    codes = t.codes.reshape(-1, n // 2).contiguous()
+    scales = t.scales.reshape(-1, n // BLOCK).contiguous().view(torch.uint8)
+    values = torch.empty((codes.shape[0], n), dtype=dtype, device=codes.device)
+    if codes.shape[0]:
+        block_values_from_codes(codes, scales, values)
+    return values.reshape(t.shape)

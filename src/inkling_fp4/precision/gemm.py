@@ -1,0 +1,330 @@
+"""The GEMMs of a quantized linear layer: exact emulation on any device, native FP8 on Hopper.
+
+Every GEMM here is in "NT" form, ``out [Ra, Rb] = a [Ra, C] · bᵀ`` with both operands blocked along
+the contraction dim C, because that is the only way block scales can be applied by a tensor core.
+An :class:`Operand` is a quantized tensor (the numerics types) plus a ``transposed`` flag: a 16×16
+tiled weight W [N, K] serves as the fprop operand as stored and as the dgrad operand Wᵀ [K, N]
+without a second quantization (its tiles are the same either way).
+
+Emulated NVFP4 / MXFP4 (why it is exact): an E2M1 element times its E4M3 (or E8M0) block scale has
+at most 6 significant bits and fits BF16 exactly, so ``block_values()`` (code · block scale, no
+tensor scale) is an exact BF16 tensor. Two such tensors are multiplied with FP32 accumulation and
+the two FP32 per-tensor decode scales multiply the FP32 output, as the Blackwell epilogue does;
+only the accumulation order differs from the hardware. The tensor scale is never folded into the
+BF16 operand (that would round it). On CUDA a BF16 GEMM accumulates in FP32 and ``torch.mm(...,
+out_dtype=torch.float32)`` keeps the FP32 result; where a torch build lacks that overload we run
+an IEEE FP32 GEMM on the (exact) BF16 values instead. On CPU, BF16 matmul accumulation is not
+guaranteed to be FP32, so the values are widened to FP32 first (exact) and multiplied in FP32.
+The FP32 result is scaled and rounded to the output dtype in one pass (one rounding, as on the
+hardware). On CUDA the NVFP4 quantizer writes the BF16 block values in the same pass that computes
+the codes (``numerics/kernels``' fused ``fake_quantize*``): an operand multiplied at once never goes
+through packed codes, and one saved for backward is expanded from its codes by one kernel.
+
+Native FP8 vs the paper's baseline: ``torch._scaled_mm`` (the v1 op, present in every torch we
+support; ``torch.nn.functional.scaled_mm`` with ``ScalingType`` exists only in newer releases)
+infers per-tensor vs 1×128 / 128×128 scaling from the scale tensors' shapes and strides.
+
+Emulated FP8: dequantize to FP32 (exact: an FP8 value times an FP32 scale is one FP32 product) and
+multiply in IEEE FP32 (TF32 is switched off around the call, since TF32 would round the operands).
+
+Native FP8 (``torch._scaled_mm``): a must be row-major [Ra, C] and the second operand column-major
+[C, Rb]. Per-tensor scales are 0-d FP32. Blockwise (DeepSeek-style, cuBLAS ≥ 12.9 on sm_90):
+a 1×128 operand's scales are [R, C/128] "outer-dim major" (stride (1, R)); for the second operand
+``scale_b`` is the transpose of what its own [Rb, C] layout would need: 128×128 → [C/128, Rb/128]
+whose transpose is contiguous, 1×128 → [C/128, Rb] contiguous. All dims are padded to multiples
+of 16 (``OperandQuant.multiple``) because ``_scaled_mm`` requires it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant
+
+
+@dataclass
+class Operand:
+    """A quantized GEMM operand, logically [rows, contraction] (stored transposed if ``transposed``)."""
+
+    q: Any
+    """An NVFP4Tensor, MXFP4Tensor, FP8Tensor or FP8BlockTensor (inkling_fp4.numerics); None when
+    only ``values`` were produced (an operand used at once and never saved)."""
+    spec: OperandQuant
+    transposed: bool = False
+    values: torch.Tensor | None = None
+    """BF16 block values from a fused quantize kernel (CUDA), or None: computed from ``q`` on use."""
+    decode_scale: torch.Tensor | None = None
+    """The NVFP4 tensor decode scale that goes with ``values``."""
+
+    def packed(self) -> Operand:
+        """This operand without its BF16 values: what is kept for the backward pass."""
+        assert self.q is not None, "an operand quantized without codes cannot be saved"
+        return dataclasses.replace(self, values=None, decode_scale=None)
+
+
+def pad_to(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Zero-pad a 2-D tensor so its dims are multiples of ``rows`` / ``cols`` (no copy if they are).
+
+    Zeros are exact no-ops everywhere they are used: they do not change a block's amax (nor the
+    tensor's), they quantize to 0, and they add nothing to a dot product.
+    """
+    pr = (-t.shape[0]) % rows
+    pc = (-t.shape[1]) % cols
+    if pr == 0 and pc == 0:
+        return t
+    return F.pad(t, (0, pc, 0, pr))
+
+
+@functools.lru_cache(maxsize=1)
+def _fused_nvfp4():
+    """The fused 'quantize to BF16 block values' kernels, or None without Triton."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    from inkling_fp4.numerics.kernels import triton_nvfp4
+
+    return triton_nvfp4
+
+
+def _fused_for(t: torch.Tensor):
+    """The Triton kernels for tensors on ``t``'s device: CUDA, or CPU under TRITON_INTERPRET=1
+    (how the tests run them without a GPU); None where the torch reference runs."""
+    if t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
+        return _fused_nvfp4()
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _signs_on(signs: tuple[float, ...] | None, device: torch.device) -> torch.Tensor | None:
+    return None if signs is None else torch.tensor(signs, dtype=torch.float32, device=device)
+
+
+def quantize(
+    t: torch.Tensor,
+    spec: OperandQuant,
+    *,
+    transpose: bool = False,
+    signs: tuple[float, ...] | None = None,
+    generator: torch.Generator | None = None,
+    codes: bool = True,
+    values: bool = False,
+    name: str = "",
+) -> Operand:
+    """Quantize the operand ``t`` (or ``tᵀ`` if ``transpose``) as ``spec`` says, padding with zeros.
+
+    t: [rows, contraction], or [contraction, rows] with ``transpose`` (the wgrad operands, blocked
+    along the token dim; the fused ``quantize_rht_t`` kernel does the transpose on CUDA).
+    ``codes``: keep the packed tensor (to save for backward); ``values``: the operand is multiplied
+    right away, so on CUDA the NVFP4 kernel writes its BF16 block values in the same pass.
+    """
+    from inkling_fp4.numerics import fp8, mxfp4, nvfp4
+
+    mr, mc = spec.multiple
+    along = max(mc, 16 if spec.rht else 1)
+    t = pad_to(t, along, mr) if transpose else pad_to(t, mr, along)
+    sign_t = _signs_on(signs, t.device)  # for the fused kernels, on the operand's device
+    sign_cpu = _signs_on(signs, torch.device("cpu"))  # nvfp4.rht reads the signs on the host
+    if spec.format == "nvfp4":
+        fused = _fused_for(t) if values else None
+        kw = dict(stochastic=spec.stochastic, generator=generator, name=name or None)
+        if transpose and spec.rht:
+            if fused is not None:
+                bv = fused.fake_quantize_rht_t(t, sign_t, keep_codes=codes, **kw)
+                return Operand(bv.quantized, spec, values=bv.values, decode_scale=bv.decode_scale)
+            return Operand(nvfp4.quantize_rht_t(t, sign_t, **kw), spec)
+        src = t.t().contiguous() if transpose else t
+        if spec.rht:
+            src = nvfp4.rht(src, sign_cpu)
+        block_2d = spec.block == (16, 16)
+        if fused is not None:
+            bv = fused.fake_quantize(src, block_2d=block_2d, keep_codes=codes, **kw)
+            return Operand(bv.quantized, spec, values=bv.values, decode_scale=bv.decode_scale)
+        return Operand(nvfp4.quantize(src, block_2d=block_2d, **kw), spec)
+    if spec.format == "mxfp4":
+        src = t.t().contiguous() if transpose else t
+        if spec.rht:
+            src = nvfp4.rht(src, sign_cpu)
+        return Operand(mxfp4.quantize(src, stochastic=spec.stochastic, generator=generator, name=name), spec)
+    dtype = torch.float8_e4m3fn if spec.format == "e4m3" else torch.float8_e5m2
+    src = t.t() if transpose else t
+    if spec.block == TENSORWISE:
+        return Operand(fp8.quantize_tensorwise(src, dtype=dtype, name=name), spec)
+    return Operand(fp8.quantize_blockwise(src.contiguous(), block=spec.block, dtype=dtype, name=name), spec)
+
+
+# -- emulation -----------------------------------------------------------------------------------
+
+
+def _values(op: Operand) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(exact values [rows, contraction], FP32 decode scale to apply to the output or None)."""
+    if op.spec.format == "nvfp4":
+        if op.values is not None:
+            v, scale = op.values, op.decode_scale
+        else:
+            fused = _fused_for(op.q.codes)
+            v = fused.block_values(op.q) if fused is not None else op.q.block_values(torch.bfloat16)
+            scale = op.q.decode_scale
+    elif op.spec.format == "mxfp4":
+        v, scale = op.q.block_values(torch.bfloat16), None
+    else:
+        v, scale = op.q.dequantize(torch.float32), None
+    return (v.t() if op.transposed else v), scale
+
+
+@contextlib.contextmanager
+def _ieee_fp32():
+    """FP32 matmuls in full FP32 (no TF32 rounding of the operands) for the duration."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+@functools.lru_cache(maxsize=8)
+def mm_out_dtype_supported(device: torch.device) -> bool:
+    """Whether ``torch.mm(bf16, bf16, out_dtype=torch.float32)`` runs on ``device`` (newer torch)."""
+    a = torch.ones(16, 16, dtype=torch.bfloat16, device=device)
+    try:
+        return torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+    except (TypeError, RuntimeError, NotImplementedError):
+        return False
+
+
+def mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [M, C] · b [C, N] with FP32 accumulation and FP32 output, for exact BF16 or FP32 values."""
+    if a.dtype == torch.float32 or b.dtype == torch.float32:
+        with _ieee_fp32():
+            return torch.mm(a.float(), b.float())
+    if a.device.type != "cuda":
+        # NOTE CPU BF16 matmul may accumulate in BF16: widen (exact) and multiply in FP32.
+        return torch.mm(a.float(), b.float())
+    if mm_out_dtype_supported(a.device):
+        return torch.mm(a, b, out_dtype=torch.float32)
+    with _ieee_fp32():  # exact but slower: the BF16 values are exact in FP32
+        return torch.mm(a.float(), b.float())
+
+
+def emulated_matmul(
+    a: Operand, b: Operand, out_dtype: torch.dtype = torch.float32, size: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """out [Ra, Rb] = a · bᵀ, exactly as a block-scaled tensor core computes it (see top).
+
+    ``size`` crops padded rows/cols; the FP32 result is rounded once to ``out_dtype`` after the
+    tensor scales are applied (one pass: scale and cast together).
+    """
+    av, sa = _values(a)  # av: [Ra, C]
+    bv, sb = _values(b)  # bv: [Rb, C]
+    acc = mm_fp32_out(av, bv.t())  # acc: [Ra, Rb] FP32
+    if size is not None:
+        acc = acc[: size[0], : size[1]]
+    if sa is None:
+        return acc.to(out_dtype)
+    scale = sa * sb  # the two FP32 tensor decode scales (1/S_enc each), applied once in FP32
+    if out_dtype == torch.float32:
+        return acc.mul_(scale)
+    out = torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
+    return torch.mul(acc, scale, out=out)
+
+
+def matmul(
+    a: Operand, b: Operand, *, backend: str, out_dtype: torch.dtype, size: tuple[int, int]
+) -> torch.Tensor:
+    """out [size] = a · bᵀ on ``backend``: native FP8 where it runs, exact emulation otherwise."""
+    if backend == "native-fp8" and a.spec.format in ("e4m3", "e5m2"):
+        if a.spec.block == TENSORWISE:
+            return native_fp8_matmul(a, b, out_dtype)[: size[0], : size[1]]
+        from inkling_fp4.precision.backends import native_fp8_blockwise_out_dtypes
+
+        dtypes = native_fp8_blockwise_out_dtypes(a.q.data.device)
+        if out_dtype in dtypes:
+            return native_fp8_matmul(a, b, out_dtype)[: size[0], : size[1]]
+        if torch.bfloat16 in dtypes:  # e.g. no FP32 output for blockwise scaling in this cuBLAS
+            return native_fp8_matmul(a, b, torch.bfloat16)[: size[0], : size[1]].to(out_dtype)
+    return emulated_matmul(a, b, out_dtype, size)
+
+
+def bf16_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [Ra, C] · bᵀ (b [Rb, C]) with BF16 operands and FP32 output (an unquantized GEMM)."""
+    return mm_fp32_out(a.to(torch.bfloat16), b.to(torch.bfloat16).t())
+
+
+# -- native FP8 ----------------------------------------------------------------------------------
+
+
+def _row_major(op: Operand) -> torch.Tensor:
+    """The operand's FP8 data as a row-major [rows, contraction] tensor."""
+    data = op.q.data
+    if op.transposed:
+        return data.t().contiguous()
+    return data.contiguous()
+
+
+def _col_major_t(op: Operand) -> torch.Tensor:
+    """The operand's FP8 data transposed, [contraction, rows], in column-major layout (mat2 form)."""
+    data = op.q.data
+    if op.transposed:  # stored [contraction, rows]: make its transpose contiguous
+        return data.t().contiguous().t()
+    return data.contiguous().t()
+
+
+def _scale_a(op: Operand) -> torch.Tensor:
+    s = op.q.scale_inv.float()
+    if op.spec.block == TENSORWISE:
+        return s.reshape(())
+    assert op.spec.block == (1, 128) and not op.transposed, op.spec
+    return s.t().contiguous().t()  # [R, C/128], stride (1, R)
+
+
+def _scale_b(op: Operand) -> torch.Tensor:
+    s = op.q.scale_inv.float()
+    if op.spec.block == TENSORWISE:
+        return s.reshape(())
+    if op.spec.block == (128, 128):
+        tiles = s.t() if op.transposed else s  # tiles of the logical [Rb, C] operand: [Rb/128, C/128]
+        return tiles.contiguous().t()  # [C/128, Rb/128], its transpose contiguous
+    assert op.spec.block == (1, 128) and not op.transposed, op.spec
+    return s.t().contiguous()  # [C/128, Rb] contiguous
+
+
+def native_fp8_matmul(a: Operand, b: Operand, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """out [Ra, Rb] = a · bᵀ on FP8 tensor cores through ``torch._scaled_mm``."""
+    mat1 = _row_major(a)  # [Ra, C] row-major
+    mat2 = _col_major_t(b)  # [C, Rb] column-major
+    return torch._scaled_mm(mat1, mat2, _scale_a(a), _scale_b(b), out_dtype=out_dtype)
+
+
+def probe_native_fp8_blockwise(device: torch.device) -> frozenset:
+    """The output dtypes (of BF16, FP32) for which ``torch._scaled_mm`` runs both blockwise layouts
+    the fp8 recipe needs on ``device`` and agrees with emulation; empty where it does not run."""
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(256, 256, device=device, generator=g)
+    w = torch.randn(128, 256, device=device, generator=g)
+    act = OperandQuant("e4m3", (1, 128))
+    pairs = [
+        (quantize(x, act), quantize(w, OperandQuant("e4m3", (128, 128)))),  # fprop / dgrad layout
+        (quantize(x, act), quantize(w, act)),  # wgrad layout
+    ]
+    supported = set()
+    for out_dtype in (torch.bfloat16, torch.float32):
+        try:
+            ok = True
+            for a, b in pairs:
+                got = native_fp8_matmul(a, b, out_dtype).float()
+                want = emulated_matmul(a, b)
+                ok = ok and torch.allclose(got, want, rtol=1e-2, atol=1e-2 * float(want.abs().max()))
+            torch.cuda.synchronize(device)
+        except (RuntimeError, NotImplementedError, ValueError, TypeError):
+            ok = False
+        if ok:
+            supported.add(out_dtype)
+    return frozenset(supported)

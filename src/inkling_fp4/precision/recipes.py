@@ -1,0 +1,233 @@
+"""Precision recipes: for each of the three GEMMs of a linear layer, how each operand is quantized.
+
+A linear layer ``y = x·Wᵀ`` (x: [M, K] tokens × in_features, W: [N, K]) runs three GEMMs per step:
+
+    fprop   y  [M, N] = x  [M, K] · Wᵀ                contraction over K (in_features)
+    dgrad   dx [M, K] = dy [M, N] · W                 contraction over N (out_features)
+    wgrad   dW [N, K] = dyᵀ[N, M] · x [M, K]          contraction over M (tokens)
+
+Hardware block scaling only works along the contraction dimension, so every operand is described
+in its GEMM's "NT" layout (contraction last) and its scale block is ``(rows, cols)`` in that
+layout: ``(1, 16)`` is one scale per 16 consecutive contraction elements, ``(16, 16)`` one per
+16×16 tile, ``TENSORWISE`` one per tensor. The NVFP4 recipe of the paper (arXiv 2509.25149, §4):
+
+    GEMM    operand      format   block     rounding     RHT
+    fprop   x            NVFP4    1×16      nearest      -
+    fprop   W            NVFP4    16×16     nearest      -
+    dgrad   dy           NVFP4    1×16      stochastic   -
+    dgrad   W (as Wᵀ)    NVFP4    16×16     nearest      -      (the same values as fprop's W)
+    wgrad   dyᵀ          NVFP4    1×16      stochastic   16-pt  (blocks along tokens)
+    wgrad   xᵀ           NVFP4    1×16      nearest      16-pt  (blocks along tokens)
+
+The ablation switches turn one piece off each: ``rht`` (wgrad operands), ``stochastic_rounding``
+(dy in dgrad and wgrad), ``weight_2d`` (W 1×16 along K for fprop and, separately, along N for
+dgrad). MXFP4 has the same structure with 1×32 blocks and power-of-two (E8M0) scales; its weight is
+always 1×32 (no 2D variant: the MX format defines 1-D blocks), so W and Wᵀ quantize differently,
+which is one of the reasons the paper's NVFP4 recipe does better. The FP8 baseline is E4M3 with
+FP32 scales, 1×128 blocks for activations and gradients and 128×128 for weights (as in
+DeepSeek-V3 and the paper's FP8 runs); ``fp8-tensorwise`` is E4M3 forward, E5M2 gradients, one
+current scale per tensor. The RHT/SR/2D switches do not apply to the FP8 recipes.
+
+Which layers stay in BF16 is also part of a recipe (see :func:`default_bf16_layers`); the per-layer
+decision is made by :mod:`inkling_fp4.precision.policy`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+TENSORWISE = (0, 0)
+"""Block shape meaning one scale for the whole tensor."""
+
+PAPER_DEPTH = 62
+"""Layers of the paper's 12B Nemotron-H model, the depth the default BF16 counts are quoted for."""
+
+
+@dataclass(frozen=True)
+class OperandQuant:
+    """How one operand of one GEMM is quantized (in the GEMM's layout, contraction dim last)."""
+
+    format: str
+    """nvfp4 | mxfp4 | e4m3 | e5m2."""
+    block: tuple[int, int]
+    """Scale block (rows, cols); cols run along the contraction dim. TENSORWISE = one scale."""
+    stochastic: bool = False
+    """Stochastic rounding of the elements (unbiased); otherwise round-to-nearest-even."""
+    rht: bool = False
+    """16-point random Hadamard transform along the contraction dim before quantizing (wgrad)."""
+
+    def __post_init__(self):
+        assert self.format in ("nvfp4", "mxfp4", "e4m3", "e5m2"), self.format
+
+    @property
+    def multiple(self) -> tuple[int, int]:
+        """What rows and contraction length must be multiples of (padding with zeros makes them so).
+
+        The block shape, and for FP8 at least 16 both ways: ``torch._scaled_mm`` needs every dim
+        of its second operand and the contraction dim to be multiples of 16.
+        """
+        r, c = self.block
+        floor = 16 if self.format in ("e4m3", "e5m2") else 1
+        return (max(r, floor), max(c, floor))
+
+    def describe(self) -> str:
+        blk = "tensor" if self.block == TENSORWISE else f"{self.block[0]}x{self.block[1]}"
+        extra = (" SR" if self.stochastic else "") + (" RHT" if self.rht else "")
+        return f"{self.format} {blk}{extra}"
+
+
+@dataclass(frozen=True)
+class GemmQuant:
+    """The two operands of one GEMM ``out = a · bᵀ`` (a: [rows_a, contraction], b: [rows_b, contraction])."""
+
+    a: OperandQuant
+    b: OperandQuant
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A precision recipe for a linear layer: per GEMM, its operands' quantization (None = BF16).
+
+    fprop: a = x, b = W.  dgrad: a = dy, b = Wᵀ.  wgrad: a = dyᵀ, b = xᵀ (both along tokens).
+    """
+
+    name: str
+    """bf16 | fp8 | fp8-tensorwise | nvfp4 | mxfp4 (for logs and checkpoints)."""
+    fprop: GemmQuant | None
+    dgrad: GemmQuant | None
+    wgrad: GemmQuant | None
+    rht_signs: tuple[float, ...] | None = None
+    """The 16 ±1 signs of the RHT (D in H·D); None when no operand uses the RHT."""
+    backend: str = "emulated"
+    """emulated | native-fp8 | te: which kernels compute the GEMMs (resolved by the policy)."""
+
+    def bf16_forward(self) -> Recipe:
+        """This recipe with fprop in BF16 and the backward GEMMs unchanged (paper appendix D)."""
+        return dataclasses.replace(self, fprop=None)
+
+    @property
+    def quantizes_anything(self) -> bool:
+        return any(g is not None for g in (self.fprop, self.dgrad, self.wgrad))
+
+    def describe(self) -> str:
+        parts = []
+        for gemm in ("fprop", "dgrad", "wgrad"):
+            g = getattr(self, gemm)
+            parts.append(f"{gemm} " + ("bf16" if g is None else f"[{g.a.describe()} | {g.b.describe()}]"))
+        return f"{self.name} ({self.backend}): " + "; ".join(parts)
+
+
+def nvfp4_recipe(
+    *, rht: bool = True, stochastic_rounding: bool = True, weight_2d: bool = True, rht_signs=None
+) -> Recipe:
+    """The paper's NVFP4 recipe, with its three techniques switchable for ablations."""
+    w = OperandQuant("nvfp4", (16, 16) if weight_2d else (1, 16))
+    x = OperandQuant("nvfp4", (1, 16))
+    dy = OperandQuant("nvfp4", (1, 16), stochastic=stochastic_rounding)
+    dy_t = OperandQuant("nvfp4", (1, 16), stochastic=stochastic_rounding, rht=rht)
+    x_t = OperandQuant("nvfp4", (1, 16), rht=rht)
+    return Recipe(
+        name="nvfp4",
+        fprop=GemmQuant(x, w),
+        dgrad=GemmQuant(dy, w),
+        wgrad=GemmQuant(dy_t, x_t),
+        rht_signs=_signs(rht_signs) if rht else None,
+    )
+
+
+def mxfp4_recipe(*, rht: bool = True, stochastic_rounding: bool = True, rht_signs=None) -> Recipe:
+    """MXFP4 (OCP MX: E2M1 elements, one E8M0 scale per 1×32 block) with the NVFP4 recipe's RHT/SR."""
+    x = OperandQuant("mxfp4", (1, 32))
+    w = OperandQuant("mxfp4", (1, 32))
+    dy = OperandQuant("mxfp4", (1, 32), stochastic=stochastic_rounding)
+    dy_t = OperandQuant("mxfp4", (1, 32), stochastic=stochastic_rounding, rht=rht)
+    x_t = OperandQuant("mxfp4", (1, 32), rht=rht)
+    return Recipe(
+        name="mxfp4",
+        fprop=GemmQuant(x, w),
+        dgrad=GemmQuant(dy, w),
+        wgrad=GemmQuant(dy_t, x_t),
+        rht_signs=_signs(rht_signs) if rht else None,
+    )
+
+
+def fp8_recipe() -> Recipe:
+    """The paper's FP8 baseline: E4M3 everywhere, 1×128 activations/gradients, 128×128 weights."""
+    act = OperandQuant("e4m3", (1, 128))
+    w = OperandQuant("e4m3", (128, 128))
+    return Recipe(name="fp8", fprop=GemmQuant(act, w), dgrad=GemmQuant(act, w), wgrad=GemmQuant(act, act))
+
+
+def fp8_tensorwise_recipe() -> Recipe:
+    """Per-tensor current scaling: E4M3 for x and W, E5M2 for the gradient dy (wider range)."""
+    fwd = OperandQuant("e4m3", TENSORWISE)
+    grad = OperandQuant("e5m2", TENSORWISE)
+    return Recipe(
+        name="fp8-tensorwise",
+        fprop=GemmQuant(fwd, fwd),
+        dgrad=GemmQuant(grad, fwd),
+        wgrad=GemmQuant(grad, fwd),
+    )
+
+
+def build_recipe(cfg) -> Recipe | None:
+    """The recipe a :class:`~inkling_fp4.precision.config.PrecisionConfig` asks for; None for bf16."""
+    if cfg.recipe == "bf16":
+        return None
+    if cfg.recipe == "nvfp4":
+        return nvfp4_recipe(
+            rht=cfg.rht,
+            stochastic_rounding=cfg.stochastic_rounding,
+            weight_2d=cfg.weight_2d,
+            rht_signs=rht_sign_vector(cfg.rht_signs, cfg.rht_seed),
+        )
+    if cfg.recipe == "mxfp4":
+        return mxfp4_recipe(
+            rht=cfg.rht,
+            stochastic_rounding=cfg.stochastic_rounding,
+            rht_signs=rht_sign_vector(cfg.rht_signs, cfg.rht_seed),
+        )
+    if cfg.recipe == "fp8":
+        return fp8_recipe()
+    if cfg.recipe == "fp8-tensorwise":
+        return fp8_tensorwise_recipe()
+    raise AssertionError(f"recipe {cfg.recipe} passed config validation but has no definition")
+
+
+def rht_sign_vector(kind: str, seed: int) -> tuple[float, ...]:
+    """The RHT's 16 signs: 'fixed' (the numerics default) or 'random' (seeded)."""
+    from inkling_fp4.numerics import hadamard
+
+    return tuple(float(s) for s in hadamard.rht_signs(kind, seed=seed).tolist())
+
+
+def _signs(signs) -> tuple[float, ...]:
+    if signs is None:
+        return rht_sign_vector("fixed", 0)
+    out = tuple(float(s) for s in signs)
+    assert len(out) == 16 and all(s in (1.0, -1.0) for s in out), out
+    return out
+
+
+def default_bf16_layers(recipe_name: str, n_layers: int) -> tuple[int, int]:
+    """How many first and last layers a recipe keeps in BF16 by default, for a model of this depth.
+
+    The paper keeps the first 2 and last 8 of the 12B model's 62 layers in BF16 for NVFP4 (and
+    MXFP4, same methodology), and the first 1 and last 2 for the FP8 baseline. For another depth L
+    the counts scale with L (round(L·2/62), round(L·8/62)), at least 1 each so that the embedding-
+    and head-adjacent layers, the most sensitive ones, never quantize; if that would leave no layer
+    quantized (L ≤ 2), the last count gives way first. A 6-layer model keeps 1 + 1, a 24-layer
+    model 1 + 3, the 62-layer model 2 + 8. Explicit config values override this and are not clamped.
+    """
+    if recipe_name == "bf16" or n_layers <= 0:
+        return (0, 0)
+    first_frac, last_frac = (1, 2) if recipe_name in ("fp8", "fp8-tensorwise") else (2, 8)
+    first = max(1, round(n_layers * first_frac / PAPER_DEPTH))
+    last = max(1, round(n_layers * last_frac / PAPER_DEPTH))
+    while first + last > n_layers - 1 and (first or last):
+        if last >= first and last > 0:
+            last -= 1
+        else:
+            first -= 1
+    return (first, last)

@@ -1,0 +1,158 @@
+"""The metrics logger: one interface, so the training loop never branches on where numbers go.
+
+Every record goes to ``<run_dir>/metrics.jsonl`` (one JSON object per line: per logged step, per
+evaluation, per event such as a precision switch or a monitor trigger), to wandb when enabled
+(offline unless WANDB_API_KEY is set, so a run never blocks on a login), and a fixed-format line goes
+to the console on rank 0. When stderr is a terminal a progress bar shows loss, tokens/s, MFU and ETA.
+Ranks other than 0 get a logger that does nothing.
+
+On resume the JSONL is cut back to the checkpoint's step, so the file always describes one
+consistent history (steps after the checkpoint are trained again and logged again).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import uuid
+from pathlib import Path
+
+from tqdm import tqdm
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def step_line(step: int, total: int, r: dict) -> str:
+    """``step   120/200 | loss 3.4512 | lr 3.00e-03 | gnorm 0.412 | tok/s 12,345 | mfu 41.2% | eta 1m23s``"""
+    mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a"
+    width = len(str(total))
+    return (
+        f"step {step:>{width}}/{total} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
+        f"gnorm {r['grad_norm']:.3f} | tok/s {r['tokens_per_s']:,.0f} | mfu {mfu} | "
+        f"eta {format_duration(r.get('eta_s', float('nan')))} | {r['precision']}"
+    )
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep only records with step <= last_step (resume from the checkpoint at last_step)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+        if rec.get("step", 0) <= last_step:
+            kept.append(line)
+    path.write_text("".join(f"{line}\n" for line in kept))
+
+
+class MetricsLogger:
+    """JSONL always, wandb when enabled, console and progress bar on rank 0."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        run_name: str,
+        total_steps: int,
+        start_step: int = 0,
+        config: dict | None = None,
+        wandb: bool = False,
+        wandb_project: str = "fp4train",
+        progress: bool = True,
+        enabled: bool = True,
+    ):
+        self.enabled = enabled
+        self.total = total_steps
+        self.path = Path(run_dir) / METRICS_FILE
+        self._file = None
+        self._wandb = None
+        self._bar = None
+        if not enabled:
+            return
+        if start_step:
+            truncate_metrics(self.path, start_step)
+        self._file = open(self.path, "a" if start_step else "w")
+        if wandb:
+            self._wandb = _start_wandb(Path(run_dir), run_name, wandb_project, config or {})
+        if progress and sys.stderr.isatty():
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def log(self, record: dict) -> None:
+        """One JSON line (and a wandb row) for a step or an evaluation."""
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._wandb is not None:
+            numbers = {k: v for k, v in record.items() if isinstance(v, (int, float))}
+            self._wandb.log(numbers, step=record["step"])
+
+    def log_step(self, record: dict) -> None:
+        """A logged training step: JSONL, wandb, the console line and the progress bar."""
+        if not self.enabled:
+            return
+        self.log(record)
+        self.info(step_line(record["step"], self.total, record))
+        if self._bar is not None:
+            mfu = record.get("mfu")
+            self._bar.set_postfix(
+                loss=f"{record['loss']:.3f}",
+                tok_s=f"{record['tokens_per_s']:,.0f}",
+                mfu="n/a" if mfu is None else f"{mfu:.1%}",
+                refresh=False,
+            )
+
+    def advance(self, step: int) -> None:
+        """Move the progress bar to ``step``."""
+        if self._bar is not None:
+            self._bar.update(step - self._bar.n)
+
+    def event(self, step: int, kind: str, message: str, **fields) -> None:
+        """Something that happened (precision switch, monitor trigger, checkpoint, resume)."""
+        if not self.enabled:
+            return
+        self.log({"step": step, "event": kind, "message": message, **fields})
+        self.info(message)
+
+    def info(self, message: str) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(message, file=sys.stdout)
+        else:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._file is not None:
+            self._file.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        self._bar = self._file = self._wandb = None
+
+
+def _start_wandb(run_dir: Path, name: str, project: str, config: dict):
+    import wandb
+
+    id_file = run_dir / "wandb_id.txt"
+    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
+    id_file.write_text(run_id)
+    mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    return wandb.init(
+        project=project, name=name, id=run_id, resume="allow", dir=str(run_dir), config=config, mode=mode
+    )

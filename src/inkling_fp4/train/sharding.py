@@ -1,0 +1,89 @@
+"""Fully sharded data parallel (FSDP2, ``fully_shard``): for models whose replicas do not fit one GPU.
+
+DDP keeps a whole copy of the FP32 master weights, their gradients and both Adam moments on every
+GPU: 16 bytes per parameter, 197 GB for the 12B model, more than an H200 holds. FSDP2 shards all of
+that across the ranks and all-gathers one block's weights just before it runs (and frees them
+after), so each GPU holds 16 / N bytes per parameter plus one block's full weights at a time.
+
+Every block of the hybrid pattern is one FSDP unit, and the root (embedding, final norm, LM head)
+another. Weights are gathered in FP32, exactly what a replicated run sees, so QuantLinear quantizes
+the same master weights either way and the loss curves of DDP and FSDP runs agree. Gradients are
+averaged over ranks by reduce-scatter, as DDP averages them by all-reduce.
+
+Checkpoints stay in the replicated format (full tensors by name, written by rank 0), so a run may
+resume with DDP, FSDP, or another number of GPUs for the weights and optimizer state alike;
+``torch.distributed.checkpoint.state_dict`` converts between full and sharded tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from inkling_fp4.train.distributed import DistInfo
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def shard_model(model: nn.Module, info: DistInfo) -> nn.Module:
+    """Shard ``model`` in place across all ranks: one FSDP unit per block of ``model.layers``, then
+    the root. Call before the optimizer is built (it must see the sharded parameters)."""
+    mesh = init_device_mesh(info.device.type, (info.world_size,))
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def local_value(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (e.g. the grad norm clip_grad_norm_ returns); other tensors as they are."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(model tensors, optimizer tensors) gathered to full tensors on the CPU of rank 0 (empty elsewhere),
+    named as :func:`~inkling_fp4.train.checkpoint.model_tensors` and
+    :func:`~inkling_fp4.train.optimizer.optimizer_tensors` name them. A collective: call on every rank."""
+    params = get_model_state_dict(model, options=_FULL)
+    osd = get_optimizer_state_dict(model, optimizer, options=_FULL)
+    opt = {
+        f"{name}.{key}": (value if torch.is_tensor(value) else torch.tensor(value)).contiguous()
+        for name, state in osd.get("state", {}).items()
+        for key, value in state.items()
+    }
+    return params, opt
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, params: dict, opt: dict) -> None:
+    """Inverse of :func:`full_state`: every rank passes the full tensors and keeps its own shard.
+
+    NOTE: each tensor is scattered by a collective, so every rank must walk the tensors in the same
+    order (sorted by name here).
+    """
+    params = dict(sorted(params.items()))
+    set_model_state_dict(model, params, options=StateDictOptions(full_state_dict=True, strict=True))
+    names = {id(p): name for name, p in model.named_parameters()}
+    groups = [
+        {**{k: v for k, v in g.items() if k != "params"}, "params": [names[id(p)] for p in g["params"]]}
+        for g in optimizer.param_groups
+    ]
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for full, t in sorted(opt.items()):
+        name, key = full.rsplit(".", 1)
+        state.setdefault(name, {})[key] = t
+    full = StateDictOptions(full_state_dict=True)
+    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups}, options=full)

@@ -1,0 +1,71 @@
+"""The pretrain command's user errors: exit code 2 and one line naming the problem and the fix."""
+
+import subprocess
+import sys
+
+import pytest
+
+from inkling_fp4.cli import main
+
+
+def _cli(args, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["fp4train", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    out = capsys.readouterr()
+    return e.value.code, out.err.strip()
+
+
+def _one_line_error(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_unknown_recipe_key(monkeypatch, capsys, tmp_path):
+    code, err = _cli(["pretrain", "--run-dir", str(tmp_path / "r"), "train.stepz=3"], monkeypatch, capsys)
+    line = _one_line_error(err)
+    assert code == 2
+    assert "train.stepz" in line and "steps" in line  # the bad key and the valid ones
+
+
+def test_unknown_key_in_recipe_file(monkeypatch, capsys, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("optim:\n  learning_rate: 0.1\n")
+    code, err = _cli(["pretrain", "--recipe", str(recipe)], monkeypatch, capsys)
+    line = _one_line_error(err)
+    assert code == 2 and "optim.learning_rate" in line and "lr" in line
+
+
+def test_wrong_type(monkeypatch, capsys, tmp_path):
+    code, err = _cli(["pretrain", "--run-dir", str(tmp_path / "r"), "train.steps=many"], monkeypatch, capsys)
+    line = _one_line_error(err)
+    assert code == 2 and "train.steps" in line and "integer" in line
+
+
+def test_missing_recipe_file(monkeypatch, capsys, tmp_path):
+    code, err = _cli(["pretrain", "--recipe", str(tmp_path / "nope.yaml")], monkeypatch, capsys)
+    line = _one_line_error(err)
+    assert code == 2 and "nope.yaml" in line and "tiny" in line  # what is missing, what exists
+
+
+def test_non_empty_run_dir_needs_resume(monkeypatch, capsys, tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    code, err = _cli(["pretrain", "--run-dir", str(tmp_path)], monkeypatch, capsys)
+    line = _one_line_error(err)
+    assert code == 2 and "--resume" in line and "--run-dir" in line
+
+
+def test_real_process_exit_code_and_no_traceback(tmp_path):
+    """The installed entry point as a user runs it (``python -m inkling_fp4``)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "inkling_fp4", "pretrain", "--run-dir", str(tmp_path / "r"), "log.wandb=1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    line = _one_line_error(proc.stderr.strip())
+    assert "log.wandb" in line and "true or false" in line

@@ -1,0 +1,171 @@
+"""The quantized GEMMs against independent FP64 computations from the reference quantizers."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from inkling_fp4.numerics import fp8, mxfp4, nvfp4
+from inkling_fp4.precision import gemm
+from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant
+
+EPS32 = 2.0**-24
+
+
+def _fp32_bound(a_abs: torch.Tensor, b_abs: torch.Tensor, k: int) -> torch.Tensor:
+    """Error bound of an FP32-accumulated dot product: k·u·Σ|a_i b_i| (plus the output scale multiply)."""
+    return (k + 2) * EPS32 * (a_abs @ b_abs.t()) + 1e-30
+
+
+def _check_close_to_fp64(out: torch.Tensor, a64: torch.Tensor, b64: torch.Tensor) -> None:
+    ref = a64 @ b64.t()
+    bound = _fp32_bound(a64.abs(), b64.abs(), a64.shape[1])
+    err = (out.double() - ref).abs()
+    assert out.dtype == torch.float32
+    assert bool((err <= bound).all()), f"max err {float(err.max())}, bound {float(bound.max())}"
+
+
+def _randn(*shape, scale=1.0):
+    return torch.randn(*shape) * scale
+
+
+@pytest.mark.parametrize("shape", [(32, 64, 48), (7, 32, 16), (64, 128, 32)])
+def test_nvfp4_emulated_gemm_equals_fp64_of_dequantized(shape):
+    M, K, N = shape
+    x = _randn(M, K, scale=3.0)
+    w = _randn(N, K, scale=0.05)
+    w[0, :16] *= 50.0  # a hot tile: different block scales across the tensor
+    xq = gemm.quantize(x, OperandQuant("nvfp4", (1, 16)))
+    wq = gemm.quantize(w, OperandQuant("nvfp4", (16, 16)))
+    out = gemm.emulated_matmul(xq, wq)  # out: [M, N]
+    # Independent: quantize with the reference quantizers, dequantize fully (code·scale·S_dec), FP64.
+    a64 = nvfp4.quantize_ref(x).dequantize(torch.float32).double()
+    b64 = nvfp4.quantize_ref(gemm.pad_to(w, 16, 16), block_2d=True).dequantize(torch.float32).double()[:N]
+    _check_close_to_fp64(out[:M, :N], a64, b64)
+
+
+def test_block_values_are_exact_in_bf16():
+    x = _randn(16, 64) * torch.logspace(-6, 6, 64)
+    q = nvfp4.quantize_ref(x)
+    assert torch.equal(q.block_values(torch.bfloat16).float(), q.block_values(torch.float32))
+    m = mxfp4.quantize(x)
+    assert torch.equal(m.block_values(torch.bfloat16).float(), m.block_values(torch.float32))
+
+
+def test_transposed_2d_weight_serves_dgrad():
+    """dx = dy · W, W's 16×16 tiles reused transposed, equals the FP64 product of the dequantized tensors."""
+    M, K, N = 24, 48, 32
+    dy = _randn(M, N)
+    w = _randn(N, K)
+    wq = gemm.quantize(w, OperandQuant("nvfp4", (16, 16)))
+    w_t = dataclasses.replace(wq, transposed=True)  # logical [K, N]
+    dyq = gemm.quantize(dy, OperandQuant("nvfp4", (1, 16)))
+    out = gemm.emulated_matmul(dyq, w_t)  # [M, K]
+    a64 = nvfp4.quantize_ref(dy).dequantize().double()
+    w64 = nvfp4.quantize_ref(w, block_2d=True).dequantize().double()
+    _check_close_to_fp64(out, a64, w64.t())
+    # 2D tiles: W and Wᵀ quantize to the same values.
+    wt64 = nvfp4.quantize_ref(w.t().contiguous(), block_2d=True).dequantize().double()
+    assert torch.equal(wt64, w64.t())
+
+
+def test_mxfp4_emulated_gemm_equals_fp64():
+    x, w = _randn(16, 96), _randn(40, 96, scale=1e-3)
+    spec = OperandQuant("mxfp4", (1, 32))
+    out = gemm.emulated_matmul(gemm.quantize(x, spec), gemm.quantize(w, spec))
+    _check_close_to_fp64(
+        out, mxfp4.quantize(x).dequantize().double(), mxfp4.quantize(w).dequantize().double()
+    )
+
+
+@pytest.mark.parametrize("blocks", [((1, 128), (128, 128)), ((1, 128), (1, 128)), (TENSORWISE, TENSORWISE)])
+def test_fp8_emulated_gemm_equals_fp64(blocks):
+    x, w = _randn(32, 256, scale=10.0), _randn(128, 256, scale=0.1)
+    a = gemm.quantize(x, OperandQuant("e4m3", blocks[0]))
+    b = gemm.quantize(w, OperandQuant("e5m2" if blocks[1] == TENSORWISE else "e4m3", blocks[1]))
+    out = gemm.emulated_matmul(a, b)
+    if blocks[0] == TENSORWISE:
+        a64 = fp8.quantize_tensorwise(x).dequantize().double()
+        b64 = fp8.quantize_tensorwise(w, dtype=torch.float8_e5m2).dequantize().double()
+    else:
+        a64 = fp8.quantize_blockwise(x, block=blocks[0]).dequantize().double()
+        b64 = fp8.quantize_blockwise(w, block=blocks[1]).dequantize().double()
+    _check_close_to_fp64(out, a64, b64)
+
+
+def test_native_fp8_tensorwise_layouts_match_emulation():
+    """torch._scaled_mm runs per-tensor FP8 on CPU too: check every operand layout the layer uses."""
+    x, w, dy = _randn(48, 64), _randn(32, 64), _randn(48, 32)
+    e4, e5 = OperandQuant("e4m3", TENSORWISE), OperandQuant("e5m2", TENSORWISE)
+    xq, wq, dyq = gemm.quantize(x, e4), gemm.quantize(w, e4), gemm.quantize(dy, e5)
+    pairs = [
+        (xq, wq),  # fprop: y = x · Wᵀ
+        (dyq, dataclasses.replace(wq, transposed=True)),  # dgrad: dx = dy · W
+        (dataclasses.replace(dyq, transposed=True), dataclasses.replace(xq, transposed=True)),  # wgrad
+    ]
+    for a, b in pairs:
+        native = gemm.native_fp8_matmul(a, b, torch.float32)
+        emulated = gemm.emulated_matmul(a, b)
+        torch.testing.assert_close(native, emulated, rtol=1e-5, atol=1e-5 * float(emulated.abs().max()))
+
+
+def test_padding_is_exact():
+    """Zero padding leaves block scales, codes and products of the real elements unchanged."""
+    x = _randn(5, 40)
+    padded = gemm.pad_to(x, 16, 16)
+    assert padded.shape == (16, 48) and torch.equal(padded[:5, :40], x) and not padded[5:].any()
+    assert gemm.pad_to(x, 1, 8) is x
+    q = gemm.quantize(x, OperandQuant("nvfp4", (1, 16)))
+    assert q.q.shape == (5, 48)
+    # The last block holds 8 real values and 8 zeros: its scale comes from the real values only.
+    ref = nvfp4.quantize_ref(torch.cat([x, torch.zeros(5, 8)], 1))
+    assert torch.equal(q.q.codes, ref.codes) and torch.equal(
+        q.q.scales.view(torch.uint8), ref.scales.view(torch.uint8)
+    )
+
+
+def test_bf16_matmul_is_fp32_accumulated():
+    a, b = _randn(8, 512), _randn(4, 512)
+    out = gemm.bf16_matmul(a, b)
+    _check_close_to_fp64(out, a.bfloat16().double(), b.bfloat16().double())
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_emulated_gemm_matches_fp64():
+    x, w = _randn(256, 512).cuda(), _randn(384, 512).cuda()
+    xq = gemm.quantize(x, OperandQuant("nvfp4", (1, 16)))
+    wq = gemm.quantize(w, OperandQuant("nvfp4", (16, 16)))
+    out = gemm.emulated_matmul(xq, wq).cpu()
+    a64 = nvfp4.quantize_ref(x.cpu()).dequantize().double()
+    b64 = nvfp4.quantize_ref(w.cpu(), block_2d=True).dequantize().double()
+    _check_close_to_fp64(out, a64, b64)
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_native_fp8_matches_emulation():
+    from inkling_fp4.precision.backends import native_fp8_blockwise_out_dtypes
+
+    device = torch.device("cuda")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no FP8 tensor cores")
+    x, w, dy = _randn(256, 512).cuda(), _randn(384, 512).cuda(), _randn(256, 384).cuda()
+    e4, e5 = OperandQuant("e4m3", TENSORWISE), OperandQuant("e5m2", TENSORWISE)
+    xq, wq, dyq = gemm.quantize(x, e4), gemm.quantize(w, e4), gemm.quantize(dy, e5)
+    cases = [(xq, wq, torch.float32), (dyq, dataclasses.replace(wq, transposed=True), torch.float32)]
+    for out_dtype in native_fp8_blockwise_out_dtypes(device):
+        act, wt = OperandQuant("e4m3", (1, 128)), OperandQuant("e4m3", (128, 128))
+        wbq = gemm.quantize(w, wt)
+        cases += [
+            (gemm.quantize(x, act), wbq, out_dtype),
+            (gemm.quantize(dy, act), dataclasses.replace(wbq, transposed=True), out_dtype),
+            (gemm.quantize(dy, act, transpose=True), gemm.quantize(x, act, transpose=True), out_dtype),
+        ]
+    for a, b, out_dtype in cases:
+        native, emulated = gemm.native_fp8_matmul(a, b, out_dtype).float(), gemm.emulated_matmul(a, b)
+        tol = 1e-5 if out_dtype == torch.float32 else 2.0**-8
+        torch.testing.assert_close(native, emulated, rtol=tol, atol=tol * float(emulated.abs().max()))

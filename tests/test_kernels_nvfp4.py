@@ -1,0 +1,374 @@
+"""The Triton NVFP4 kernels (numerics/kernels) against the torch reference (numerics/nvfp4.py).
+
+Round to nearest must give the reference's codes, E4M3 scale bytes and amax bit for bit; stochastic
+rounding must give the reference's scales, one of the two E2M1 neighbours for every element (exactly
+the reference rounding with r = 0 or r = 255), and an unbiased mean (a z-test against the exact
+expectation over the 256 values of r).
+
+Where the kernels run:
+
+- CPU, Triton interpreter (``test_interp_*``): small shapes. Triton picks the interpreter when a kernel
+  is defined, so these run in a child pytest process with TRITON_INTERPRET=1
+  (``test_under_triton_interpreter``); ``TRITON_INTERPRET=1 python -m pytest tests/test_kernels_nvfp4.py``
+  runs them directly.
+- GPU (``@pytest.mark.gpu``): training-sized shapes, and the dispatch of ``nvfp4.quantize`` itself.
+
+Inputs are fresh random each run (the seed is printed with any failure) plus adversarial blocks: every
+E2M1 midpoint and its float neighbours at normal and subnormal E4M3 scales, zero blocks, ±0, blocks
+that underflow the scale, huge and tiny tensor amaxes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from inkling_fp4.errors import NumericsError  # noqa: E402
+from inkling_fp4.numerics import formats, nvfp4  # noqa: E402
+from inkling_fp4.numerics.hadamard import rht_signs  # noqa: E402
+from inkling_fp4.numerics.kernels import available, triton_nvfp4  # noqa: E402
+from inkling_fp4.numerics.kernels.nvfp4_quantize import quantize_rows  # noqa: E402
+from inkling_fp4.numerics.kernels.nvfp4_rht import quantize_rht_t_tiles, rht_t_abs_max, sign_bits  # noqa: E402
+
+# The interpreter evaluates with numpy, which warns where the kernels divide by zero on purpose
+# (1/0 = inf, then clamped to FLT_MAX, as in the reference).
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+interpreted = pytest.mark.skipif(not INTERPRET, reason="runs in the TRITON_INTERPRET=1 child process")
+on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def _seed() -> int:
+    seed = random.randrange(2**31)
+    print(f"input seed = {seed}")  # shown with any failure
+    return seed
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def assert_same(got: nvfp4.NVFP4Tensor, ref: nvfp4.NVFP4Tensor, what: str) -> None:
+    """Codes, scale bytes, amax and shape identical."""
+    assert tuple(got.shape) == tuple(ref.shape), what
+    for name in ("codes", "scales"):
+        a, b = _bytes(getattr(got, name)).cpu(), _bytes(getattr(ref, name)).cpu()
+        bad = (a != b).nonzero()
+        assert len(bad) == 0, f"{what}: {len(bad)} {name} differ, first at {bad[0].tolist()}"
+    assert torch.equal(got.amax.cpu(), ref.amax.cpu()), f"{what}: amax {got.amax} != {ref.amax}"
+
+
+def _nextafter(x: torch.Tensor, toward: float) -> torch.Tensor:
+    """The neighbour of x (in x's dtype) toward ``toward``."""
+    if x.dtype == torch.float32:
+        return torch.nextafter(x, torch.full_like(x, toward))
+    bits = x.view(torch.int16).int()
+    step = torch.where((toward > x.float()) == (x.float() >= 0), 1, -1)
+    return (bits + step).to(torch.int16).view(x.dtype)
+
+
+def adversarial(dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """[48, 128]: one block per case, with global amax 2688 so that S_enc = 1 and a block of max 6·2^k
+    has scale exactly 2^k: its elements m·2^k hit the E2M1 midpoints m exactly."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = []
+    for k in (-9, -8, -7, -6, -3, 0, 4, 8):  # 2^-9..2^-7: subnormal E4M3 scales
+        mids = torch.tensor(E2M1_MIDPOINTS + (6.0,), dtype=dtype) * 2.0**k
+        for signed in (mids, -mids):
+            blocks.append(
+                torch.cat([signed, _nextafter(signed[:7], 0.0), torch.tensor([6.0 * 2.0**k], dtype=dtype)])
+            )
+            blocks.append(
+                torch.cat([signed, _nextafter(signed[:7], 1e30), torch.tensor([6.0 * 2.0**k], dtype=dtype)])
+            )
+    blocks.append(torch.full((16,), 2688.0, dtype=dtype))  # the global amax: scale 448
+    blocks.append(torch.zeros(16, dtype=dtype))
+    blocks.append(torch.tensor([0.0, -0.0] * 8, dtype=dtype))
+    blocks.append(torch.randn(16, generator=g).to(dtype) * 1e-4)  # underflows: scale byte 0, codes ±6
+    blocks.append(torch.randn(16, generator=g).to(dtype) * 3e-2)  # subnormal scales off the grid
+    blocks.append(torch.cat([torch.tensor([6.0]), -torch.rand(15, generator=g) * 0.2]).to(dtype))  # -> -0
+    rows = torch.stack(blocks)  # [n_blocks, 16]
+    filler = torch.randn(48 * 8 - rows.shape[0], 16, generator=g).to(dtype) * 50
+    flat = torch.cat([rows, filler])[torch.randperm(48 * 8, generator=g)]
+    return flat.reshape(48, 128)
+
+
+def normal(shape, dtype: torch.dtype, seed: int, spread: float = 1.0) -> torch.Tensor:
+    """Gaussian values times a per-row scale exp(N(0, spread))."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * torch.exp(torch.randn(*shape[:-1], 1, generator=g) * spread)
+    return x.to(dtype)
+
+
+def rht_exact(shape, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """BF16-representable values whose magnitudes span less than 2^12: every 16-term RHT sum is exact
+    in FP32, so any summation order (butterfly, BLAS) rounds to the same BF16."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g)
+    x = torch.sign(x) * x.abs().clamp(2.0**-6, 30.0)
+    return x.bfloat16().to(dtype)
+
+
+# -- checks shared by the interpreter and the GPU tests ------------------------------------------------
+
+
+def check_quantize(x: torch.Tensor, device: str, block_2d: bool = False) -> None:
+    ref = nvfp4.quantize_ref(x, block_2d=block_2d)
+    got = triton_nvfp4.quantize(x.to(device), block_2d=block_2d)
+    assert_same(got, ref, f"quantize {tuple(x.shape)} {x.dtype} 2d={block_2d}")
+
+
+def check_rht_t(x: torch.Tensor, device: str, signs: torch.Tensor | None = None) -> None:
+    ref = nvfp4.quantize_rht_t_ref(x, signs)
+    got = triton_nvfp4.quantize_rht_t(x.to(device), signs)
+    assert_same(got, ref, f"quantize_rht_t {tuple(x.shape)} {x.dtype} {x.stride()}")
+
+
+def sr_bounds(y: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Reference stochastic rounding of y [rows, N] with the reference block scales: the codes for
+    r = 0 and r = 255 (the two possible outcomes) and the exact mean and variance over r."""
+    _, s_dec = nvfp4.tensor_scales(amax)
+    encode = nvfp4.block_encode_scales(scales, s_dec)  # [rows, N/16]
+    v = (y.float().unflatten(-1, (-1, 16)) * encode[..., None]).clamp(-6, 6).flatten(-2)
+    r = torch.arange(256, dtype=torch.float32).reshape(256, *([1] * v.dim())).expand(256, *v.shape)
+    outcomes = formats.e2m1_encode_stochastic(v.expand(256, *v.shape), r)  # [256, rows, N]
+    values = formats.e2m1_decode(outcomes)
+    return (
+        outcomes[0],
+        outcomes[255],
+        values.mean(0, dtype=torch.float64),
+        values.double().var(0, correction=0),
+    )
+
+
+def check_stochastic(got: nvfp4.NVFP4Tensor, y: torch.Tensor, what: str) -> None:
+    """``got`` = stochastic quantization of y (the already transformed input for the RHT path)."""
+    nearest = nvfp4.quantize_ref(y)
+    assert torch.equal(_bytes(got.scales).cpu(), _bytes(nearest.scales)), f"{what}: scales differ from RN"
+    assert torch.equal(got.amax.cpu(), nearest.amax), what
+    low, high, mean, var = sr_bounds(y, nearest.scales.float(), nearest.amax)
+    codes = formats.unpack_nibbles(got.codes.cpu())
+    ok = (codes == low) | (codes == high)
+    assert bool(ok.all()), f"{what}: {int((~ok).sum())} codes are not a neighbour of the input"
+    drawn = formats.e2m1_decode(codes).double()
+    z = float((drawn - mean).sum() / var.sum().sqrt())
+    assert abs(z) < 5.0, f"{what}: biased, z = {z:.2f}"
+
+
+def check_fake_quantize(x: torch.Tensor, device: str) -> None:
+    ref = nvfp4.quantize_ref(x)
+    got = triton_nvfp4.fake_quantize(x.to(device), keep_codes=True)
+    assert got.values.dtype == torch.bfloat16
+    assert torch.equal(got.values.cpu(), ref.block_values(torch.bfloat16)), "block values"
+    assert torch.equal(got.decode_scale.cpu(), ref.decode_scale), "decode scale"
+    assert_same(got.quantized, ref, "fake_quantize codes")
+    assert torch.equal(triton_nvfp4.block_values(got.quantized).cpu(), ref.block_values()), "block_values"
+
+
+# -- CPU: the interpreter ------------------------------------------------------------------------------
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_interp_quantize_matches_reference(dtype):
+    seed = _seed()
+    check_quantize(normal((32, 64), dtype, seed), "cpu")
+    spread = 1.0 if dtype == torch.float16 else 3.0  # FP16 would overflow
+    check_quantize(normal((2, 24, 80), dtype, seed + 1, spread=spread), "cpu")  # leading dims, 5 blocks
+    check_quantize(normal((48, 128), dtype, seed + 2), "cpu", block_2d=True)
+    check_quantize(normal((40, 32), dtype, seed + 3), "cpu", block_2d=True)  # a partial 16-row tile
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_interp_adversarial_blocks(dtype):
+    seed = _seed()
+    x = adversarial(dtype, seed)
+    check_quantize(x, "cpu")
+    check_quantize(x, "cpu", block_2d=True)
+    scale_bytes = nvfp4.quantize_ref(x).scales.view(torch.uint8)
+    assert ((scale_bytes > 0) & (scale_bytes < 8)).any(), "no subnormal scale was exercised"
+
+
+@interpreted
+def test_interp_extreme_tensor_scales():
+    seed = _seed()
+    base = normal((16, 64), torch.float32, seed, spread=2.0)
+    base[0, 0] = 1.0
+    for amax in (3.0e38, 1e30, 1e-30, 1e-40):  # FLT_MAX-scale, huge, tiny, and an FP32 subnormal amax
+        check_quantize(base / base.abs().max() * amax, "cpu")
+    check_quantize(torch.zeros(16, 32), "cpu")
+    wide = base.clone()
+    wide[1] *= 1e-30  # one tensor, blocks 30 decades apart
+    check_quantize(wide, "cpu")
+
+
+@interpreted
+def test_interp_rht_t_matches_reference():
+    seed = _seed()
+    check_rht_t(rht_exact((48, 64), torch.bfloat16, seed), "cpu")
+    check_rht_t(rht_exact((32, 40), torch.float32, seed + 1), "cpu", rht_signs("random", seed=seed))
+    check_rht_t(rht_exact((16, 24), torch.float16, seed + 3), "cpu")
+    base = rht_exact((24, 64), torch.bfloat16, seed + 2)  # x = base.t(): a column-major [64, 24] input
+    check_rht_t(base.t(), "cpu")
+    zeros_and_spikes = torch.zeros(32, 16, dtype=torch.bfloat16)
+    zeros_and_spikes[5, 3] = -7.0
+    check_rht_t(zeros_and_spikes, "cpu")
+
+
+@interpreted
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_interp_rht_t_tilings(groups):
+    """Token groups per program, partial tiles in both dims, codes and values from one pass."""
+    x = rht_exact((48, 40), torch.bfloat16, _seed())
+    ref = nvfp4.quantize_rht_t_ref(x)
+    bits = sign_bits(rht_signs("fixed"))
+    amax = rht_t_abs_max(x, bits, block_n=32, groups=groups)
+    codes = torch.empty(40, 24, dtype=torch.uint8)
+    scales = torch.empty(40, 3, dtype=torch.uint8)
+    values = torch.empty(40, 48, dtype=torch.bfloat16)
+    quantize_rht_t_tiles(x, bits, amax, seed=None, codes=codes, scales=scales, values=values,
+                         block_n=32, groups=groups)  # fmt: skip
+    got = nvfp4.NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), amax.reshape(()), ref.shape)
+    assert_same(got, ref, f"groups={groups}")
+    assert torch.equal(values, ref.block_values()), "block values"
+
+
+@interpreted
+def test_interp_fake_quantize_and_block_values():
+    seed = _seed()
+    check_fake_quantize(normal((32, 64), torch.bfloat16, seed), "cpu")
+    check_fake_quantize(adversarial(torch.float32, seed), "cpu")
+    x = rht_exact((32, 48), torch.bfloat16, seed + 1)
+    ref = nvfp4.quantize_rht_t_ref(x)
+    got = triton_nvfp4.fake_quantize_rht_t(x, keep_codes=True)
+    assert torch.equal(got.values, ref.block_values()), "rht block values"
+    assert torch.equal(got.decode_scale, ref.decode_scale)
+    assert_same(got.quantized, ref, "fake_quantize_rht_t codes")
+    only_values = triton_nvfp4.fake_quantize(x, block_2d=True)
+    assert only_values.quantized is None
+    assert torch.equal(only_values.values, nvfp4.quantize_ref(x, block_2d=True).block_values())
+
+
+@interpreted
+def test_interp_stochastic_rounding():
+    seed = _seed()
+    x = normal((64, 64), torch.bfloat16, seed)
+    gen = torch.Generator().manual_seed(seed)
+    check_stochastic(triton_nvfp4.quantize(x, stochastic=True, generator=gen), x, f"rows seed={seed}")
+    xr = rht_exact((64, 48), torch.bfloat16, seed + 1)
+    got = triton_nvfp4.quantize_rht_t(xr, stochastic=True, generator=gen)
+    check_stochastic(got, nvfp4.rht(xr.t().contiguous()), f"rht seed={seed}")
+    # One value per block position, 3/8 of a step above a grid point: P(up) = 96/256 exactly.
+    flat = torch.full((64, 64), 1.0 + 0.375 * 0.5)
+    flat[:, ::16] = 6.0  # block amax 6 -> scale 1, so v = 1.1875 between 1 and 1.5
+    flat[0, 0] = 2688.0  # S_enc = 1
+    up = formats.unpack_nibbles(triton_nvfp4.quantize(flat, stochastic=True, generator=gen).codes) == 3
+    samples = up[1:].unflatten(1, (4, 16))[:, :, 1:]  # rows and elements with v = 1.1875
+    rate, p = samples.float().mean().item(), 96 / 256
+    assert abs(rate - p) < 5 * (p * (1 - p) / samples.numel()) ** 0.5, f"round-up rate {rate}, expected {p}"
+
+
+@interpreted
+def test_interp_stochastic_is_reproducible():
+    x = normal((16, 32), torch.float32, _seed())
+    a = triton_nvfp4.quantize(x, stochastic=True, generator=torch.Generator().manual_seed(1))
+    b = triton_nvfp4.quantize(x, stochastic=True, generator=torch.Generator().manual_seed(1))
+    c = triton_nvfp4.quantize(x, stochastic=True, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(a.codes, b.codes)
+    assert not torch.equal(a.codes, c.codes)
+
+
+@interpreted
+def test_interp_non_finite_inputs():
+    x = normal((16, 32), torch.bfloat16, _seed())
+    x[3, 7] = float("nan")
+    assert torch.isinf(triton_nvfp4.quantize(x).amax), "NaN must surface as a non-finite amax"
+    with pytest.raises(NumericsError, match="non-finite"):
+        triton_nvfp4.fake_quantize(x, name="x")
+    x[3, 7] = float("-inf")
+    with pytest.raises(NumericsError, match="non-finite"):
+        triton_nvfp4.fake_quantize_rht_t(x, name="x")
+    assert torch.isinf(triton_nvfp4.quantize_rht_t(x).amax)
+
+
+@pytest.mark.slow
+def test_under_triton_interpreter():
+    """Run every ``test_interp_*`` in a child process with TRITON_INTERPRET=1 (about 20 s)."""
+    if INTERPRET:
+        pytest.skip("already running under the interpreter")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "interp", __file__]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+# -- CPU: no kernel launch -----------------------------------------------------------------------------
+
+
+def test_available_follows_device_and_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert available()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert available() == torch.cuda.is_available()
+
+
+def test_launch_arguments_are_validated():
+    with pytest.raises(ValueError, match="16 values"):
+        sign_bits(torch.tensor([1.0] * 15 + [0.5]))
+    assert sign_bits(torch.tensor([-1.0] + [1.0] * 14 + [-1.0])) == 1 | (1 << 15)
+    x = torch.zeros(32, 32)
+    with pytest.raises(ValueError, match="groups"):
+        quantize_rht_t_tiles(x, 0, x, seed=None, codes=None, scales=None, values=None, groups=3)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        quantize_rows(x, x, block_2d=True, seed=None, codes=None, scales=None, values=None, block_m=8)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        rht_t_abs_max(torch.zeros(20, 16), 0)
+
+
+# -- GPU -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_kernels_match_reference(dtype):
+    seed = _seed()
+    check_quantize(normal((1024, 4096), dtype, seed, spread=2.0), "cuda")
+    check_quantize(normal((1024, 2048), dtype, seed + 1), "cuda", block_2d=True)
+    check_quantize(adversarial(dtype, seed), "cuda")
+    check_quantize(adversarial(dtype, seed), "cuda", block_2d=True)
+    for amax in (3.0e38, 1e-30, 1e-40):
+        x = normal((64, 256), torch.float32, seed + 2)
+        check_quantize((x / x.abs().max() * amax).to(dtype), "cuda")
+    check_rht_t(rht_exact((2048, 1536), dtype, seed + 3), "cuda")
+    check_rht_t(
+        rht_exact((4096, 512), dtype, seed + 4).t().contiguous().t(), "cuda", rht_signs("random", seed)
+    )
+    check_fake_quantize(normal((512, 1024), dtype, seed + 5), "cuda")
+
+
+@pytest.mark.gpu
+@on_gpu
+def test_gpu_stochastic_and_dispatch():
+    seed = _seed()
+    x = normal((128, 512), torch.bfloat16, seed)
+    gen = torch.Generator().manual_seed(seed)
+    check_stochastic(triton_nvfp4.quantize(x.cuda(), stochastic=True, generator=gen), x, f"rows seed={seed}")
+    xr = rht_exact((512, 256), torch.bfloat16, seed + 1)
+    got = triton_nvfp4.quantize_rht_t(xr.cuda(), stochastic=True, generator=gen)
+    check_stochastic(got, nvfp4.rht(xr.t().contiguous()), f"rht seed={seed}")
+    # nvfp4.quantize on CUDA tensors goes through the kernels and checks finiteness itself.
+    assert_same(nvfp4.quantize(x.cuda()), nvfp4.quantize_ref(x), "dispatch")
+    assert_same(nvfp4.quantize_rht_t(xr.cuda()), nvfp4.quantize_rht_t_ref(xr), "dispatch rht")
+    x[0, 0] = float("nan")
+    with pytest.raises(NumericsError):
+        nvfp4.quantize(x.cuda())

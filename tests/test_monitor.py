@@ -1,0 +1,88 @@
+"""The noise monitor: non-finite values, robust spikes, fallback after repeated triggers, state."""
+
+import math
+import random
+
+import pytest
+
+from inkling_fp4.train.config import MonitorConfig
+from inkling_fp4.train.monitor import NoiseMonitor, robust_zscore
+
+
+def _feed(mon, n, start=1, loss=3.0, gnorm=1.0, noise=0.02):
+    for k in range(start, start + n):
+        v = mon.check(k, loss + random.gauss(0, noise), gnorm + random.gauss(0, noise))
+        assert not v.skip, v.message
+    return start + n
+
+
+def test_robust_zscore_matches_definition():
+    h = [random.gauss(5, 1) for _ in range(31)]
+    med = sorted(h)[15]
+    mad = sorted(abs(x - med) for x in h)[15]
+    assert robust_zscore(9.0, h, 0.0) == pytest.approx((9.0 - med) / (1.4826 * mad))
+    # a flat history: the relative floor sets the spread
+    assert robust_zscore(1.2, [1.0] * 10, 0.05) == pytest.approx(0.2 / 0.05)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_nonfinite_is_caught_even_before_warmup(bad):
+    mon = NoiseMonitor(MonitorConfig(warmup=5, window=10))
+    v = mon.check(1, bad, 1.0)
+    assert v.skip and v.reason == "nonfinite" and "skipped" in v.message
+    assert mon.check(2, 3.0, bad).reason == "nonfinite"
+    assert len(mon.losses) == 0  # triggered values never enter the history
+
+
+def test_spikes_are_caught_and_normal_steps_are_not():
+    mon = NoiseMonitor(MonitorConfig(warmup=10, window=20, max_triggers=5))
+    k = _feed(mon, 30)
+    v = mon.check(k, 30.0, 1.0)
+    assert v.skip and v.reason == "loss_spike"
+    v = mon.check(k + 1, 3.0, 50.0)
+    assert v.skip and v.reason == "grad_spike"
+    assert not mon.check(k + 2, 2.5, 0.5).skip  # a drop is good news, not a spike
+    _feed(mon, 10, start=k + 3)
+
+
+def test_not_armed_before_warmup():
+    mon = NoiseMonitor(MonitorConfig(warmup=10, window=20))
+    _feed(mon, 9)
+    assert not mon.check(10, 100.0, 100.0).skip  # only 9 values of history: no spike test yet
+
+
+def test_fallback_after_max_triggers_then_timed_return():
+    mon = NoiseMonitor(MonitorConfig(warmup=5, window=20, max_triggers=3, fallback_steps=4))
+    k = _feed(mon, 10)
+    assert not mon.check(k, math.nan, 1.0).start_fallback
+    assert not mon.check(k + 1, math.nan, 1.0).start_fallback
+    v = mon.check(k + 2, math.nan, 1.0)
+    assert v.start_fallback and "BF16 for 4 steps" in v.message and mon.fallback_active
+    assert not mon.check(k + 3, math.nan, 1.0).start_fallback  # already in fallback
+    assert not any(mon.fallback_ends_at(s) for s in range(k + 3, k + 7))
+    assert mon.fallback_ends_at(k + 7) and not mon.fallback_active
+
+
+def test_old_triggers_leave_the_window():
+    mon = NoiseMonitor(MonitorConfig(warmup=5, window=10, max_triggers=2))
+    k = _feed(mon, 10)
+    mon.check(k, math.nan, 1.0)
+    k = _feed(mon, 12, start=k + 1)
+    assert not mon.check(k, math.nan, 1.0).start_fallback  # the first trigger is 13 steps old
+
+
+def test_fallback_for_good_and_state_round_trip():
+    cfg = MonitorConfig(warmup=5, window=10, max_triggers=1, fallback_steps=0)
+    mon = NoiseMonitor(cfg)
+    k = _feed(mon, 8)
+    assert mon.check(k, math.inf, 1.0).start_fallback
+    assert not any(mon.fallback_ends_at(s) for s in range(k, k + 1000, 50))
+    other = NoiseMonitor(cfg)
+    other.load_state_dict(mon.state_dict())
+    assert other.state_dict() == mon.state_dict()
+    assert list(other.losses) == list(mon.losses)
+
+
+def test_disabled_monitor_passes_everything():
+    mon = NoiseMonitor(MonitorConfig(enabled=False))
+    assert not mon.check(1, math.nan, math.nan).skip

@@ -1,0 +1,255 @@
+"""End-to-end pretraining on CPU with a very small model: the run directory, the precision switch,
+the noise monitor under injected faults, exact resume, corrupt checkpoints, interrupts.
+
+Every run here trains a 4-layer hybrid of width 32 on the built-in corpus (30 files, BPE of 512
+tokens) for at most 20 steps with NVFP4 GEMMs (stochastic rounding on), so a test takes seconds.
+"""
+
+import json
+import math
+import os
+import signal
+import sys
+
+import pytest
+import torch
+
+from inkling_fp4.config import load_config
+from inkling_fp4.train import loop
+
+pytestmark = pytest.mark.slow
+
+SMALL = [
+    "model.pattern=M*-M",
+    "model.vocab_size=512",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.n_kv_heads=1",
+    "model.ffn_dim=64",
+    "model.mamba_heads=4",
+    "model.mamba_head_dim=16",
+    "model.n_groups=1",
+    "model.d_state=8",
+    "model.chunk_size=16",
+    "data.vocab_size=512",
+    "data.seq_len=32",
+    "data.max_documents=30",
+    "train.steps=20",
+    "train.batch_size=4",
+    "train.log_every=1",
+    "train.warmup_steps=3",
+    "train.checkpoint_every=0",
+    "eval.every=10",
+    "eval.batches=1",
+    "monitor.warmup=5",
+    "log.progress=false",
+]
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("data_cache")
+
+
+@pytest.fixture
+def train(tmp_path, data_cache):
+    """train(name, *overrides) -> (run_dir, step rows, event rows, eval rows)."""
+
+    def _run(name, *overrides, resume=False, baseline=None):
+        cfg = load_config("tiny", [*SMALL, f"data.cache_dir={data_cache}", *overrides])
+        run_dir = loop.run(cfg, tmp_path / name, resume=resume, baseline=baseline)
+        return (run_dir, *read_metrics(run_dir))
+
+    return _run
+
+
+def read_metrics(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    events = [r for r in rows if "event" in r]
+    evals = [r for r in rows if "val_loss_bf16" in r]
+    return steps, events, evals
+
+
+def losses(step_rows):
+    return {r["step"]: r["loss"] for r in step_rows}
+
+
+def model_tensors(run_dir, step):
+    from safetensors.torch import load_file
+
+    return load_file(run_dir / "checkpoints" / f"step_{step}" / "model.safetensors")
+
+
+def test_run_directory_and_learning(train):
+    run_dir, steps, events, evals = train("basic", "precision.switch_to_bf16=never")
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "tokenizer.json").is_file()
+    assert load_config(run_dir / "config.yaml").train.steps == 20  # the resolved config reruns
+    assert [r["step"] for r in steps] == list(range(1, 21))
+    for r in steps:
+        assert {"step", "tokens", "loss", "lr", "grad_norm", "precision", "tokens_per_s", "phase"} <= set(r)
+        assert r["precision"] == "nvfp4" and r["tokens"] == r["step"] * 4 * 32
+    assert steps[0]["loss"] > steps[-1]["loss"] + 0.3  # it learns
+    assert steps[0]["loss"] == pytest.approx(math.log(512), abs=0.5)  # starts near uniform
+    assert [e["step"] for e in evals] == [10, 20]
+    assert all(e["val_precision"] == "nvfp4" and math.isfinite(e["val_loss"]) for e in evals)
+    assert all(abs(e["val_loss"] - e["val_loss_bf16"]) < 0.2 for e in evals)
+    assert [r["phase"] for r in steps][:4] == ["warmup"] * 3 + ["stable"] and steps[-1]["phase"] == "decay"
+    assert steps[-1]["lr"] == pytest.approx(3e-3 * 0.01)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_20"]
+
+
+@pytest.mark.parametrize("scope", ["all", "forward"])
+def test_precision_switch_on_its_step(train, scope):
+    _, steps, events, evals = train(
+        f"switch_{scope}", "precision.switch_to_bf16=decay", f"precision.switch_scope={scope}"
+    )
+    after = "bf16" if scope == "all" else "bf16-fwd/nvfp4-bwd"
+    # decay_fraction 0.2 of 20 steps: the decay, and the switch, start at step 17
+    assert [r["precision"] for r in steps] == ["nvfp4"] * 16 + [after] * 4
+    switch = [e for e in events if e["event"] == "precision_switch"]
+    assert len(switch) == 1 and switch[0]["step"] == 17
+    assert steps[16]["phase"] == "decay" and steps[15]["phase"] == "stable"
+    assert evals[-1]["val_precision"] == ("bf16" if scope == "all" else after)
+
+
+def test_forward_only_switch_keeps_backward_quantized():
+    """What the loop's forward-scope switch does to a model: BF16 forward, quantized backward."""
+    from inkling_fp4.model.hybrid import HybridLM
+    from inkling_fp4.precision.policy import PrecisionPolicy
+    from inkling_fp4.precision.quant_linear import QuantLinear
+
+    cfg = load_config("tiny", ["precision.stochastic_rounding=false"])
+    torch.manual_seed(0)
+    model = HybridLM(cfg.model)
+    x = torch.randint(0, cfg.model.vocab_size, (2, 32))
+
+    def fwd_bwd(how):
+        policy = PrecisionPolicy(cfg.precision, cfg.model.n_layers)
+        policy.apply(model)
+        if how != "nvfp4":
+            policy.switch_to_bf16(model, how)
+        model.zero_grad()
+        logits = model(x)
+        logits.float().logsumexp(-1).mean().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        return logits.detach(), grads, [m.recipe for m in model.modules() if isinstance(m, QuantLinear)]
+
+    y_q, g_q, _ = fwd_bwd("nvfp4")
+    y_all, g_all, recipes_all = fwd_bwd("all")
+    y_fwd, g_fwd, recipes_fwd = fwd_bwd("forward")
+    assert all(r is None for r in recipes_all)
+    quantized = [r for r in recipes_fwd if r is not None]
+    assert quantized
+    assert all(r.fprop is None and r.dgrad is not None and r.wgrad is not None for r in quantized)
+    # the forward pass is BF16 (up to BF16 rounding of the layer outputs), far from the NVFP4 one ...
+    assert (y_fwd - y_all).abs().max() < (y_q - y_all).abs().max() / 50
+    # ... while a quantized layer's gradient is not BF16's
+    name = next(n for n in g_fwd if n.startswith("layers.2.") and n.endswith("weight") and g_fwd[n].ndim == 2)
+    assert not torch.equal(g_fwd[name], g_all[name])
+
+
+def test_monitor_catches_injected_nan_and_spike(train, monkeypatch):
+    real = loop.masked_cross_entropy
+    calls = {"train": 0}
+
+    def faulty(logits, targets, mask):
+        out = real(logits, targets, mask)
+        if not torch.is_grad_enabled():  # evaluation
+            return out
+        calls["train"] += 1
+        if calls["train"] == 8:
+            return out * float("nan")
+        if calls["train"] == 14:
+            return out * 50.0
+        return out
+
+    monkeypatch.setattr(loop, "masked_cross_entropy", faulty)
+    _, steps, events, _ = train("monitor", "precision.switch_to_bf16=never", "monitor.max_triggers=2")
+    kinds = {e["event"]: e["step"] for e in events}
+    assert kinds["nonfinite"] == 8 and kinds["loss_spike"] == 14
+    assert kinds["monitor_fallback"] == 14  # 2 triggers within the window: BF16 from now on
+    by_step = {r["step"]: r for r in steps}
+    assert by_step[8]["skipped"] and math.isnan(by_step[8]["loss"])
+    assert by_step[14]["skipped"] and by_step[14]["loss"] > 50
+    assert not by_step[9]["skipped"] and all(math.isfinite(by_step[k]["loss"]) for k in range(9, 21))
+    assert by_step[20]["loss"] < by_step[1]["loss"]  # the NaN never reached the weights
+    assert by_step[13]["precision"] == "nvfp4" and by_step[15]["precision"] == "bf16-fallback"
+
+
+def test_resume_is_bit_exact(train):
+    common = ("precision.switch_to_bf16=decay", "train.checkpoint_every=5")
+    straight, steps_a, _, evals_a = train("straight", *common)
+    parted, _, events, _ = train("parted", *common, "train.stop_after=10")
+    assert any(e["event"] == "stop" and e["step"] == 10 for e in events)
+    assert sorted(p.name for p in (parted / "checkpoints").iterdir()) == ["step_10", "step_5"]
+    _, steps_b, events, evals_b = train("parted", *common, "train.stop_after=10", resume=True)
+    assert any(e["event"] == "resume" and e["step"] == 10 for e in events)
+    assert losses(steps_a) == losses(steps_b)  # loss for loss, bit for bit (floats compared exactly)
+    assert [r["grad_norm"] for r in steps_a] == [r["grad_norm"] for r in steps_b]
+    assert evals_a == evals_b
+    a, b = model_tensors(straight, 20), model_tensors(parted, 20)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_corrupt_checkpoint_falls_back_to_previous(train, capsys):
+    common = ("train.checkpoint_every=4",)
+    _, steps_a, _, _ = train("straight", *common, "train.steps=14")
+    parted, _, _, _ = train("parted", *common, "train.steps=14", "train.stop_after=12")
+    f = parted / "checkpoints" / "step_12" / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-100])  # truncated
+    _, steps_b, events, _ = train("parted", *common, "train.steps=14", resume=True)
+    resume = [e["message"] for e in events if e["event"] == "resume"]
+    assert any("step_12" in m and "sha256" in m for m in resume)  # reported
+    assert any("resumed from" in m and "step_8" in m for m in resume)  # the previous good one used
+    assert [r["step"] for r in steps_b] == list(range(1, 15))  # rows after step 8 were rewritten
+    assert losses(steps_a) == losses(steps_b)
+
+
+def test_sigint_checkpoints_and_resumes(train, monkeypatch):
+    real = loop.masked_cross_entropy
+    calls = {"n": 0}
+
+    def interrupting(logits, targets, mask):
+        if torch.is_grad_enabled():
+            calls["n"] += 1
+            if calls["n"] == 6:
+                os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C during step 6
+        return real(logits, targets, mask)
+
+    monkeypatch.setattr(loop, "masked_cross_entropy", interrupting)
+    run_dir, steps, events, _ = train("interrupted", "train.steps=10")
+    assert steps[-1]["step"] == 6 and any(e["event"] == "interrupt" for e in events)
+    assert (run_dir / "checkpoints" / "step_6" / "state.json").is_file()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    monkeypatch.setattr(loop, "masked_cross_entropy", real)
+    _, steps, _, _ = train("interrupted", "train.steps=10", resume=True)
+    assert [r["step"] for r in steps] == list(range(1, 11))
+
+
+def test_baseline_gap_is_logged(train):
+    base, _, _, _ = train("fp8", "precision.recipe=fp8", "train.steps=8")
+    _, steps, _, _ = train("nvfp4", "train.steps=8", baseline=base)
+    assert all("gap" in r and "baseline_loss" in r for r in steps)
+    assert any(r["gap"] is not None and abs(r["gap"]) < 0.2 for r in steps)
+
+
+def test_resume_without_checkpoint_is_a_user_error(train):
+    from inkling_fp4.errors import UserError
+
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        train("empty", resume=True)
+
+
+def test_cli_pretrain_prints_the_run_directory(tmp_path, data_cache, monkeypatch, capsys):
+    from inkling_fp4.cli import main
+
+    run_dir = tmp_path / "cli"
+    args = ["fp4train", "pretrain", "--run-dir", str(run_dir), *SMALL, f"data.cache_dir={data_cache}"]
+    monkeypatch.setattr(sys, "argv", [*args, "train.steps=3"])
+    try:
+        main()
+    except SystemExit as e:  # click ends a successful command with exit code 0
+        assert e.code in (0, None)
+    out = capsys.readouterr().out
+    assert f"run directory: {run_dir}" in out and "step 3/3" in out and "precision: nvfp4" in out
