@@ -17,7 +17,9 @@ Usage:
     python scripts/bench_linear.py --profile nvfp4      # plus the top CUDA kernels of one recipe
 
 Output: one row per (shape, recipe): forward ms, forward+backward ms (median), ratio to BF16,
-effective TFLOP/s (6·M·K·N per fwd+bwd), peak memory of one step, bytes saved for backward.
+effective TFLOP/s (6·M·K·N per fwd+bwd), peak memory of one step, bytes saved for backward; then,
+for nvfp4, the device time of one step split into phases (amax, quantize passes, GEMMs, the rest)
+from the profiler; GPU busy time well below the measured step time means the GPU waited on the host.
 """
 
 from __future__ import annotations
@@ -167,7 +169,35 @@ def check_fp8_native(device) -> list[str]:
     return problems
 
 
-def profile(name: str, k: int, n: int, tokens: int, device) -> None:
+# Kernel name fragments -> phase of a quantized layer's step (first match wins).
+PHASES = (
+    ("amax", ("_abs_max_kernel",)),
+    ("quantize rows", ("_quantize_rows_kernel",)),
+    ("quantize rht_t", ("_rht_kernel",)),
+    ("codes -> values", ("_block_values_kernel",)),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90", "scaled_mm")),
+    ("fp8 quantize", ("fp8",)),
+)
+STEPS = 10
+
+
+def _phase(kernel: str) -> str:
+    lower = kernel.lower()
+    for phase, fragments in PHASES:
+        if any(f.lower() in lower for f in fragments):
+            return phase
+    return "other (casts, scales, copies)"
+
+
+def _device_us(event) -> float:
+    for attr in ("device_time_total", "cuda_time_total"):
+        value = getattr(event, attr, None)
+        if value is not None:
+            return float(value)
+    return 0.0
+
+
+def _profiled(name: str, k: int, n: int, tokens: int, device):
     layer = make_layer(k, n, make_recipe(name), device)
     x = torch.randn(tokens, k, device=device, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(tokens, n, device=device, dtype=torch.bfloat16)
@@ -175,11 +205,34 @@ def profile(name: str, k: int, n: int, tokens: int, device) -> None:
         layer(x).backward(dy)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(10):
+        for _ in range(STEPS):
             layer(x).backward(dy)
         torch.cuda.synchronize()
-    print(f"\n{name} {k}->{n}: CUDA kernels over 10 fwd+bwd steps")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
+    return prof.key_averages()
+
+
+def phase_breakdown(name: str, k: int, n: int, tokens: int, device) -> dict:
+    """Device time per phase of one fwd+bwd step (ms), from the kernels the profiler saw.
+
+    The sum is GPU busy time; the gap to the measured step time is time the GPU waited (host syncs,
+    launch latency)."""
+    totals: dict[str, float] = {}
+    launches: dict[str, int] = {}
+    for event in _profiled(name, k, n, tokens, device):
+        phase = _phase(event.key)
+        totals[phase] = totals.get(phase, 0.0) + _device_us(event) / 1e3 / STEPS
+        launches[phase] = launches.get(phase, 0) + event.count // STEPS
+    print(f"\n{name} {k}->{n}, {tokens} tokens: device time per fwd+bwd step by phase")
+    for phase, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"  {phase:<30} {ms:8.3f} ms  {launches[phase]:3d} launches")
+    print(f"  {'total (GPU busy)':<30} {sum(totals.values()):8.3f} ms")
+    return {"recipe": name, "shape": f"{k}->{n}", "ms_per_step": totals, "launches_per_step": launches}
+
+
+def profile(name: str, k: int, n: int, tokens: int, device) -> None:
+    events = _profiled(name, k, n, tokens, device)
+    print(f"\n{name} {k}->{n}: CUDA kernels over {STEPS} fwd+bwd steps")
+    print(events.table(sort_by="device_time_total", row_limit=25))
 
 
 def main() -> int:
@@ -233,6 +286,11 @@ def main() -> int:
                 f" {ratio:>7} {r['tflops']:8.0f} {r['peak_mib']:9.0f} {r['saved_mib']:10.1f}"
                 f"  {'<= ' + str(target) if target else ''} {verdict}"
             )
+    breakdown = []
+    if "nvfp4" in names:  # bf16's GEMM time is the yardstick for the emulated GEMMs (FP32 outputs)
+        breakdown = [
+            phase_breakdown(r, k, n, args.tokens, device) for k, n in SHAPES for r in ("bf16", "nvfp4")
+        ]
     if args.profile:
         profile(args.profile, *SHAPES[0], args.tokens, device)
     if args.out:
@@ -242,6 +300,7 @@ def main() -> int:
             "native_fp8_blockwise": blockwise,
             "problems": problems,
             "rows": rows,
+            "nvfp4_phases": breakdown,
         }
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)

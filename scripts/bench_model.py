@@ -6,18 +6,23 @@ time goes at the shapes of ``hybrid-350m`` (d_model 1024, Mamba 32 heads x 64, s
 at sequence 2048, under BF16 autocast as the trainer runs it.
 
 Checks first, exit 1 on a mismatch (relative error of values and gradients, BF16 tolerance):
-  - one Mamba-2 layer with the fast paths (Triton SSD when it imports, compiled conv) against the
-    reference paths (chunked PyTorch SSD, eager conv), on packed documents;
+  - one Mamba-2 layer and one MLP layer with the fast paths (Triton SSD when it imports, Triton conv,
+    torch.compile'd glue: norms, gate, D skip, dt, squared ReLU) against the reference paths (chunked
+    PyTorch SSD, eager conv, eager glue), on packed documents;
+  - the chunked LM head + cross-entropy (``HybridLM.loss``) against the cross-entropy of full logits;
   - generation on the GPU: prefill + decode logits against the full forward.
 
 Then times (CUDA events, median of --iters after warm-up):
   - each block type (RMSNorm + mixer + residual): Mamba-2, attention, MLP: forward and forward + backward;
-  - inside the Mamba-2 layer: the two projections, the conv, the SSD scan, and the scan's share;
-  - the whole model: forward + backward with the loss, tokens/s and MFU (dense BF16 peak).
+  - inside the Mamba-2 layer: the two projections, the conv, the SSD scan, the gated norm with the D
+    skip, and the scan's share;
+  - the whole model, forward + backward (no optimizer step), tokens/s and MFU (dense BF16 peak): with
+    the chunked loss (``HybridLM.loss``) and with the cross-entropy of full FP32 logits.
 
 Usage:
     python scripts/bench_model.py                          # hybrid-350m, batch 8, sequence 2048
     python scripts/bench_model.py --packed --compile       # documents of ~512 tokens; torch.compile blocks
+    python scripts/bench_model.py --preset peer158m        # the 158M NemotronH config of the peer benchmark
     python scripts/bench_model.py --recipe nvfp4           # GEMMs under a precision recipe
     python scripts/bench_model.py --markdown BENCHMARKS.md # append the tables to BENCHMARKS.md
 """
@@ -28,17 +33,34 @@ import argparse
 import datetime
 import statistics
 import sys
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 
+from inkling_fp4.model.compiled import reference_glue
 from inkling_fp4.model.config import ModelConfig
-from inkling_fp4.model.conv import conv_silu, fused_conv_silu
 from inkling_fp4.model.hybrid import Block, HybridLM
+from inkling_fp4.model.mamba2 import conv_silu_for
+from inkling_fp4.model.norm import skip_gated_rms_norm
 from inkling_fp4.model.packing import Packing
 from inkling_fp4.model.ssd import load_triton_ssd, ssd
 
 KINDS = {"M": "Mamba-2", "*": "attention", "-": "MLP"}
+PEER_158M = dict(
+    pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-",
+    vocab_size=32768,
+    d_model=768,
+    n_heads=12,
+    n_kv_heads=4,
+    ffn_dim=3072,
+    mamba_heads=24,
+    mamba_head_dim=64,
+    n_groups=2,
+    d_state=128,
+    chunk_size=64,
+)
+"""Hugging Face NemotronH 158M, the peer benchmark's config (126K tokens/s on the H200 at 8 x 2048)."""
 
 
 def time_ms(fn, iters: int, warmup: int = 3) -> float:
@@ -73,31 +95,66 @@ def packed_doc_ids(batch: int, seq: int, doc_len: int, device) -> torch.Tensor:
     return docs.to(device)
 
 
-def check_mamba_fast_paths(cfg: ModelConfig, device) -> list[str]:
-    """Mamba-2 layer, fast vs reference paths, values and gradients. Returns failure messages."""
-    torch.manual_seed(0)
-    block = Block("M", cfg, 0).to(device)
-    x = torch.randn(2, 1024, cfg.d_model, device=device)
-    packing = Packing.from_doc_ids(packed_doc_ids(2, 1024, 300, device))
-    dy = torch.randn_like(x)
-    results = {}
-    for impl in ("fast", "reference"):
-        block.mixer.ssd_impl = "auto" if impl == "fast" else "reference"
-        block.mixer.conv_impl = "compiled" if impl == "fast" else "reference"
-        block.zero_grad(set_to_none=True)
-        xi = x.clone().requires_grad_()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = block(xi, packing)
-        y.backward(dy)
-        results[impl] = [("output", y), ("dx", xi.grad)] + [(n, p.grad) for n, p in block.named_parameters()]
+def check_fast_paths(cfg: ModelConfig, device) -> list[str]:
+    """Mamba-2 and MLP layers, fast vs reference paths, values and gradients. Returns failure messages."""
     failures = []
-    for (name, fast), (_, ref) in zip(results["fast"], results["reference"], strict=True):
-        err = rel_err(fast, ref)
-        ok = err < 2e-2
-        print(f"  check mamba {name:<24s} rel err {err:.2e} {'ok' if ok else 'MISMATCH'}")
-        if not ok:
-            failures.append(f"mamba {name}: rel err {err:.2e}")
+    for kind in "M-":
+        torch.manual_seed(0)
+        block = Block(kind, cfg, 0).to(device)
+        x = torch.randn(2, 1024, cfg.d_model, device=device)
+        packing = Packing.from_doc_ids(packed_doc_ids(2, 1024, 300, device))
+        dy = torch.randn_like(x)
+        results = {}
+        for impl in ("fast", "reference"):
+            if kind == "M":
+                block.mixer.ssd_impl = "auto" if impl == "fast" else "reference"
+                block.mixer.conv_impl = "auto" if impl == "fast" else "reference"
+            block.zero_grad(set_to_none=True)
+            xi = x.clone().requires_grad_()
+            with (
+                torch.autocast("cuda", dtype=torch.bfloat16),
+                reference_glue() if impl == "reference" else nullcontext(),
+            ):
+                y = block(xi, packing)
+            y.backward(dy)
+            results[impl] = [("output", y), ("dx", xi.grad)] + [
+                (n, p.grad) for n, p in block.named_parameters()
+            ]
+        for (name, fast), (_, ref) in zip(results["fast"], results["reference"], strict=True):
+            err = rel_err(fast, ref)
+            ok = err < 2e-2
+            print(f"  check {KINDS[kind]} {name:<24s} rel err {err:.2e} {'ok' if ok else 'MISMATCH'}")
+            if not ok:
+                failures.append(f"{KINDS[kind]} {name}: rel err {err:.2e}")
     return failures
+
+
+def check_chunked_loss(device) -> list[str]:
+    """HybridLM.loss (chunked head + CE) against the CE of full logits, value and gradients."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(pattern="M*-", d_model=256, ffn_dim=1024, mamba_heads=8, mamba_head_dim=64, d_state=64)
+    model = HybridLM(cfg).to(device)
+    ids = torch.randint(0, cfg.vocab_size, (2, 1000), device=device)
+    targets = torch.randint(0, cfg.vocab_size, (2, 1000), device=device)
+    mask = torch.rand(2, 1000, device=device) > 0.1
+    out = {}
+    for impl in ("chunked", "full"):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            if impl == "chunked":
+                loss = model.loss(ids, targets, loss_mask=mask, chunk_tokens=512)
+            else:
+                ce = F.cross_entropy(model(ids).flatten(0, 1).float(), targets.flatten(), reduction="none")
+                loss = (ce * mask.flatten()).sum()
+        loss.backward()
+        out[impl] = [("loss", loss.detach())] + [(n, p.grad) for n, p in model.named_parameters()]
+    worst_name, worst = max(
+        ((n, rel_err(a, b)) for (n, a), (_, b) in zip(out["chunked"], out["full"], strict=True)),
+        key=lambda t: t[1],
+    )
+    ok = worst < 2e-2
+    print(f"  check chunked loss (worst: {worst_name}) rel err {worst:.2e} {'ok' if ok else 'MISMATCH'}")
+    return [] if ok else [f"chunked loss {worst_name}: rel err {worst:.2e}"]
 
 
 def check_generation(device) -> list[str]:
@@ -173,7 +230,9 @@ def bench_mamba_parts(cfg, args, device, packing) -> list[tuple[str, float, floa
     Bm = torch.randn(B, L, G, N, **bf, requires_grad=True)
     Cm = torch.randn(B, L, G, N, **bf, requires_grad=True)
     seg = None if packing is None else packing.seg
-    conv = conv_silu if mixer.conv_impl == "reference" else fused_conv_silu()
+    conv = conv_silu_for(mixer.conv_impl, xbc)
+    y = torch.randn(B, L, H, P, **bf, requires_grad=True)
+    z = torch.randn(B, L, cfg.d_inner, **bf, requires_grad=True)
 
     def proj(u, h):
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -185,11 +244,15 @@ def bench_mamba_parts(cfg, args, device, packing) -> list[tuple[str, float, floa
     def conv_fn(xbc):
         return conv(xbc, mixer.conv_weight, mixer.conv_bias, seg)
 
+    def gated_norm(y, x, z):
+        return skip_gated_rms_norm(y, x, mixer.D, z, mixer.norm.weight, G, mixer.norm.eps)
+
     rows = []
     for name, fn, inputs in (
         ("Mamba-2: in_proj + out_proj", proj, (u, h)),
         ("Mamba-2: conv + SiLU", conv_fn, (xbc,)),
         ("Mamba-2: SSD scan", scan, (x, dt, A, Bm, Cm)),
+        ("Mamba-2: D skip + gated norm", gated_norm, (y, x, z)),
     ):
         torch.cuda.reset_peak_memory_stats()
         t_f = time_ms(lambda fn=fn, inputs=inputs: fn(*inputs), args.iters)
@@ -198,17 +261,25 @@ def bench_mamba_parts(cfg, args, device, packing) -> list[tuple[str, float, floa
     return rows
 
 
-def bench_model(cfg, args, device, doc_ids):
+def bench_model(cfg, args, device, doc_ids, chunked: bool):
+    """Whole model forward + backward (no optimizer step), loss by ``HybridLM.loss`` (chunked head +
+    CE) or by the cross-entropy of full FP32 logits."""
     model = HybridLM(cfg).to(device)
     if args.policy is not None:
         args.policy.apply(model)
-    run_model = torch.compile(model) if args.compile else model
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), device=device)
+    if args.compile:
+        loss_fn = torch.compile(model.loss) if chunked else torch.compile(model)
+    else:
+        loss_fn = model.loss if chunked else model
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = run_model(ids, doc_ids=doc_ids)
-        F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten()).backward()
+            if chunked:
+                loss = loss_fn(ids, ids, doc_ids)
+            else:
+                loss = F.cross_entropy(loss_fn(ids, doc_ids=doc_ids).flatten(0, 1).float(), ids.flatten())
+        loss.backward()
         model.zero_grad(set_to_none=True)
 
     torch.cuda.reset_peak_memory_stats()
@@ -220,7 +291,7 @@ def bench_model(cfg, args, device, doc_ids):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="hybrid-350m")
+    parser.add_argument("--preset", default="hybrid-350m", help="a model preset, or peer158m")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--iters", type=int, default=20)
@@ -237,7 +308,7 @@ def main() -> int:
         print("bench_model.py needs a CUDA device", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    cfg = ModelConfig(preset=args.preset)
+    cfg = ModelConfig(**PEER_158M) if args.preset == "peer158m" else ModelConfig(preset=args.preset)
     args.policy = None
     if args.recipe != "bf16":
         from inkling_fp4.precision.config import PrecisionConfig
@@ -250,7 +321,7 @@ def main() -> int:
     kernel = "triton" if load_triton_ssd() else "reference only"
     print(f"{name}, torch {torch.__version__}, SSD kernel: {kernel}")
     print("checks:")
-    failures = check_mamba_fast_paths(cfg, device) + check_generation(device)
+    failures = check_fast_paths(cfg, device) + check_chunked_loss(device) + check_generation(device)
 
     doc_ids = packed_doc_ids(args.batch, args.seq, args.doc_len, device) if args.packed else None
     packing = Packing.from_doc_ids(doc_ids)
@@ -276,11 +347,14 @@ def main() -> int:
         f"SSD scan share of the Mamba-2 layer (forward + backward): {100 * scan_fb / mamba_fb:.0f}%",
     ]
     if not args.skip_model:
-        ms, tps, mfu, mem, n_params = bench_model(cfg, args, device, doc_ids)
-        lines += [
-            f"Whole model ({n_params / 1e6:.0f}M parameters) forward + backward + loss: {ms:.1f} ms, "
-            f"{tps:,.0f} tokens/s, MFU {100 * mfu:.1f}% of 989 TFLOP/s, peak {mem:.1f} GiB",
-        ]
+        for chunked in (True, False):
+            ms, tps, mfu, mem, n_params = bench_model(cfg, args, device, doc_ids, chunked)
+            loss = "chunked head + CE (HybridLM.loss)" if chunked else "CE of full FP32 logits"
+            lines += [
+                f"Whole model ({n_params / 1e6:.0f}M parameters) forward + backward, {loss}: {ms:.1f} ms, "
+                f"{tps:,.0f} tokens/s, MFU {100 * mfu:.1f}% of 989 TFLOP/s, peak {mem:.1f} GiB",
+            ]
+            torch.cuda.empty_cache()
     print("\n".join(lines))
     if args.markdown:
         with open(args.markdown, "a") as f:

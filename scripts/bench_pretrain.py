@@ -48,7 +48,6 @@ from inkling_fp4.precision.config import PrecisionConfig
 from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.train import distributed as D
 from inkling_fp4.train.config import OptimConfig
-from inkling_fp4.train.evaluate import masked_cross_entropy
 from inkling_fp4.train.flops import mfu, peak_flops
 from inkling_fp4.train.optimizer import build_optimizer, set_lr
 
@@ -151,9 +150,8 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
             docs = docs.to(device) if docs is not None else None
             sync = j == accum - 1
             with train_model.no_sync() if dist.active and not sync else contextlib.nullcontext():
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    logits_BLV = train_model(ids, doc_ids=docs)
-                part = masked_cross_entropy(logits_BLV, tgt, mask)
+                with torch.autocast("cuda", dtype=torch.bfloat16):  # chunked CE, as the trainer does
+                    part = train_model(ids, doc_ids=docs, targets=tgt, loss_mask=mask)
                 (part * (dist.world_size / n_tok)).backward()
             loss_sum += part.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

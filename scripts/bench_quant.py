@@ -51,10 +51,10 @@ from inkling_fp4.numerics.kernels.nvfp4_rht import quantize_rht_t_tiles, rht_t_a
 TARGETS = {"quantize 1d rn (pass)": 0.70, "rht_t sr (pass)": 0.55}
 # (block_m, block_n, num_warps) for the row quantizer; (block_n, groups, num_warps) for the RHT kernel;
 # (block_m, block_n, steps, num_warps) for the amax pass; (block_n, groups, num_warps) for the RHT amax.
-ROW_CONFIGS = [(16, 256, 4), (8, 256, 2), (32, 256, 8), (32, 256, 4), (16, 512, 4), (64, 256, 16)]
-RHT_CONFIGS = [(256, 1, 4), (128, 2, 4), (256, 2, 8), (64, 2, 2), (512, 1, 8), (128, 4, 4), (256, 4, 8)]
-AMAX_CONFIGS = [(32, 256, 8, 8), (64, 256, 8, 8), (32, 512, 4, 8), (16, 256, 16, 4), (32, 256, 32, 8)]
-RHT_AMAX_CONFIGS = [(256, 8, 4), (128, 8, 4), (256, 16, 4), (512, 8, 8), (256, 32, 4)]
+ROW_CONFIGS = [(8, 256, 2), (16, 256, 4), (4, 256, 1), (8, 128, 1), (8, 512, 4), (4, 512, 2), (16, 256, 2)]
+RHT_CONFIGS = [(64, 2, 2), (128, 2, 4), (32, 2, 1), (64, 4, 2), (32, 4, 1), (64, 1, 2), (128, 1, 4)]
+AMAX_CONFIGS = [(64, 256, 8, 8), (32, 256, 8, 8), (64, 256, 4, 8), (128, 256, 4, 8), (64, 512, 4, 8)]
+RHT_AMAX_CONFIGS = [(256, 8, 4), (128, 8, 2), (256, 4, 4), (64, 8, 2), (128, 16, 4)]
 SEED = 2**40 + 12345
 
 
@@ -128,6 +128,9 @@ def check_stochastic(report: Report, name: str, got: nvfp4.NVFP4Tensor, y: torch
 def run_checks(report: Report, x: torch.Tensor) -> None:
     print("checks against the torch reference (same GPU):")
     ref = nvfp4.quantize_ref(x)
+    x_amax, rht_amax = triton_nvfp4.abs_max_pair(x)
+    report.check("abs_max_pair: amax of x", *_same(x_amax, ref.amax))
+    report.check("abs_max_pair: amax of rht(x.t())", *_same(rht_amax, nvfp4.quantize_rht_t_ref(x).amax))
     check_exact(report, "quantize 1d rn", triton_nvfp4.quantize(x), ref)
     check_exact(
         report, "quantize 2d rn", triton_nvfp4.quantize(x, block_2d=True), nvfp4.quantize_ref(x, True)
@@ -187,6 +190,7 @@ def bench_kernels(report: Report, x: torch.Tensor, rep: int) -> None:
         ("values+codes 1d rn (pass)", rows(codes=codes, scales=scales, values=values), 2 * read + packed),
         ("block values from codes", lambda: block_values_from_codes(codes, scales, values), packed + read),
         ("rht_t amax", lambda: rht_t_abs_max(x, bits), read),
+        ("rht_t amax + x amax (one read)", lambda: rht_t_abs_max(x, bits, with_x_amax=True), read),
         ("rht_t rn (pass)", rht(**t_packed_out), read + packed),
         ("rht_t sr (pass)", rht(seed=SEED, **t_packed_out), read + packed),
         ("rht_t sr (total)", lambda: triton_nvfp4.quantize_rht_t(x, stochastic=True), 2 * read + packed),
@@ -266,6 +270,9 @@ def sweep(report: Report, x: torch.Tensor, rep: int) -> None:
         cfg = f"n{bn} g{groups} w{w}"
         report.check(f"rht_t amax {cfg}", *_same(rht_t_abs_max(x, bits, **kw), rht_amax))
         report.time("rht_t amax", lambda kw=kw: rht_t_abs_max(x, bits, **kw), read, cfg)
+        kw["with_x_amax"] = True
+        report.check(f"rht_t amax + x amax {cfg}", *_same(rht_t_abs_max(x, bits, **kw)[1:], amax))
+        report.time("rht_t amax + x amax (one read)", lambda kw=kw: rht_t_abs_max(x, bits, **kw), read, cfg)
 
 
 def main() -> int:

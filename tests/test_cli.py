@@ -69,3 +69,26 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
     assert proc.returncode == 2
     line = _one_line_error(proc.stderr.strip())
     assert "log.wandb" in line and "true or false" in line
+
+
+def test_tokenizer_command_trains_and_saves(monkeypatch, capsys, tmp_path):
+    """`fp4train tokenizer` trains a BPE on local files; the saved file loads with that vocabulary."""
+    from inkling_fp4.data.tokenizer import Tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"def f{i}(x):\n    return x * {i} + {i * i}" for i in range(300)))
+    monkeypatch.setattr(sys, "argv", ["fp4train", "tokenizer", str(tmp_path / "tok"), "--source",
+                                      str(corpus), "--vocab-size", "600"])  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code in (0, None)
+    tok = Tokenizer.load(str(tmp_path / "tok" / "tokenizer.json"))
+    assert 256 < tok.vocab_size <= 600
+    assert tok.decode(tok.encode("def f7(x):")) == "def f7(x):"
+
+
+def test_tokenizer_command_missing_source(monkeypatch, capsys, tmp_path):
+    code, err = _cli(["tokenizer", str(tmp_path / "t"), "--source", str(tmp_path / "nope.jsonl")],
+                     monkeypatch, capsys)  # fmt: skip
+    line = _one_line_error(err)
+    assert code == 2 and "nope.jsonl" in line

@@ -259,6 +259,26 @@ def test_interp_fake_quantize_and_block_values():
 
 
 @interpreted
+def test_interp_abs_max_pair_serves_both_quantizers():
+    """One read of x gives max |x| and max |rht(x.t())|; quantizing with them equals quantizing alone."""
+    seed = _seed()
+    x = rht_exact((48, 32), torch.bfloat16, seed)
+    signs = rht_signs("random", seed % 1000)
+    amax_x, amax_t = triton_nvfp4.abs_max_pair(x, signs)
+    ref_rows, ref_t = nvfp4.quantize_ref(x), nvfp4.quantize_rht_t_ref(x, signs)
+    assert torch.equal(amax_x, ref_rows.amax) and torch.equal(amax_t, ref_t.amax), f"seed={seed}"
+    rows = triton_nvfp4.fake_quantize(x, keep_codes=True, amax=amax_x)
+    assert_same(rows.quantized, ref_rows, "rows with a shared amax")
+    cols = triton_nvfp4.fake_quantize_rht_t(x, signs, keep_codes=True, dtype=None, amax=amax_t)
+    assert cols.values is None
+    assert_same(cols.quantized, ref_t, "rht_t codes only, with a shared amax")
+    x[5, 3] = float("nan")
+    assert all(torch.isinf(a) for a in triton_nvfp4.abs_max_pair(x)), "NaN must surface in both amaxes"
+    bad = triton_nvfp4.fake_quantize(x, check_finite=False)  # the caller checks the amax later
+    assert torch.isinf(bad.amax)
+
+
+@interpreted
 def test_interp_stochastic_rounding():
     seed = _seed()
     x = normal((64, 64), torch.bfloat16, seed)
@@ -372,3 +392,15 @@ def test_gpu_stochastic_and_dispatch():
     x[0, 0] = float("nan")
     with pytest.raises(NumericsError):
         nvfp4.quantize(x.cuda())
+
+
+@pytest.mark.gpu
+@on_gpu
+def test_gpu_seed_follows_cuda_generator_state():
+    """Seeds from a CUDA generator come from its host-side (seed, offset): fresh per draw, replayed
+    after ``manual_seed``, no device read."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    first = [triton_nvfp4._draw_seed(gen) for _ in range(3)]
+    assert len(set(first)) == 3 and all(2**32 <= s < 2**62 for s in first)
+    gen.manual_seed(5)
+    assert [triton_nvfp4._draw_seed(gen) for _ in range(3)] == first

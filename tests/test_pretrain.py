@@ -150,13 +150,13 @@ def test_forward_only_switch_keeps_backward_quantized():
 
 
 def test_monitor_catches_injected_nan_and_spike(train, monkeypatch):
-    real = loop.masked_cross_entropy
+    from inkling_fp4.model.hybrid import HybridLM
+
+    real = HybridLM.loss  # the training loss (evaluation goes through the logits instead)
     calls = {"train": 0}
 
-    def faulty(logits, targets, mask):
-        out = real(logits, targets, mask)
-        if not torch.is_grad_enabled():  # evaluation
-            return out
+    def faulty(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
         calls["train"] += 1
         if calls["train"] == 8:
             return out * float("nan")
@@ -164,7 +164,7 @@ def test_monitor_catches_injected_nan_and_spike(train, monkeypatch):
             return out * 50.0
         return out
 
-    monkeypatch.setattr(loop, "masked_cross_entropy", faulty)
+    monkeypatch.setattr(HybridLM, "loss", faulty)
     _, steps, events, _ = train("monitor", "precision.switch_to_bf16=never", "monitor.max_triggers=2")
     kinds = {e["event"]: e["step"] for e in events}
     assert kinds["nonfinite"] == 8 and kinds["loss_spike"] == 14
@@ -207,22 +207,23 @@ def test_corrupt_checkpoint_falls_back_to_previous(train, capsys):
 
 
 def test_sigint_checkpoints_and_resumes(train, monkeypatch):
-    real = loop.masked_cross_entropy
+    from inkling_fp4.model.hybrid import HybridLM
+
+    real = HybridLM.loss  # called once per training micro batch
     calls = {"n": 0}
 
-    def interrupting(logits, targets, mask):
-        if torch.is_grad_enabled():
-            calls["n"] += 1
-            if calls["n"] == 6:
-                os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C during step 6
-        return real(logits, targets, mask)
+    def interrupting(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C during step 6
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "masked_cross_entropy", interrupting)
+    monkeypatch.setattr(HybridLM, "loss", interrupting)
     run_dir, steps, events, _ = train("interrupted", "train.steps=10")
     assert steps[-1]["step"] == 6 and any(e["event"] == "interrupt" for e in events)
     assert (run_dir / "checkpoints" / "step_6" / "state.json").is_file()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
-    monkeypatch.setattr(loop, "masked_cross_entropy", real)
+    monkeypatch.setattr(HybridLM, "loss", real)
     _, steps, _, _ = train("interrupted", "train.steps=10", resume=True)
     assert [r["step"] for r in steps] == list(range(1, 11))
 

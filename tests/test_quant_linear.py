@@ -10,6 +10,7 @@ import torch
 
 from inkling_fp4.errors import NumericsError
 from inkling_fp4.numerics import hadamard, nvfp4
+from inkling_fp4.precision import finite_guard
 from inkling_fp4.precision.policy import RoundingRNG
 from inkling_fp4.precision.quant_linear import QuantLinear, quantized_forward
 from inkling_fp4.precision.recipes import (
@@ -283,9 +284,29 @@ def test_adversarial_inputs():
     assert torch.isfinite(y).all()
 
 
+def test_deferred_finite_check_names_the_first_bad_operand(monkeypatch):
+    finite_guard.discard()
+    finite_guard.record(torch.tensor(3.0), "operand 'a'")
+    finite_guard.record(torch.tensor(float("inf")), "operand 'b'")
+    finite_guard.record(torch.tensor(float("nan")), "operand 'c'")
+    with pytest.raises(NumericsError, match="operand 'b'.*2 quantized operand"):
+        finite_guard.raise_if_non_finite()
+    finite_guard.raise_if_non_finite()  # cleared
+    monkeypatch.setattr(finite_guard, "MAX_PENDING", 2)
+    finite_guard.record(torch.tensor(1.0), "operand 'd'")
+    with pytest.raises(NumericsError, match="operand 'e'"):  # checks by itself when the record is full
+        finite_guard.record(torch.tensor(float("nan")), "operand 'e'")
+    finite_guard.eager_checks(True)
+    try:
+        assert finite_guard.eager()
+    finally:
+        finite_guard.eager_checks(False)
+
+
 _FUSED_CHECK = """
 import torch
-from inkling_fp4.precision import gemm
+from inkling_fp4.errors import NumericsError
+from inkling_fp4.precision import finite_guard, gemm
 from inkling_fp4.precision.policy import RoundingRNG
 from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.precision.recipes import nvfp4_recipe
@@ -301,6 +322,19 @@ def run():
 
 assert gemm._fused_for(torch.zeros(1)) is not None
 fused = run()
+finite_guard.raise_if_non_finite()
+# NaN on the fused path: no error (and no sync) while quantizing, a named one at the check.
+m = QuantLinear(64, 48, layer_idx=3, name="probe")
+m.recipe = nvfp4_recipe()
+bad = torch.randn(32, 64)
+bad[1, 2] = float("nan")
+m(bad)
+try:
+    finite_guard.raise_if_non_finite()
+    raise SystemExit("NaN was not reported")
+except NumericsError as e:
+    assert "layers.3.probe x" in str(e), str(e)
+finite_guard.raise_if_non_finite()  # the record is cleared
 gemm._fused_for = lambda t: None
 reference = run()
 for a, b in zip(fused, reference, strict=True):

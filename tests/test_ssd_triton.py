@@ -103,6 +103,8 @@ def triton_fwd_bwd(inp, chunk, dy, dfinal):
 
 
 def check_against_reference(seed, inp, chunk, tol, tol_dA=None):
+    """NOTE dA sums every position's contribution and those partly cancel, so its relative error is
+    the FP32 rounding amplified by that cancellation: it gets its own, looser limit."""
     gen = torch.Generator().manual_seed(seed + 1)
     x = inp["x"]
     dy = torch.randn(x.shape, generator=gen).to(x.device)
@@ -247,7 +249,9 @@ def test_each_kernel_matches_its_twin():
 )
 def test_fp32_matches_reference(shape, chunk, docs, init):
     seed = random.randrange(2**31)
-    check_against_reference(seed, make_inputs(seed, *shape, docs=docs, init=init, chunk=chunk), chunk, 2e-5)
+    check_against_reference(
+        seed, make_inputs(seed, *shape, docs=docs, init=init, chunk=chunk), chunk, 2e-5, tol_dA=2e-4
+    )
 
 
 @interpreted
@@ -267,9 +271,9 @@ def test_extreme_decay_and_single_token():
     inp["A"] = torch.tensor([-60.0, -1e-4])  # exp underflows to 0 within a step / almost no decay
     inp["dt"][:, :8] = 0.0  # dt = 0: neither decays nor feeds the state
     # G reaches -1e3 within a chunk: its FP32 differences G_t - G_s carry ~1e-5 absolute error.
-    check_against_reference(seed, inp, 16, 5e-5)
+    check_against_reference(seed, inp, 16, 5e-5, tol_dA=5e-4)
     one = make_inputs(seed, 2, 1, 2, 1, 16, 16, init=True)
-    check_against_reference(seed, one, 16, 2e-5)
+    check_against_reference(seed, one, 16, 2e-5, tol_dA=2e-4)
 
 
 @interpreted

@@ -68,6 +68,20 @@ def pretrain(
         typer.echo(f"run directory: {out}")
 
 
+@app.command()
+def tokenizer(
+    out: Path = typer.Argument(..., help="Where to save tokenizer.json (a file or a folder)."),
+    source: str = typer.Option("builtin", help="Text source: builtin, local files / globs, or a hub name."),
+    vocab_size: int = typer.Option(4096, help="Vocabulary size, special tokens included."),
+    text_field: str = typer.Option("text", help="Field holding the text in structured sources."),
+    max_documents: int = typer.Option(None, help="Train on at most this many documents."),
+) -> None:
+    """Train a byte-level BPE tokenizer on a source; use it with data.tokenizer=PATH."""
+    from inkling_fp4.data.bpe_training import train_tokenizer_command
+
+    typer.echo(train_tokenizer_command(source, vocab_size, out, text_field, max_documents))
+
+
 def _comma_list(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 

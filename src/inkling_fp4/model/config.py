@@ -59,7 +59,8 @@ class ModelConfig:
     ssd_impl: str = "auto"
     """SSD scan implementation: auto (Triton on CUDA when available), triton, or reference."""
     conv_impl: str = "auto"
-    """Mamba-2 conv: auto (torch.compile'd on CUDA, eager on CPU), compiled, or reference (eager)."""
+    """Mamba-2 conv: auto (the Triton kernel on CUDA, eager on CPU), triton, compiled (torch.compile of
+    the reference), or reference (eager)."""
 
     def __init__(self, **values):
         names = [f.name for f in dataclasses.fields(ModelConfig)]
@@ -116,8 +117,10 @@ class ModelConfig:
             )
         if self.ssd_impl not in ("auto", "triton", "reference"):
             raise ValueError(f"model.ssd_impl must be auto, triton or reference, not '{self.ssd_impl}'")
-        if self.conv_impl not in ("auto", "compiled", "reference"):
-            raise ValueError(f"model.conv_impl must be auto, compiled or reference, not '{self.conv_impl}'")
+        if self.conv_impl not in ("auto", "triton", "compiled", "reference"):
+            raise ValueError(
+                f"model.conv_impl must be auto, triton, compiled or reference, not '{self.conv_impl}'"
+            )
 
     @property
     def n_layers(self) -> int:

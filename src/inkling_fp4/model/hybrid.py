@@ -17,6 +17,11 @@ Initialisation (Megatron's conventions for Nemotron-H):
 - norm gains 1; the Mamba-2 SSM parameters (A_log, dt_bias, D, conv) as in
   :mod:`inkling_fp4.model.mamba2`.
 
+Training loss: ``loss(input_ids, targets, doc_ids, loss_mask)`` is the summed FP32 cross-entropy of the
+logits without ever holding them (the LM head and the loss run in chunks of tokens, see
+:mod:`inkling_fp4.model.loss`); ``forward_hidden`` gives the final-normed hidden states it starts from.
+``forward`` still returns full logits (evaluation, generation, tests).
+
 Generation: ``allocate_cache`` then ``prefill`` with right-padded prompts and their lengths, then
 ``decode_step`` per token. Both return the next-token logits of each sequence [B, V] and run without
 autograd. See :mod:`inkling_fp4.model.cache` for how padding is kept out of the state.
@@ -36,6 +41,7 @@ from inkling_fp4.model import flops
 from inkling_fp4.model.attention import Attention
 from inkling_fp4.model.cache import InferenceCache
 from inkling_fp4.model.config import ModelConfig
+from inkling_fp4.model.loss import DEFAULT_CHUNK_TOKENS, chunked_cross_entropy
 from inkling_fp4.model.mamba2 import Mamba2Mixer
 from inkling_fp4.model.mlp import MLP
 from inkling_fp4.model.norm import RMSNorm
@@ -94,13 +100,43 @@ class HybridLM(nn.Module):
             for proj in block.mixer.output_projections():
                 nn.init.normal_(proj.weight, 0.0, std / math.sqrt(2 * self.cfg.n_layers))
 
-    def forward(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids: [B, L] int64; doc_ids: [B, L] (packed documents) or None -> logits [B, L, V]."""
+    def forward_hidden(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids: [B, L] int64; doc_ids: [B, L] or None -> the final-normed hidden states [B, L, D]."""
         packing = Packing.from_doc_ids(doc_ids, attention="*" in self.cfg.pattern)
         x = self.embed(input_ids)  # [B, L, D]
         for block in self.layers:
             x = block(x, packing)
-        return self.lm_head(self.norm_f(x))  # [B, L, V]
+        return self.norm_f(x)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        doc_ids: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+        loss_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids: [B, L] int64; doc_ids: [B, L] (packed documents) or None -> logits [B, L, V].
+
+        With ``targets`` [B, L] it returns :meth:`loss` instead (the summed masked cross-entropy,
+        without full logits): training calls it through ``forward`` so that DDP / FSDP wrappers,
+        which hook ``forward``, see the whole computation.
+        """
+        if targets is not None:
+            return self.loss(input_ids, targets, doc_ids, loss_mask)
+        return self.lm_head(self.forward_hidden(input_ids, doc_ids))  # [B, L, V]
+
+    def loss(
+        self,
+        input_ids: torch.Tensor,
+        targets: torch.Tensor,
+        doc_ids: torch.Tensor | None = None,
+        loss_mask: torch.Tensor | None = None,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    ) -> torch.Tensor:
+        """Sum of the FP32 cross-entropy over the positions ``loss_mask`` [B, L] keeps (all when None):
+        the same value as a masked cross-entropy of ``forward``'s logits, without materialising them."""
+        hidden = self.forward_hidden(input_ids, doc_ids)  # [B, L, D]
+        return chunked_cross_entropy(hidden, self.lm_head.weight, targets, loss_mask, chunk_tokens)
 
     # --- accounting -------------------------------------------------------------------------
 

@@ -21,6 +21,11 @@ A_log, D and dt_bias are FP32 parameters flagged ``_no_weight_decay = True`` (th
 read by the optimizer, which also exempts every 1-D parameter): decaying A_log towards 0 would pull
 every head towards the same decay rate.
 
+Fast paths on CUDA, each beside its reference: the conv + SiLU is a Triton kernel
+(:mod:`~inkling_fp4.model.conv_triton`) that reads x||B||C as a strided view of in_proj's output; the dt
+path, and the D skip with the gated norm, are fused by ``torch.compile``
+(:mod:`~inkling_fp4.model.compiled`); x, B and C reach the scan as views of the conv output, no copies.
+
 Packed documents: at a document boundary both states restart. The SSD handles its state itself
 (``doc_ids``); the conv zeroes each tap that would reach back into a previous document (see
 :mod:`inkling_fp4.model.conv`).
@@ -38,12 +43,33 @@ import torch.nn.functional as F
 from torch import nn
 
 from inkling_fp4.model.cache import InferenceCache, MambaState
+from inkling_fp4.model.compiled import cuda_compiled
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.conv import conv_silu, fused_conv_silu
-from inkling_fp4.model.norm import GatedRMSNorm, at_least_fp32
+from inkling_fp4.model.norm import GatedRMSNorm, at_least_fp32, skip_gated_rms_norm
 from inkling_fp4.model.packing import Packing
 from inkling_fp4.model.ssd import ssd, ssd_step
 from inkling_fp4.precision.quant_linear import QuantLinear
+
+
+@cuda_compiled
+def dt_softplus(dt_raw: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """dt_raw: [..., H] (any dtype, a strided view is fine); dt_bias: [H] -> softplus(dt_raw + dt_bias)
+    in FP32 (or wider)."""
+    return F.softplus(at_least_fp32(dt_raw) + dt_bias)
+
+
+def conv_silu_for(impl: str, x: torch.Tensor):
+    """The conv + SiLU implementation for ``model.conv_impl`` and x's device."""
+    if torch.compiler.is_compiling():  # inside a compiled model the enclosing torch.compile fuses it
+        return conv_silu
+    if impl == "triton" or (impl == "auto" and x.is_cuda):
+        from inkling_fp4.model.conv_triton import conv_silu_triton
+
+        return conv_silu_triton
+    if impl == "compiled":
+        return fused_conv_silu()
+    return conv_silu
 
 
 class Mamba2Mixer(nn.Module):
@@ -95,7 +121,7 @@ class Mamba2Mixer(nn.Module):
     def _ssm_inputs(self, xBC: torch.Tensor, dt_raw: torch.Tensor):
         """Conv output (after SiLU) and raw dt -> x [.., H, P], B, C [.., G, N], dt [.., H] FP32."""
         x, B, C = xBC.split([self.d_inner, self.G * self.N, self.G * self.N], -1)
-        dt = F.softplus(at_least_fp32(dt_raw) + self.dt_bias)
+        dt = dt_softplus(dt_raw, self.dt_bias)  # [..., H]
         return (
             x.unflatten(-1, (self.H, self.P)),
             B.unflatten(-1, (self.G, self.N)),
@@ -105,18 +131,15 @@ class Mamba2Mixer(nn.Module):
 
     def _output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """y, x: [..., H, P]; z: [..., E] -> out_proj(norm((y + D x) * silu(z))) [..., D]."""
-        y = y + x * self.D[:, None]  # D skip per head, FP32
-        return self.out_proj(self.norm(y.flatten(-2), z))
+        h = skip_gated_rms_norm(y, x, self.D, z, self.norm.weight, self.G, self.norm.eps)  # [..., E]
+        return self.out_proj(h)
 
     def _mix(self, u: torch.Tensor, seg: torch.Tensor | None, valid: torch.Tensor | None):
         """The sequence path shared by forward and prefill. u: [B, L, D]; valid: [B, L] bool or None.
         Returns the output [B, L, D], the pre-conv inputs xBC [B, L, C] and the final SSM state."""
         zxbcdt = self.in_proj(u)  # [B, L, 2E + 2GN + H]
         z, xBC_in, dt_raw = self._split(zxbcdt)
-        fused = self.conv_impl == "compiled" or (self.conv_impl == "auto" and u.is_cuda)
-        # inside a compiled model the enclosing torch.compile fuses the plain conv already
-        conv = fused_conv_silu() if fused and not torch.compiler.is_compiling() else conv_silu
-        xBC = conv(xBC_in, self.conv_weight, self.conv_bias, seg)  # [B, L, C]
+        xBC = conv_silu_for(self.conv_impl, u)(xBC_in, self.conv_weight, self.conv_bias, seg)  # [B, L, C]
         x, B, C, dt = self._ssm_inputs(xBC, dt_raw)
         if valid is not None:
             dt = dt * valid[..., None]  # padded positions: no decay, no input (the state is untouched)

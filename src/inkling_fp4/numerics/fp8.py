@@ -17,11 +17,20 @@ overflows to Inf), and ``x · scale`` can exceed fp8_max by one rounding.
 128×128 blocks allow M not a multiple of 128: the last row tile is partial and takes the amax of
 the rows it has, so ``scale_inv`` is ``[ceil(M/128), N/128]``. The last dim must be a multiple of
 the block width. 1×bn blocks keep any leading dims (``scale_inv [..., N/bn]``); bm×bn tiles need 2-D x.
+
+On CUDA, ``quantize_tensorwise`` / ``quantize_blockwise`` / ``quantize_blockwise_t`` run the Triton
+kernels of ``numerics/kernels/fp8_quantize.py`` (same bits, scales computed on the device); the
+``*_ref`` functions here are the reference and the CPU path. ``check=False`` skips the finiteness
+test, the one host sync: a NaN/Inf input then shows as an Inf ``scale_inv`` (and a non-finite GEMM
+output) instead of an error.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
@@ -77,10 +86,10 @@ def _cast(v: torch.Tensor, fp8_max: float, dtype: torch.dtype) -> torch.Tensor:
     return v.clamp_(-fp8_max, fp8_max).to(dtype)
 
 
-def quantize_tensorwise(
+def quantize_tensorwise_ref(
     x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, name: str | None = None
 ) -> FP8Tensor:
-    """One FP32 scale for the whole tensor (current scaling)."""
+    """One FP32 scale for the whole tensor (current scaling); the torch reference."""
     op = "fp8.quantize_tensorwise"
     fp8_max = _fp8_max(dtype, op)
     checks.check_dtype(x, op=op, name=name)
@@ -91,7 +100,7 @@ def quantize_tensorwise(
     return FP8Tensor(data=_cast(xf * scale, fp8_max, dtype), scale_inv=scale_inv)
 
 
-def quantize_blockwise(
+def quantize_blockwise_ref(
     x: torch.Tensor,
     block: tuple[int, int] = (1, 128),
     dtype: torch.dtype = torch.float8_e4m3fn,
@@ -121,3 +130,94 @@ def quantize_blockwise(
         scale = scale.repeat_interleave(bm, dim=0)[: xf.shape[0]]  # [M, N/bn]
     scaled = (xf.unflatten(-1, (n // bn, bn)) * scale[..., None]).flatten(-2)
     return FP8BlockTensor(data=_cast(scaled, fp8_max, dtype), scale_inv=scale_inv, block=(bm, bn))
+
+
+def quantize_blockwise_t_ref(
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, name: str | None = None
+) -> FP8BlockTensor:
+    """xᵀ [N, M] in 1×128 blocks (along x's first dim, the tokens) for x: [M, N]; the reference."""
+    checks.check_input(x, op="fp8.quantize_blockwise_t", block=1, name=name, ndim=2)
+    return quantize_blockwise_ref(x.t().contiguous(), block=(1, 128), dtype=dtype, name=name)
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels() -> ModuleType | None:
+    """The Triton FP8 kernel module, or None without Triton."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    from inkling_fp4.numerics.kernels import fp8_quantize
+
+    return fp8_quantize
+
+
+def _rows_2d(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def quantize_tensorwise(
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, name: str | None = None, *, check: bool = True
+) -> FP8Tensor:
+    """One FP32 scale for the whole tensor; Triton on CUDA (two passes: amax, then cast)."""
+    kernels = _kernels() if x.is_cuda and x.dim() > 0 and x.numel() else None
+    if kernels is None:
+        return quantize_tensorwise_ref(x, dtype=dtype, name=name)
+    op = "fp8.quantize_tensorwise"
+    _fp8_max(dtype, op)
+    checks.check_dtype(x, op=op, name=name)
+    from inkling_fp4.numerics.kernels.amax import abs_max
+
+    x2 = _rows_2d(x)
+    amax = abs_max(x2)
+    out = kernels.quantize_fp8(x2, dtype, mode=kernels.MODE_TENSOR, amax=amax)
+    if check:
+        checks.check_finite(x, op=op, name=name, amax=amax)
+    return FP8Tensor(data=out["data"].view(x.shape), scale_inv=out["scale_inv"])
+
+
+def quantize_blockwise(
+    x: torch.Tensor,
+    block: tuple[int, int] = (1, 128),
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    name: str | None = None,
+    *,
+    check: bool = True,
+) -> FP8BlockTensor:
+    """Blockwise FP8 (see ``quantize_blockwise_ref``); Triton on CUDA for (1, 128) and (128, 128).
+
+    The kernel's 1×128 ``scale_inv`` is a transposed view (outer-dim major, what the GEMM reads).
+    """
+    kernels = _kernels() if x.is_cuda and block in ((1, 128), (128, 128)) else None
+    if kernels is None:
+        return quantize_blockwise_ref(x, block=block, dtype=dtype, name=name)
+    op = "fp8.quantize_blockwise"
+    _fp8_max(dtype, op)
+    checks.check_input(x, op=op, block=block[1], name=name, ndim=2 if block[0] > 1 else None)
+    mode = kernels.MODE_TILE if block[0] > 1 else kernels.MODE_BLOCKS
+    out = kernels.quantize_fp8(_rows_2d(x), dtype, mode=mode)
+    scale_inv = out["scale_inv"]
+    if check:
+        checks.check_finite(x, op=op, name=name, amax=scale_inv)
+    if block[0] == 1:
+        scale_inv = scale_inv.reshape(*x.shape[:-1], x.shape[-1] // block[1]) if x.dim() != 2 else scale_inv
+    return FP8BlockTensor(data=out["data"].view(x.shape), scale_inv=scale_inv, block=block)
+
+
+def quantize_blockwise_t(
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, name: str | None = None, *, check: bool = True
+) -> FP8BlockTensor:
+    """xᵀ [N, M] in 1×128 blocks along the tokens, for x: [M, N] (M % 128 == 0): the wgrad operands.
+
+    On CUDA one kernel reads x and writes xᵀ's codes, with no transposed copy of x.
+    """
+    kernels = _kernels() if x.is_cuda else None
+    if kernels is None:
+        return quantize_blockwise_t_ref(x, dtype=dtype, name=name)
+    op = "fp8.quantize_blockwise_t"
+    _fp8_max(dtype, op)
+    checks.check_input(x, op=op, block=1, name=name, ndim=2)
+    checks.check_rows(x, op=op, block=128, what="the blocked dim", name=name)
+    out = kernels.quantize_fp8(_rows_2d(x), dtype, mode=kernels.MODE_BLOCKS, rows=False, cols=True)
+    if check:
+        checks.check_finite(x, op=op, name=name, amax=out["scale_inv_t"])
+    return FP8BlockTensor(data=out["data_t"], scale_inv=out["scale_inv_t"], block=(1, 128))

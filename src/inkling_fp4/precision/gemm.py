@@ -48,6 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from inkling_fp4.precision import finite_guard
 from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant
 
 
@@ -117,6 +118,7 @@ def quantize(
     codes: bool = True,
     values: bool = False,
     name: str = "",
+    amax: torch.Tensor | None = None,
 ) -> Operand:
     """Quantize the operand ``t`` (or ``tᵀ`` if ``transpose``) as ``spec`` says, padding with zeros.
 
@@ -124,6 +126,10 @@ def quantize(
     along the token dim; the fused ``quantize_rht_t`` kernel does the transpose on CUDA).
     ``codes``: keep the packed tensor (to save for backward); ``values``: the operand is multiplied
     right away, so on CUDA the NVFP4 kernel writes its BF16 block values in the same pass.
+    ``amax``: the NVFP4 tensor amax from :func:`shared_nvfp4_amaxes` (fused kernels only).
+
+    On the fused (Triton) path the NaN/Inf check of an NVFP4 operand is deferred to
+    ``finite_guard.raise_if_non_finite`` (no host sync per operand) unless eager checks are on.
     """
     from inkling_fp4.numerics import fp8, mxfp4, nvfp4
 
@@ -133,20 +139,23 @@ def quantize(
     sign_t = _signs_on(signs, t.device)  # for the fused kernels, on the operand's device
     sign_cpu = _signs_on(signs, torch.device("cpu"))  # nvfp4.rht reads the signs on the host
     if spec.format == "nvfp4":
-        fused = _fused_for(t) if values else None
+        fused = _fused_for(t)
+        assert amax is None or fused is not None, "a shared amax needs the fused NVFP4 kernels"
         kw = dict(stochastic=spec.stochastic, generator=generator, name=name or None)
+        fused_kw = dict(
+            keep_codes=codes, dtype=torch.bfloat16 if values else None, amax=amax,
+            check_finite=finite_guard.eager(), **kw,
+        )  # fmt: skip
         if transpose and spec.rht:
             if fused is not None:
-                bv = fused.fake_quantize_rht_t(t, sign_t, keep_codes=codes, **kw)
-                return Operand(bv.quantized, spec, values=bv.values, decode_scale=bv.decode_scale)
+                return _fused_operand(fused.fake_quantize_rht_t(t, sign_t, **fused_kw), spec, name)
             return Operand(nvfp4.quantize_rht_t(t, sign_t, **kw), spec)
         src = t.t().contiguous() if transpose else t
         if spec.rht:
             src = nvfp4.rht(src, sign_cpu)
         block_2d = spec.block == (16, 16)
         if fused is not None:
-            bv = fused.fake_quantize(src, block_2d=block_2d, keep_codes=codes, **kw)
-            return Operand(bv.quantized, spec, values=bv.values, decode_scale=bv.decode_scale)
+            return _fused_operand(fused.fake_quantize(src, block_2d=block_2d, **fused_kw), spec, name)
         return Operand(nvfp4.quantize(src, block_2d=block_2d, **kw), spec)
     if spec.format == "mxfp4":
         src = t.t().contiguous() if transpose else t
@@ -154,10 +163,43 @@ def quantize(
             src = nvfp4.rht(src, sign_cpu)
         return Operand(mxfp4.quantize(src, stochastic=spec.stochastic, generator=generator, name=name), spec)
     dtype = torch.float8_e4m3fn if spec.format == "e4m3" else torch.float8_e5m2
-    src = t.t() if transpose else t
+    # On CUDA no finiteness check (a host sync): NaN/Inf shows as an Inf scale_inv and output.
+    check = not t.is_cuda
     if spec.block == TENSORWISE:
-        return Operand(fp8.quantize_tensorwise(src, dtype=dtype, name=name), spec)
-    return Operand(fp8.quantize_blockwise(src.contiguous(), block=spec.block, dtype=dtype, name=name), spec)
+        src = t.t() if transpose else t
+        return Operand(fp8.quantize_tensorwise(src, dtype=dtype, name=name, check=check), spec)
+    if transpose and spec.block == (1, 128) and t.shape[-1] % 128 == 0:  # xᵀ / dyᵀ along tokens, one kernel
+        return Operand(fp8.quantize_blockwise_t(t, dtype=dtype, name=name, check=check), spec)
+    src = t.t().contiguous() if transpose else t
+    return Operand(fp8.quantize_blockwise(src, block=spec.block, dtype=dtype, name=name, check=check), spec)
+
+
+def _fused_operand(bv, spec: OperandQuant, name: str) -> Operand:
+    """An Operand from a fused NVFP4 kernel's result; its amax goes to the deferred NaN/Inf check."""
+    if not finite_guard.eager():
+        finite_guard.record(bv.amax, f"NVFP4 operand '{name or 'unnamed'}'")
+    return Operand(bv.quantized, spec, values=bv.values, decode_scale=bv.decode_scale)
+
+
+def shared_nvfp4_amaxes(
+    t: torch.Tensor,
+    row_spec: OperandQuant | None,
+    token_spec: OperandQuant | None,
+    signs: tuple[float, ...] | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Both NVFP4 tensor amaxes of t [M, C] from one read: ``max |t|`` for ``row_spec`` (1x16 along
+    C) and ``max |rht(tᵀ)|`` for ``token_spec`` (RHT, 1x16 along the tokens M), as ``amax=`` for
+    :func:`quantize`. (None, None) where the fused kernels do not run or the specs are not that pair.
+    Zero padding changes neither amax, so t is read unpadded (tokens padded to 16 if need be)."""
+    pair = (
+        row_spec is not None and token_spec is not None
+        and row_spec.format == "nvfp4" and token_spec.format == "nvfp4"
+        and row_spec.block != (16, 16) and not row_spec.rht and token_spec.rht
+    )  # fmt: skip
+    fused = _fused_for(t) if pair else None
+    if fused is None:
+        return None, None
+    return fused.abs_max_pair(pad_to(t, 16, 1), _signs_on(signs, t.device))
 
 
 # -- emulation -----------------------------------------------------------------------------------
@@ -291,9 +333,55 @@ def _scale_b(op: Operand) -> torch.Tensor:
         return s.reshape(())
     if op.spec.block == (128, 128):
         tiles = s.t() if op.transposed else s  # tiles of the logical [Rb, C] operand: [Rb/128, C/128]
-        return tiles.contiguous().t()  # [C/128, Rb/128], its transpose contiguous
+        return TILE_SCALE_LAYOUTS[_tile_layout.get(tiles.device, "t-row-major")](tiles)
     assert op.spec.block == (1, 128) and not op.transposed, op.spec
     return s.t().contiguous()  # [C/128, Rb] contiguous
+
+
+def _tile_scales_t(tiles: torch.Tensor) -> torch.Tensor:
+    """128×128 scales [Rb/128, C/128] -> ``scale_b`` [C/128, Rb/128] whose transpose is row-major.
+
+    torch's ScaledBlas.cpp checks ``scale_b.t()`` as a 128×128 scale of ``mat2.t()`` [Rb, C]: sizes
+    (ceil(Rb/128), ceil(C/128)), stride 1 along C, and a row stride of ceil(C/128) (older releases)
+    or round_up(ceil(C/128), 4) (newer ones: "16-byte aligned strides"). The two agree when C/128 is
+    a multiple of 4; otherwise the padded row stride is used where this torch accepts it.
+    """
+    rb, c = tiles.shape
+    padded = -(-c // 4) * 4
+    if padded == c or rb <= 1 or not _tile_scale_rows_padded(tiles.device):
+        return tiles.contiguous().t()
+    buf = tiles.new_zeros(rb, padded)
+    buf[:, :c] = tiles
+    return buf[:, :c].t()
+
+
+TILE_SCALE_LAYOUTS = {
+    "t-row-major": _tile_scales_t,  # [C/128, Rb/128] whose transpose is row-major (see above)
+    "row-major": lambda tiles: tiles.t().contiguous(),  # [C/128, Rb/128] row-major
+    "tiles-row-major": lambda tiles: tiles.contiguous(),  # [Rb/128, C/128] row-major
+    "tiles-col-major": lambda tiles: tiles.t().contiguous().t(),  # [Rb/128, C/128] column-major
+}
+"""Candidate layouts of a 128×128 ``scale_b``. NOTE torch releases differ in what ``_scaled_mm``
+accepts here, and a layout that is accepted can still be read transposed (wrong results, no error)
+when the operand has several tile rows: the probe below picks the one that matches emulation."""
+
+_tile_layout: dict[torch.device, str] = {}
+
+
+@functools.lru_cache(maxsize=8)
+def _tile_scale_rows_padded(device: torch.device) -> bool:
+    """Whether this torch wants 128×128 scale rows padded to 4 entries (probed once per device)."""
+    if device.type != "cuda":
+        return False
+    a = torch.zeros(16, 384, device=device).to(torch.float8_e4m3fn)
+    b = torch.zeros(256, 384, device=device).to(torch.float8_e4m3fn)
+    scale_a = torch.ones(3, 16, device=device).t()  # [16, 3], outer-dim major
+    padded = torch.ones(2, 4, device=device)[:, :3].t()  # [3, 2], row stride 4 in the transpose
+    try:
+        torch._scaled_mm(a, b.t(), scale_a, padded, out_dtype=torch.bfloat16)
+        return True
+    except RuntimeError:
+        return False
 
 
 def native_fp8_matmul(a: Operand, b: Operand, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -304,27 +392,48 @@ def native_fp8_matmul(a: Operand, b: Operand, out_dtype: torch.dtype = torch.flo
 
 
 def probe_native_fp8_blockwise(device: torch.device) -> frozenset:
-    """The output dtypes (of BF16, FP32) for which ``torch._scaled_mm`` runs both blockwise layouts
-    the fp8 recipe needs on ``device`` and agrees with emulation; empty where it does not run."""
+    """The output dtypes (of BF16, FP32) for which ``torch._scaled_mm`` runs the three blockwise
+    GEMMs of the fp8 recipe on ``device`` and agrees with emulation; empty where it does not.
+
+    The shapes have several tiles in every direction, none square, so that a scale tensor read in
+    the wrong layout cannot agree by accident; the 128×128 ``scale_b`` layout that agrees is kept
+    for this device (:data:`TILE_SCALE_LAYOUTS`).
+    """
     g = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(256, 256, device=device, generator=g)
-    w = torch.randn(128, 256, device=device, generator=g)
-    act = OperandQuant("e4m3", (1, 128))
-    pairs = [
-        (quantize(x, act), quantize(w, OperandQuant("e4m3", (128, 128)))),  # fprop / dgrad layout
-        (quantize(x, act), quantize(w, act)),  # wgrad layout
+    x = torch.randn(256, 512, device=device, generator=g) * torch.rand(256, 512, device=device, generator=g)
+    w = torch.randn(384, 512, device=device, generator=g) * 8 ** torch.rand(
+        384, 1, device=device, generator=g
+    )
+    dy = torch.randn(256, 384, device=device, generator=g)
+    act, tile = OperandQuant("e4m3", (1, 128)), OperandQuant("e4m3", (128, 128))
+    wq = quantize(w, tile)
+    tiled = [
+        (quantize(x, act), wq),  # fprop: [256, 512] x [384, 512]ᵀ
+        (quantize(dy, act), dataclasses.replace(wq, transposed=True)),  # dgrad: W read transposed
     ]
-    supported = set()
-    for out_dtype in (torch.bfloat16, torch.float32):
+    wgrad = [(quantize(dy, act, transpose=True), quantize(x, act, transpose=True))]
+
+    def agrees(pairs, out_dtype) -> bool:
         try:
-            ok = True
             for a, b in pairs:
                 got = native_fp8_matmul(a, b, out_dtype).float()
                 want = emulated_matmul(a, b)
-                ok = ok and torch.allclose(got, want, rtol=1e-2, atol=1e-2 * float(want.abs().max()))
+                if not torch.allclose(got, want, rtol=1e-2, atol=1e-2 * float(want.abs().max())):
+                    return False
             torch.cuda.synchronize(device)
+            return True
         except (RuntimeError, NotImplementedError, ValueError, TypeError):
-            ok = False
-        if ok:
-            supported.add(out_dtype)
+            return False
+
+    supported = set()
+    for out_dtype in (torch.bfloat16, torch.float32):
+        if not agrees(wgrad, out_dtype):
+            continue
+        for layout in TILE_SCALE_LAYOUTS:
+            _tile_layout[device] = layout
+            if agrees(tiled, out_dtype):
+                supported.add(out_dtype)
+                break
+        else:
+            _tile_layout.pop(device, None)
     return frozenset(supported)

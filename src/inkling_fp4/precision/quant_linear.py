@@ -98,17 +98,20 @@ def _symmetric(spec: OperandQuant) -> bool:
     return spec.block == TENSORWISE or spec.block[0] == spec.block[1]
 
 
-def _transposed_operand(t, spec: OperandQuant, recipe: Recipe, generator, name: str, *, keep: bool):
+def _transposed_operand(
+    t, spec: OperandQuant, recipe: Recipe, generator, name: str, *, keep: bool, amax=None
+):
     """The operand ``tᵀ`` (t: [contraction, rows]); symmetric blocks quantize t as stored.
 
     ``keep``: the operand is saved for backward (packed codes); otherwise it is multiplied at once.
+    ``amax``: its tensor amax when already known (:func:`gemm.shared_nvfp4_amaxes`).
     """
     if _symmetric(spec) and not spec.rht:
         op = gemm.quantize(t, spec, codes=keep, values=not keep, name=name)
         return dataclasses.replace(op, transposed=True)
     return gemm.quantize(
         t, spec, transpose=True, signs=recipe.rht_signs, generator=generator, codes=keep,
-        values=not keep, name=name,
+        values=not keep, name=name, amax=amax,
     )  # fmt: skip
 
 
@@ -121,12 +124,13 @@ def quantized_forward(
     return y
 
 
-def _fprop(x2d, weight, recipe: Recipe, name: str, out_dtype, keep_x=False, keep_w=False):
+def _fprop(x2d, weight, recipe: Recipe, name: str, out_dtype, keep_x=False, keep_w=False, amax_x=None):
     """y [M, N] = x · Wᵀ, and the quantized operands (packed codes kept where asked for)."""
     M, N = x2d.shape[0], weight.shape[0]
     if recipe.fprop is None:
         return gemm.bf16_matmul(x2d, weight).to(out_dtype), None, None  # y: [M, N]
-    xq = gemm.quantize(x2d, recipe.fprop.a, codes=keep_x, values=True, name=f"{name} x")  # [M, K]
+    # xq: [M, K]
+    xq = gemm.quantize(x2d, recipe.fprop.a, codes=keep_x, values=True, name=f"{name} x", amax=amax_x)
     wq = gemm.quantize(weight, recipe.fprop.b, codes=keep_w, values=True, name=f"{name} W")  # [N, K]
     y = gemm.matmul(xq, wq, backend=recipe.backend, out_dtype=out_dtype, size=(M, N))  # y: [M, N]
     return y, xq, wq
@@ -146,7 +150,14 @@ class _QuantLinearFn(torch.autograd.Function):
         reuse_x = need_dw and fprop is not None and wgrad is not None and wgrad.b == fprop.a
         reuse_x = reuse_x and fprop.a.block == TENSORWISE
         with torch.autocast(device_type=x2d.device.type, enabled=False):
-            y, xq, wq = _fprop(x2d, weight, recipe, name, torch.bfloat16, keep_x=reuse_x, keep_w=reuse_w)
+            # x is quantized along rows (fprop) and after the RHT along tokens (wgrad): one read of x
+            # gives both tensor amaxes where the fused kernels run.
+            amax_x, amax_xt = gemm.shared_nvfp4_amaxes(
+                x2d, fprop.a if fprop else None, wgrad.b if need_dw and wgrad else None, recipe.rht_signs
+            )
+            y, xq, wq = _fprop(
+                x2d, weight, recipe, name, torch.bfloat16, keep_x=reuse_x, keep_w=reuse_w, amax_x=amax_x
+            )
             saved = {}
             if need_dx:
                 if dgrad is None:
@@ -163,7 +174,9 @@ class _QuantLinearFn(torch.autograd.Function):
                 elif reuse_x:
                     saved["x"] = dataclasses.replace(xq.packed(), transposed=True)  # [K, M] logical
                 else:  # Q(RHT(xᵀ)): [K, M], blocked along the tokens
-                    saved["x"] = _transposed_operand(x2d, wgrad.b, recipe, generator, f"{name} x", keep=True)
+                    saved["x"] = _transposed_operand(
+                        x2d, wgrad.b, recipe, generator, f"{name} x", keep=True, amax=amax_xt
+                    )
         _stash(ctx, saved)
         ctx.recipe, ctx.generator, ctx.name = recipe, generator, name
         ctx.shapes = (x2d.shape[0], x2d.shape[1], weight.shape[0], x2d.dtype)
@@ -179,12 +192,20 @@ class _QuantLinearFn(torch.autograd.Function):
         with torch.autocast(device_type=dy.device.type, enabled=False):
             dy = dy.reshape(M, N)  # dy: [M, N]
             dyq = None
+            # dy is quantized along rows (dgrad) and after the RHT along tokens (wgrad): both amaxes
+            # from one read of dy where the fused kernels run.
+            amax_dy, amax_dyt = gemm.shared_nvfp4_amaxes(
+                dy,
+                recipe.dgrad.a if "w" in saved and recipe.dgrad else None,
+                recipe.wgrad.a if "x" in saved and recipe.wgrad else None,
+                recipe.rht_signs,
+            )
             if "w" in saved:
                 if recipe.dgrad is None:
                     dx = gemm.bf16_matmul(dy, saved["w"].t()).to(x_dtype)  # dx: [M, K] = dy · W
                 else:
                     dyq = gemm.quantize(
-                        dy, recipe.dgrad.a, generator=generator, values=True, name=f"{name} dy"
+                        dy, recipe.dgrad.a, generator=generator, values=True, name=f"{name} dy", amax=amax_dy
                     )
                     dx = gemm.matmul(dyq, saved["w"], backend=backend, out_dtype=x_dtype, size=(M, K))
             if "x" in saved:
@@ -195,7 +216,9 @@ class _QuantLinearFn(torch.autograd.Function):
                     if dyq is not None and dyq.spec == a and a.block == TENSORWISE:
                         dy_t = dataclasses.replace(dyq, transposed=True)
                     else:  # Q_sr(RHT(dyᵀ)): [N, M], blocked along the tokens
-                        dy_t = _transposed_operand(dy, a, recipe, generator, f"{name} dy", keep=False)
+                        dy_t = _transposed_operand(
+                            dy, a, recipe, generator, f"{name} dy", keep=False, amax=amax_dyt
+                        )
                     dw = gemm.matmul(dy_t, saved["x"], backend=backend, out_dtype=torch.float32, size=(N, K))
         return dx, dw, None, None, None
 

@@ -39,6 +39,7 @@ from inkling_fp4.config import RunConfig, save_config, to_dict
 from inkling_fp4.data.pipeline import build_pretrain_data
 from inkling_fp4.errors import ConfigError, NumericsError, UserError
 from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.precision import finite_guard
 from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.train import distributed as D
@@ -50,7 +51,7 @@ from inkling_fp4.train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from inkling_fp4.train.evaluate import all_gemms_in_bf16, evaluate, masked_cross_entropy
+from inkling_fp4.train.evaluate import all_gemms_in_bf16, evaluate
 from inkling_fp4.train.flops import mfu, peak_flops
 from inkling_fp4.train.interrupt import StopSignal
 from inkling_fp4.train.metrics import MetricsLogger, format_duration
@@ -200,9 +201,10 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
             for i, b in enumerate(batches):
                 with _gradient_sync(train_model, model, i == accum - 1):
                     try:
-                        with autocast:
-                            logits_BLV = train_model(b.input_ids, doc_ids=b.doc_ids)
-                        part = masked_cross_entropy(logits_BLV, b.targets, b.loss_mask)
+                        with autocast:  # summed FP32 cross-entropy, chunked: no full logits
+                            part = train_model(
+                                b.input_ids, doc_ids=b.doc_ids, targets=b.targets, loss_mask=b.loss_mask
+                            )
                         fault = None if torch.isfinite(part) else f"non-finite loss {part.item()}"
                     except NumericsError as e:  # a quantizer met NaN/Inf in the forward pass
                         fault = _nonfinite_or_raise(e)
@@ -214,6 +216,14 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                         fault = _nonfinite_or_raise(e)  # under DDP the other ranks would wait)
                         break
                 loss_sum += part.detach()
+            if fault is None:  # the quantizers' deferred NaN/Inf record: one device read per step
+                try:
+                    finite_guard.raise_if_non_finite()
+                except NumericsError as e:
+                    fault = _nonfinite_or_raise(e)
+            finite_guard.discard()
+            if D.any_rank(fault is not None, dist) and fault is None:
+                fault = "non-finite values on another rank"
             if fault is None:
                 loss = (D.all_reduce_sum(loss_sum, dist) / n_tokens).item()
                 clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf

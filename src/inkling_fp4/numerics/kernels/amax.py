@@ -33,10 +33,10 @@ def _abs_max_kernel(
 
 
 def abs_max(
-    x: torch.Tensor, *, block_m: int = 32, block_n: int = 256, steps: int = 8, num_warps: int = 8
+    x: torch.Tensor, *, block_m: int = 64, block_n: int = 256, steps: int = 8, num_warps: int = 8
 ) -> torch.Tensor:
     """``max(|x|)`` of a 2-D tensor with unit last-dim stride, as an FP32 tensor of shape [1]
-    (+Inf when x holds NaN or Inf)."""
+    (+Inf when x holds NaN or Inf). Default tile: the fastest of an H200 sweep (16384x4096 BF16)."""
     m, n = x.shape
     amax = torch.zeros(1, dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, block_m * steps), triton.cdiv(n, block_n))

@@ -48,17 +48,15 @@ def _scales(amax, FP8_MAX: tl.constexpr):
 
 
 @triton.jit
-def _fp8_bytes(x, scale, FMT: tl.constexpr):
+def _fp8_bytes(
+    x, scale, MANT: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
+    SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr,
+):  # fmt: skip
     """FP32 ``x · scale`` clamped to ±FP8_MAX -> FP8 bytes (uint8), round half to even.
 
     Normal range: round the 23-bit mantissa to MANT bits on the bit pattern (a carry moves into the
     exponent). Subnormal range (|v| < 2^(1-BIAS)): the value is k·2^(1-BIAS-MANT) and k is the byte.
     """
-    MANT: tl.constexpr = FMT[0]
-    BIAS: tl.constexpr = FMT[1]
-    FP8_MAX: tl.constexpr = FMT[2]
-    SUB_FACTOR: tl.constexpr = FMT[3]
-    MIN_NORMAL: tl.constexpr = FMT[4]
     v = tl.minimum(tl.abs(x * scale), FP8_MAX)
     bits = v.to(tl.int32, bitcast=True)
     rounded = bits + ((1 << (22 - MANT)) - 1) + ((bits >> (23 - MANT)) & 1)
@@ -75,6 +73,7 @@ def _quantize_fp8_kernel(
     x_ptr, amax_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, stride_xm,
     BLOCK_M: tl.constexpr, MODE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
     MANT: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
+    SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * 128 + tl.arange(0, 128)
@@ -87,10 +86,10 @@ def _quantize_fp8_kernel(
     if MODE == 0:
         scale, scale_inv = _scales(tl.load(amax_ptr), FP8_MAX)
         if ROWS:
-            q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX)
+            q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
             tl.store(data_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], q, mask=mask)
         if COLS:
-            q = _fp8_bytes(tl.trans(x), scale, MANT, BIAS, FP8_MAX)  # [128, BLOCK_M]
+            q = _fp8_bytes(tl.trans(x), scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)  # [128, BLOCK_M]
             t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
             tl.store(t_ptrs, q, mask=tl.trans(mask))
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -98,20 +97,22 @@ def _quantize_fp8_kernel(
     elif MODE == 1:
         if ROWS:
             scale, scale_inv = _scales(tl.max(magnitude, axis=1), FP8_MAX)  # [BLOCK_M]
-            q = _fp8_bytes(x, scale[:, None], MANT, BIAS, FP8_MAX)
+            q = _fp8_bytes(x, scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
             tl.store(data_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], q, mask=mask)
             # scale_inv [M, N/128], outer-dim major: element (r, b) at b·M + r
             tl.store(scale_ptr + tl.program_id(1) * M + rows, scale_inv, mask=rows < M)
         if COLS:
             scale, scale_inv = _scales(tl.max(magnitude, axis=0), FP8_MAX)  # [128], one per column
-            q = _fp8_bytes(tl.trans(x), scale[:, None], MANT, BIAS, FP8_MAX)  # [128, BLOCK_M]
+            q = _fp8_bytes(
+                tl.trans(x), scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL
+            )  # [128, BLOCK_M]
             t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
             tl.store(t_ptrs, q, mask=tl.trans(mask))
             # scale_inv of data_t [N, M/128], outer-dim major: element (c, b) at b·N + c
             tl.store(scale_t_ptr + tl.program_id(0) * N + cols, scale_inv, mask=cols < N)
     else:
         scale, scale_inv = _scales(tl.max(tl.max(magnitude, axis=1), axis=0), FP8_MAX)
-        q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX)
+        q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
         tl.store(data_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], q, mask=mask)
         tl.store(scale_ptr + tl.program_id(0) * tl.cdiv(N, 128) + tl.program_id(1), scale_inv)
 
@@ -127,14 +128,16 @@ def quantize_fp8(
     block_m: int | None = None,
     num_warps: int = 8,
 ) -> dict[str, torch.Tensor]:
-    """Launch the quantizer on x [M, N] (unit last-dim stride, N % 128 == 0; M % 128 == 0 for ``cols``).
+    """Launch the quantizer on x [M, N] (unit last-dim stride; blockwise: N % 128 == 0, and M % 128 == 0
+    for ``cols``).
 
     Returns the outputs asked for: ``data`` [M, N] and ``scale_inv``, ``data_t`` [N, M] and
     ``scale_inv_t`` (layouts in the module docstring). ``MODE_TENSOR`` needs ``amax`` (FP32 [1]).
     """
     mant, bias, fp8_max = FORMATS[dtype]
     m, n = x.shape
-    if n % BLOCK or x.stride(1) != 1 or (cols and mode != MODE_TENSOR and m % BLOCK):
+    blocked_n = mode != MODE_TENSOR
+    if (blocked_n and n % BLOCK) or x.stride(1) != 1 or (cols and mode != MODE_TENSOR and m % BLOCK):
         raise ValueError(f"quantize_fp8: x of shape {tuple(x.shape)} does not fit 128-element blocks")
     if block_m is None:
         block_m = 128 if (cols or mode == MODE_TILE) else 32
@@ -164,13 +167,14 @@ def quantize_fp8(
             scale.fill_(1.0)
         return out
     dummy = x
-    grid = (triton.cdiv(m, block_m), n // BLOCK)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, BLOCK))
     _quantize_fp8_kernel[grid](
         x, dummy if amax is None else amax,
         dummy if data is None else data, dummy if scale is None else scale,
         dummy if data_t is None else data_t, dummy if scale_t is None else scale_t,
         m, n, x.stride(0),
         BLOCK_M=block_m, MODE=mode, ROWS=rows, COLS=cols,
-        MANT=mant, BIAS=bias, FP8_MAX=fp8_max, num_warps=num_warps,
+        MANT=mant, BIAS=bias, FP8_MAX=fp8_max, SUB_FACTOR=2.0 ** (bias - 1 + mant),
+        MIN_NORMAL=2.0 ** (1 - bias), num_warps=num_warps,
     )  # fmt: skip
     return out

@@ -75,16 +75,21 @@ def quantize_rows(
     codes: torch.Tensor | None,
     scales: torch.Tensor | None,
     values: torch.Tensor | None,
-    block_m: int = 16,
+    block_m: int | None = None,
     block_n: int = 256,
-    num_warps: int = 4,
+    num_warps: int | None = None,
 ) -> None:
     """Launch the row quantizer on x [M, N] (unit last-dim stride, N % 16 == 0) given its amax.
 
     Writes into whichever of ``codes`` (uint8 [M, N/2]) with ``scales`` (uint8 view of E4M3
     [M, N/16]), and ``values`` ([M, N], BF16 or FP32) are given; ``seed`` (a Philox seed >= 2^32)
-    turns on stochastic rounding.
+    turns on stochastic rounding. The default tile is the fastest of an H200 sweep (16384x4096
+    BF16): 8 rows x 256 columns on 2 warps (1x16), 16 rows on 4 warps in 2-D mode (a whole tile).
     """
+    if block_m is None:
+        block_m = 16 if block_2d else 8
+    if num_warps is None:
+        num_warps = 4 if block_m >= 16 else 2
     if block_2d and block_m % 16:
         raise ValueError(f"quantize_rows: block_m={block_m} must be a multiple of 16 in 2-D mode")
     m, n = x.shape

@@ -6,10 +6,14 @@ for bit; stochastic rounding follows the same formula with random bits from a Ph
 seeded from the caller's torch generator (same distribution, different draws).
 
 Every quantizer is two launches: a global amax pass (reads x once, one atomic word per few tiles),
-then the quantize pass, which derives S_enc from that amax on the device. The kernels never wait on
-the host (a seed drawn from a CUDA generator, and the first read of a device sign vector, do);
-finiteness is the caller's check on the returned ``amax`` (+Inf when x holds NaN or Inf), except in
-the ``fake_quantize*`` entry points, which check it themselves.
+then the quantize pass, which derives S_enc from that amax on the device. A tensor quantized both
+along rows and, after the RHT, along tokens (x and dy of a linear layer) gets both amaxes from one
+read (:func:`abs_max_pair`), passed to the quantizers as ``amax=``. Nothing here waits on the host:
+a stochastic-rounding seed comes from the generator's host-side state (a CUDA generator's offset is
+advanced, no number is drawn on the device), a device sign vector is read once per tensor.
+Finiteness is the caller's check on the returned ``amax`` (+Inf when x holds NaN or Inf); the
+``fake_quantize*`` entry points check it themselves (one host sync) unless ``check_finite=False``,
+for callers that check the amax later (``precision/finite_guard.py``).
 
 ``fake_quantize`` / ``fake_quantize_rht_t`` write what an emulated GEMM consumes: BF16 block values
 ``code · block_scale`` (exact) with the FP32 tensor scale ``1/S_enc`` kept apart, and optionally the
@@ -43,9 +47,26 @@ class NVFP4BlockValues:
     quantized: nvfp4.NVFP4Tensor | None  # codes + scales from the same pass, when asked for
 
 
+def _mix64(value: int) -> int:
+    """splitmix64's finalizer: a bijection of 64-bit words that spreads every input bit."""
+    value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+    value = (value ^ (value >> 27)) * 0x94D049BB133111EB % 2**64
+    return value ^ (value >> 31)
+
+
 def _draw_seed(generator: torch.Generator | None) -> int:
-    """A Philox seed drawn from ``generator`` (torch's default CPU generator when None). Always in
-    [2^32, 2^62) so the kernel argument keeps one type; a CUDA generator costs a host sync here."""
+    """A Philox seed from ``generator`` (torch's default CPU generator when None), always in
+    [2^32, 2^62) so the kernel argument keeps one type.
+
+    A CUDA generator keeps its state (seed, offset) on the host: the seed is a hash of both and the
+    offset advances by 4 (its unit), so consecutive draws differ, the draws follow the generator's
+    saved state, and nothing waits for the device (a number drawn on the device would).
+    """
+    if generator is not None and generator.device.type == "cuda" and hasattr(generator, "get_offset"):
+        offset = generator.get_offset()
+        generator.set_offset(offset + 4)
+        mixed = _mix64((generator.initial_seed() * 0x9E3779B97F4A7C15 + offset) % 2**64)
+        return 2**32 + mixed % (2**62 - 2**32)
     device = generator.device if generator is not None else "cpu"
     return int(torch.randint(2**32, 2**62, (1,), generator=generator, device=device, dtype=torch.int64))
 
@@ -79,7 +100,7 @@ def _rows_view(x: torch.Tensor) -> torch.Tensor:
 
 def _run_rows(
     x: torch.Tensor, block_2d: bool, stochastic: bool, generator: torch.Generator | None,
-    write_codes: bool, values_dtype: torch.dtype | None,
+    write_codes: bool, values_dtype: torch.dtype | None, amax: torch.Tensor | None = None,
 ) -> tuple[nvfp4.NVFP4Tensor | None, torch.Tensor | None, torch.Tensor]:  # fmt: skip
     x2 = _rows_view(x)
     m, n = x2.shape
@@ -89,7 +110,7 @@ def _run_rows(
     if m == 0:
         amax = torch.zeros(1, dtype=torch.float32, device=x.device)
     else:
-        amax = abs_max(x2)
+        amax = abs_max(x2) if amax is None else amax.reshape(1)
         seed = _draw_seed(generator) if stochastic else None
         quantize_rows(
             x2, amax, block_2d=block_2d, seed=seed, codes=codes,
@@ -110,7 +131,7 @@ def _run_rows(
 
 def _run_rht_t(
     x: torch.Tensor, signs: torch.Tensor | None, stochastic: bool, generator: torch.Generator | None,
-    write_codes: bool, values_dtype: torch.dtype | None,
+    write_codes: bool, values_dtype: torch.dtype | None, amax: torch.Tensor | None = None,
 ) -> tuple[nvfp4.NVFP4Tensor | None, torch.Tensor | None, torch.Tensor]:  # fmt: skip
     m, n = x.shape
     codes = torch.empty((n, m // 2), dtype=torch.uint8, device=x.device) if write_codes else None
@@ -120,7 +141,7 @@ def _run_rht_t(
         amax = torch.zeros(1, dtype=torch.float32, device=x.device)
     else:
         bits = _sign_bits(signs)
-        amax = rht_t_abs_max(x, bits)
+        amax = rht_t_abs_max(x, bits) if amax is None else amax.reshape(1)
         seed = _draw_seed(generator) if stochastic else None
         quantize_rht_t_tiles(
             x, bits, amax, seed=seed, codes=codes,
@@ -156,21 +177,41 @@ def quantize_rht_t(
     return quantized
 
 
+def abs_max_pair(x: torch.Tensor, signs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``max |x|``, ``max |rht(x.t(), signs)|``) for x [M, N] (M % 16 == 0) from one read of x, as
+    FP32 0-dim tensors (+Inf where x holds NaN/Inf): the ``amax=`` of :func:`fake_quantize` and
+    :func:`fake_quantize_rht_t` for the same x."""
+    m, n = x.shape
+    if m == 0 or n == 0:
+        zero = torch.zeros((), dtype=torch.float32, device=x.device)
+        return zero, zero.clone()
+    pair = rht_t_abs_max(x, _sign_bits(signs), with_x_amax=True)  # [rht amax, x amax]
+    return pair[1], pair[0]
+
+
 def fake_quantize(
     x: torch.Tensor,
     block_2d: bool = False,
     stochastic: bool = False,
     generator: torch.Generator | None = None,
     keep_codes: bool = False,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | None = torch.bfloat16,
     name: str | None = None,
+    amax: torch.Tensor | None = None,
+    check_finite: bool = True,
 ) -> NVFP4BlockValues:
     """Block values of ``quantize(x, ...)`` in one pass (plus the amax pass): ``values`` [..., N]
-    equal ``quantize(x).block_values(dtype)``; ``keep_codes`` also returns the packed tensor."""
+    equal ``quantize(x).block_values(dtype)``; ``keep_codes`` also returns the packed tensor.
+
+    ``dtype=None`` writes no values (codes only, with ``keep_codes``). ``amax``: ``max |x|`` when the
+    caller has it (:func:`abs_max_pair`), saving the amax pass. ``check_finite=False`` leaves the
+    NaN/Inf check of the returned ``amax`` to the caller (no host sync here).
+    """
     op = "nvfp4.fake_quantize"
     checks.check_input(x, op=op, block=BLOCK, name=name, ndim=2 if block_2d else None)
-    quantized, values, amax = _run_rows(x, block_2d, stochastic, generator, keep_codes, dtype)
-    checks.check_finite(x, op=op, name=name, amax=amax)
+    quantized, values, amax = _run_rows(x, block_2d, stochastic, generator, keep_codes, dtype, amax)
+    if check_finite:
+        checks.check_finite(x, op=op, name=name, amax=amax)
     return NVFP4BlockValues(values, nvfp4.tensor_scales(amax)[1], amax, quantized)
 
 
@@ -180,17 +221,20 @@ def fake_quantize_rht_t(
     stochastic: bool = False,
     generator: torch.Generator | None = None,
     keep_codes: bool = False,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | None = torch.bfloat16,
     name: str | None = None,
+    amax: torch.Tensor | None = None,
+    check_finite: bool = True,
 ) -> NVFP4BlockValues:
     """Block values [N, M] of ``quantize_rht_t(x, ...)`` for x [M, N], fused like
-    :func:`fake_quantize`."""
+    :func:`fake_quantize`; ``amax`` is ``max |rht(x.t())|`` here."""
     op = "nvfp4.fake_quantize_rht_t"
     checks.check_dtype(x, op=op, name=name)
     checks.check_block_shape(x, op=op, block=1, name=name, ndim=2)
     checks.check_rows(x, op=op, block=BLOCK, what="the token dim, blocked after the transpose", name=name)
-    quantized, values, amax = _run_rht_t(x, signs, stochastic, generator, keep_codes, dtype)
-    checks.check_finite(x, op=op, name=name, amax=amax)
+    quantized, values, amax = _run_rht_t(x, signs, stochastic, generator, keep_codes, dtype, amax)
+    if check_finite:
+        checks.check_finite(x, op=op, name=name, amax=amax)
     return NVFP4BlockValues(values, nvfp4.tensor_scales(amax)[1], amax, quantized)
 
 

@@ -1,0 +1,78 @@
+"""Deferred finiteness check of quantized GEMM operands: NaN/Inf still fail loudly, without a host sync
+per quantization.
+
+Why: a NaN or Inf that reaches an NVFP4 quantizer poisons a block scale silently, so every operand
+must be checked. Checking it at once means reading a device value on the host (``bool(amax)``),
+which stalls the CPU until the GPU has caught up, several times per layer and step; the GPU then
+idles while the next kernels are launched. The quantizer already computes the tensor amax, which is
++Inf whenever the tensor holds NaN or Inf, so checking can wait: each quantization records its amax
+(no work on the device) and :func:`raise_if_non_finite` tests all recorded amaxes with one read,
+naming the first tensor that was not finite.
+
+When the check runs: whenever :func:`raise_if_non_finite` is called (the training loop calls it once
+per optimizer step, and when a step's loss is not finite), and on its own after every
+``MAX_PENDING`` recorded operands, so that a caller that never calls it still gets the error, a few
+layers late. A NaN that slips past a quantizer until then only makes that step's loss NaN, which the
+step's own check reports.
+
+Debug mode: ``eager_checks(True)`` (or ``FP4TRAIN_EAGER_FINITE_CHECKS=1`` in the environment) checks
+every operand when it is quantized and reports the first bad element's index, at the cost of the
+syncs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from inkling_fp4.errors import NumericsError
+
+MAX_PENDING = 512
+"""Recorded operands after which the check runs by itself (one host sync per this many)."""
+
+_pending: list[tuple[torch.Tensor, str]] = []
+_eager = os.environ.get("FP4TRAIN_EAGER_FINITE_CHECKS", "0") not in ("", "0")
+
+
+def eager_checks(enabled: bool) -> None:
+    """Check each operand when it is quantized (debug mode: exact location, one sync per operand)."""
+    global _eager
+    _eager = enabled
+
+
+def eager() -> bool:
+    """Whether operands are checked when they are quantized."""
+    return _eager
+
+
+def record(amax: torch.Tensor, label: str) -> None:
+    """Remember a quantized operand's amax (+Inf/NaN when it was not finite) for the next check."""
+    _pending.append((amax.reshape(1), label))
+    if len(_pending) >= MAX_PENDING:
+        raise_if_non_finite()
+
+
+def raise_if_non_finite() -> None:
+    """Raise NumericsError naming the first recorded operand that held NaN/Inf; clears the record."""
+    if not _pending:
+        return
+    pending = list(_pending)
+    _pending.clear()
+    amaxes = torch.cat([a.to(pending[0][0].device) for a, _ in pending])  # [P]
+    bad = ~torch.isfinite(amaxes)
+    if not bool(bad.any()):
+        return
+    first = int(bad.nonzero()[0, 0])
+    count = int(bad.sum())
+    raise NumericsError(
+        f"{pending[first][1]} contains non-finite values (NaN/Inf): {count} quantized operand(s) since the "
+        "last check were not finite, this one first; NaN/Inf cannot be quantized - look at what produced "
+        "it (a diverged loss, too high a learning rate, an overflow); set FP4TRAIN_EAGER_FINITE_CHECKS=1 "
+        "to stop at the exact element"
+    )
+
+
+def discard() -> None:
+    """Forget what was recorded (e.g. when a step is skipped on purpose)."""
+    _pending.clear()

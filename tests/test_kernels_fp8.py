@@ -1,0 +1,130 @@
+"""The Triton FP8 quantizers (numerics/kernels/fp8_quantize.py) against the torch reference (fp8.py).
+
+Every output must equal the reference bit for bit: FP8 bytes, FP32 scale_inv. Inputs are fresh random
+each run (the seed is printed with a failure) plus adversarial ones: zero blocks, ±0, a huge dynamic
+range, subnormal results, values at the format's max, E4M3 and E5M2.
+
+Where the kernels run: on CPU under the Triton interpreter (``test_interp_*``, small shapes, in a child
+pytest process with TRITON_INTERPRET=1, as in test_kernels_nvfp4.py), and on CUDA (``@pytest.mark.gpu``)
+through the public dispatch of ``fp8.quantize_*`` at training-like shapes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from inkling_fp4.numerics import fp8  # noqa: E402
+from inkling_fp4.numerics.kernels import fp8_quantize as kern  # noqa: E402
+from inkling_fp4.numerics.kernels.amax import abs_max  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+interpreted = pytest.mark.skipif(not INTERPRET, reason="runs in the TRITON_INTERPRET=1 child process")
+on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+def _input(m: int, n: int, device="cpu", dtype=torch.float32) -> torch.Tensor:
+    seed = random.randrange(2**31)
+    print(f"input seed = {seed}")
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, n, generator=g) * torch.pow(10.0, torch.empty(m, 1).uniform_(-20, 20, generator=g))
+    b = min(n, 128)
+    x[0, :b] = 0.0  # a zero block (scale 1)
+    x[1, :b] = -0.0
+    x[2, :b] = (torch.linspace(-1e-3, 1e-3, 128) * torch.tensor([1.0, 1e-6]).repeat(64))[:b]  # subnormals
+    x[3, 0] = 3.0e38  # near FLT_MAX
+    return x.to(dtype).to(device)
+
+
+def _same(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    got, ref = got.cpu(), ref.cpu()
+    if got.dtype in DTYPES:
+        got, ref = got.view(torch.uint8), ref.view(torch.uint8)
+    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    bad = (got != ref).nonzero()
+    assert len(bad) == 0, f"{what}: {len(bad)} elements differ, first at {bad[0].tolist()}"
+
+
+def check_all(x: torch.Tensor, dtype: torch.dtype) -> None:
+    """Every kernel mode against the reference on x [M, N] (M a multiple of 128 for the transposed)."""
+    ref = fp8.quantize_blockwise_ref(x, (1, 128), dtype)
+    out = kern.quantize_fp8(x, dtype, mode=kern.MODE_BLOCKS, rows=True, cols=True)
+    _same(out["data"], ref.data, "1x128 data")
+    _same(out["scale_inv"], ref.scale_inv, "1x128 scale_inv")
+    ref_t = fp8.quantize_blockwise_t_ref(x, dtype)
+    _same(out["data_t"], ref_t.data, "1x128 transposed data")
+    _same(out["scale_inv_t"], ref_t.scale_inv, "1x128 transposed scale_inv")
+    part = x[: x.shape[0] - 37]  # a partial last 128-row tile
+    ref = fp8.quantize_blockwise_ref(part, (128, 128), dtype)
+    out = kern.quantize_fp8(part, dtype, mode=kern.MODE_TILE)
+    _same(out["data"], ref.data, "128x128 data")
+    _same(out["scale_inv"], ref.scale_inv, "128x128 scale_inv")
+    ref = fp8.quantize_tensorwise_ref(x, dtype)
+    out = kern.quantize_fp8(x, dtype, mode=kern.MODE_TENSOR, rows=True, cols=True, amax=abs_max(x))
+    _same(out["data"], ref.data, "tensorwise data")
+    _same(out["data_t"], ref.data.t(), "tensorwise transposed data")
+    _same(out["scale_inv"], ref.scale_inv, "tensorwise scale_inv")
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("src_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_interp_all_modes_equal_reference(dtype, src_dtype):
+    check_all(_input(128, 256, dtype=src_dtype), dtype)
+
+
+@interpreted
+def test_interp_nan_gives_inf_scale_and_odd_width_tensorwise():
+    x = _input(128, 128)
+    x[5, 7] = float("nan")
+    out = kern.quantize_fp8(x, torch.float8_e4m3fn, mode=kern.MODE_BLOCKS, rows=True, cols=True)
+    assert torch.isinf(out["scale_inv"][5, 0]) and torch.isinf(out["scale_inv_t"][7, 0])
+    assert torch.isfinite(out["scale_inv"][6, 0])
+    y = _input(40, 48)  # tensorwise takes any width
+    ref = fp8.quantize_tensorwise_ref(y, torch.float8_e5m2)
+    out = kern.quantize_fp8(y, torch.float8_e5m2, mode=kern.MODE_TENSOR, amax=abs_max(y))
+    _same(out["data"], ref.data, "tensorwise data, N=48")
+
+
+@pytest.mark.skipif(INTERPRET, reason="this is the parent of the interpreter run")
+def test_under_triton_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", "interp"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_kernels_equal_reference(dtype):
+    x = _input(1024, 1536, device="cuda", dtype=torch.bfloat16)
+    check_all(x, dtype)
+
+
+@pytest.mark.gpu
+@on_gpu
+def test_gpu_dispatch_equals_reference():
+    x = _input(512, 768, device="cuda", dtype=torch.bfloat16)
+    xc = x.cpu()
+    _same(fp8.quantize_tensorwise(x).data, fp8.quantize_tensorwise_ref(xc).data, "dispatch tensorwise")
+    for block in ((1, 128), (128, 128)):
+        got, ref = fp8.quantize_blockwise(x, block), fp8.quantize_blockwise_ref(xc, block)
+        _same(got.data, ref.data, f"dispatch {block}")
+        _same(got.scale_inv, ref.scale_inv, f"dispatch {block} scale_inv")
+        _same(got.dequantize(), ref.dequantize(), f"dispatch {block} dequantize")
+    got, ref = fp8.quantize_blockwise_t(x), fp8.quantize_blockwise_t_ref(xc)
+    _same(got.data, ref.data, "dispatch transposed")
+    bad = x.clone()
+    bad[3, 4] = float("inf")
+    with pytest.raises(Exception, match="non-finite"):
+        fp8.quantize_blockwise(bad)
