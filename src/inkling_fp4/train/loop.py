@@ -37,6 +37,7 @@ from torch import nn
 
 from inkling_fp4.config import RunConfig, save_config, to_dict
 from inkling_fp4.data.pipeline import build_pretrain_data
+from inkling_fp4.data.tokenizer import check_vocab
 from inkling_fp4.errors import ConfigError, NumericsError, UserError
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision import finite_guard
@@ -90,11 +91,7 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                 total_tokens=cfg.train.steps * tokens_per_step,
             )  # fmt: skip
         D.barrier(dist)
-    if data.tokenizer.vocab_size > cfg.model.vocab_size:
-        raise ConfigError(
-            f"the tokenizer has {data.tokenizer.vocab_size} tokens but model.vocab_size is "
-            f"{cfg.model.vocab_size}; set model.vocab_size={data.tokenizer.vocab_size} or more"
-        )
+    check_vocab(data.tokenizer, cfg.model.vocab_size)
     if dist.is_main and not (run_dir / "tokenizer.json").is_file():
         data.tokenizer.save(run_dir / "tokenizer.json")
     val_batches = data.val_batches(cfg.eval.batches, micro)
