@@ -92,3 +92,16 @@ def test_tokenizer_command_missing_source(monkeypatch, capsys, tmp_path):
                      monkeypatch, capsys)  # fmt: skip
     line = _one_line_error(err)
     assert code == 2 and "nope.jsonl" in line
+
+
+def test_info_lists_every_recipe_with_its_backend(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["fp4train", "info"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code in (0, None)
+    out = capsys.readouterr().out
+    assert "device: CPU only" in out or "device: NVIDIA" in out
+    for recipe in ("bf16", "fp8", "fp8-tensorwise", "nvfp4", "mxfp4"):
+        assert f"  {recipe}: " in out
+    if not __import__("torch").cuda.is_available():
+        assert "  nvfp4: emulated" in out  # no FP4 or FP8 hardware: exact emulation

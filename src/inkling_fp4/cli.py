@@ -28,15 +28,32 @@ def _root() -> None:
 
 @app.command()
 def info() -> None:
-    """Show the devices, precision backends and kernels available here."""
+    """Show the device, and which backend and kernels each precision recipe would use here."""
+    import importlib.util
+
     import torch
 
-    typer.echo(f"torch {torch.__version__}")
-    if torch.cuda.is_available():
-        cap = torch.cuda.get_device_capability()
-        typer.echo(f"cuda: {torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]})")
-    else:
-        typer.echo("cuda: not available (CPU only; NVFP4 and FP8 are emulated)")
+    from inkling_fp4.numerics import kernels
+    from inkling_fp4.precision.backends import (
+        describe_backend,
+        hardware_summary,
+        resolve_backend,
+        te_available,
+    )
+    from inkling_fp4.precision.config import RECIPES
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    typer.echo(f"device: {hardware_summary(device)}, torch {torch.__version__}")
+    triton = "not installed" if importlib.util.find_spec("triton") is None else "installed"
+    on = "on" if kernels.available() else "off (the torch reference runs instead)"
+    typer.echo(f"triton: {triton}; Triton kernels {on}")
+    typer.echo(f"transformer engine: {'importable' if te_available() else 'not importable'}")
+    for recipe in RECIPES:
+        if recipe == "bf16":
+            typer.echo("  bf16: BF16 GEMMs, FP32 accumulation")
+            continue
+        backend = resolve_backend("auto", recipe, device)
+        typer.echo(f"  {recipe}: {describe_backend(backend, recipe, device)}")
 
 
 @app.command()
