@@ -47,19 +47,6 @@ from inkling_fp4.model.packing import Packing
 from inkling_fp4.model.ssd import load_triton_ssd, ssd
 
 KINDS = {"M": "Mamba-2", "*": "attention", "-": "MLP"}
-PEER_158M = dict(
-    pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-",
-    vocab_size=32768,
-    d_model=768,
-    n_heads=12,
-    n_kv_heads=4,
-    ffn_dim=3072,
-    mamba_heads=24,
-    mamba_head_dim=64,
-    n_groups=2,
-    d_state=128,
-    chunk_size=64,
-)
 """Hugging Face NemotronH 158M, the peer benchmark's config (126K tokens/s on the H200 at 8 x 2048)."""
 
 
@@ -308,7 +295,7 @@ def main() -> int:
         print("bench_model.py needs a CUDA device", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    cfg = ModelConfig(**PEER_158M) if args.preset == "peer158m" else ModelConfig(preset=args.preset)
+    cfg = ModelConfig(preset=args.preset)
     args.policy = None
     if args.recipe != "bf16":
         from inkling_fp4.precision.config import PrecisionConfig

@@ -51,19 +51,7 @@ from inkling_fp4.train.config import OptimConfig
 from inkling_fp4.train.flops import mfu, peak_flops
 from inkling_fp4.train.optimizer import build_optimizer, set_lr
 
-PEER_158M = dict(
-    pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-",
-    d_model=768,
-    mamba_heads=24,
-    mamba_head_dim=64,
-    d_state=128,
-    n_groups=2,
-    ffn_dim=3072,
-    n_heads=12,
-    n_kv_heads=4,
-    vocab_size=32768,
-)
-CONFIGS = {"hybrid-350m": (dict(preset="hybrid-350m"), 16), "peer158m": (PEER_158M, 8)}
+CONFIGS = {"hybrid-350m": (dict(preset="hybrid-350m"), 16), "peer158m": (dict(preset="peer158m"), 8)}
 """name -> (ModelConfig fields, default global batch)"""
 BACKENDS = {"bf16": "auto", "fp8": "native-fp8", "fp8-tensorwise": "native-fp8", "nvfp4": "emulated"}
 PEER_TOKENS_PER_S = 126_000

@@ -3,6 +3,7 @@
 | preset         | layers M/*/-  | d_model | FFN   | attn q/kv x hd | Mamba H x P, G, N | vocab  | params |
 |----------------|---------------|---------|-------|----------------|-------------------|--------|--------|
 | tiny           | 6: 2/1/3      | 64      | 256   | 4/2 x 16       | 16 x 8, 2, 12     | 4096   | 0.69M  |
+| peer158m       | 26: 12/2/12   | 768     | 3072  | 12/4 x 64      | 24 x 64, 2, 128   | 32768  | 158M   |
 | hybrid-125m    | 24: 11/2/11   | 768     | 2048  | 12/4 x 64      | 24 x 64, 4, 128   | 32768  | 136M   |
 | hybrid-350m    | 35: 16/3/16   | 1024    | 4096  | 16/4 x 64      | 32 x 64, 8, 128   | 32768  | 344M   |
 | nemotron-h-12b | 62: 28/6/28   | 5120    | 20480 | 40/8 x 128     | 160 x 64, 8, 128  | 131072 | 12.31B |
@@ -40,6 +41,21 @@ PRESETS: dict[str, dict] = {
         mamba_head_dim=8,
         n_groups=2,
         d_state=12,
+        chunk_size=64,
+    ),
+    # the size of the transformers NemotronH configuration that the throughput benchmarks compare
+    # against (scripts/bench_pretrain.py, scripts/bench_model.py); chunk 64 as everywhere here
+    "peer158m": dict(
+        pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-",
+        vocab_size=32768,
+        d_model=768,
+        n_heads=12,
+        n_kv_heads=4,
+        ffn_dim=3072,
+        mamba_heads=24,
+        mamba_head_dim=64,
+        n_groups=2,
+        d_state=128,
         chunk_size=64,
     ),
     "hybrid-125m": dict(
