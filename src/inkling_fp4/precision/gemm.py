@@ -385,9 +385,22 @@ def _tile_scale_rows_padded(device: torch.device) -> bool:
 
 
 def native_fp8_matmul(a: Operand, b: Operand, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """out [Ra, Rb] = a · bᵀ on FP8 tensor cores through ``torch._scaled_mm``."""
+    """out [Ra, Rb] = a · bᵀ on FP8 tensor cores through ``torch._scaled_mm``.
+
+    Blockwise operands go through ``torch.nn.functional.scaled_mm`` where this torch has it: it takes
+    each operand's scaling recipe explicitly, where ``torch._scaled_mm`` infers it from the scale
+    tensors' shapes. NOTE either way the probe (:func:`probe_native_fp8_blockwise`) decides whether
+    the native result is used at all.
+    """
     mat1 = _row_major(a)  # [Ra, C] row-major
     mat2 = _col_major_t(b)  # [C, Rb] column-major
+    blockwise = a.spec.block != TENSORWISE
+    if blockwise and hasattr(F, "scaled_mm") and hasattr(F, "ScalingType"):
+        recipe = {(1, 128): F.ScalingType.BlockWise1x128, (128, 128): F.ScalingType.BlockWise128x128}
+        return F.scaled_mm(
+            mat1, mat2, _scale_a(a), recipe[a.spec.block], _scale_b(b), recipe[b.spec.block],
+            output_dtype=out_dtype,
+        )  # fmt: skip
     return torch._scaled_mm(mat1, mat2, _scale_a(a), _scale_b(b), out_dtype=out_dtype)
 
 
