@@ -59,6 +59,7 @@ def main() -> int:
         "nvfp4_rht_t": lambda x: (lambda t: (t.codes, t.scales, t.amax))(nvfp4.quantize_rht_t_ref(x[:192])),
         "rht": lambda x: (nvfp4.rht(x),),
         "mxfp4": lambda x: (lambda t: (t.codes, t.scales))(mxfp4.quantize(x)),
+        "mxfp4_ref": lambda x: (lambda t: (t.codes, t.scales))(mxfp4.quantize_ref(x)),
         "fp8_tensor_e4m3": lambda x: (lambda t: (t.data, t.scale_inv))(fp8.quantize_tensorwise(x)),
         "fp8_tensor_e5m2": lambda x: (lambda t: (t.data, t.scale_inv))(
             fp8.quantize_tensorwise(x, dtype=torch.float8_e5m2)

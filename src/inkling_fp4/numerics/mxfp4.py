@@ -18,6 +18,11 @@ of two, so it is exact in FP32; the one rounding is E2M1's. There is no tensor s
 
 Layout: ``x: [..., N]`` with N a multiple of 32 -> ``codes [..., N//2]`` (even element in the low
 nibble), ``scales`` uint8 E8M0 bytes (bias 127) ``[..., N//32]``.
+
+On CUDA, :func:`quantize` calls the one-pass Triton kernel in ``numerics/kernels/mxfp4_quantize.py``
+when Triton is installed: same arguments, same codes and scale bytes for round-to-nearest, the same
+distribution for stochastic rounding. ``quantize_ref`` is the torch code: the CPU path and the
+kernel's oracle.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
-from inkling_fp4.numerics import checks
+from inkling_fp4.numerics import checks, kernels
 from inkling_fp4.numerics.formats import (
     E2M1_MAX,
+    E8M0_NAN,
     decode_packed,
     e2m1_encode,
     e2m1_encode_stochastic,
@@ -75,8 +81,33 @@ def quantize(
     stochastic: bool = False,
     generator: torch.Generator | None = None,
     name: str | None = None,
+    check: bool = True,
 ) -> MXFP4Tensor:
-    """MXFP4-quantize ``x: [..., N]`` in 1×32 blocks along N (round-half-even or stochastic)."""
+    """MXFP4-quantize ``x: [..., N]`` in 1×32 blocks along N (round-half-even or stochastic).
+
+    CUDA tensors go through the Triton kernel. There, ``check=False`` skips the NaN/Inf check (one
+    host sync): a non-finite block then gets the E8M0 NaN scale byte and dequantizes to NaN. The
+    CPU path always checks.
+    """
+    if not (x.is_cuda and kernels.available()):
+        return quantize_ref(x, stochastic=stochastic, generator=generator, name=name)
+    from inkling_fp4.numerics.kernels import mxfp4_quantize
+
+    op = "mxfp4.quantize"
+    checks.check_input(x, op=op, block=BLOCK, name=name)
+    t = mxfp4_quantize.quantize(x, stochastic=stochastic, generator=generator)
+    if check and bool((t.scales == E8M0_NAN).any()):
+        checks.check_finite(x, op=op, name=name)
+    return t
+
+
+def quantize_ref(
+    x: torch.Tensor,
+    stochastic: bool = False,
+    generator: torch.Generator | None = None,
+    name: str | None = None,
+) -> MXFP4Tensor:
+    """The torch reference quantizer (CPU path, and the oracle for the kernel)."""
     op = "mxfp4.quantize"
     checks.check_input(x, op=op, block=BLOCK, name=name)
     shape, n = x.shape, x.shape[-1]

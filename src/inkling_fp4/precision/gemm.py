@@ -161,7 +161,11 @@ def quantize(
         src = t.t().contiguous() if transpose else t
         if spec.rht:
             src = nvfp4.rht(src, sign_cpu)
-        return Operand(mxfp4.quantize(src, stochastic=spec.stochastic, generator=generator, name=name), spec)
+        # On CUDA no host sync for the NaN/Inf check (as for NVFP4): a non-finite block gets the E8M0
+        # NaN scale, so the output and the loss turn NaN and the noise monitor skips the step.
+        check = not src.is_cuda or finite_guard.eager()
+        q = mxfp4.quantize(src, stochastic=spec.stochastic, generator=generator, name=name, check=check)
+        return Operand(q, spec)
     dtype = torch.float8_e4m3fn if spec.format == "e4m3" else torch.float8_e5m2
     # On CUDA no finiteness check (a host sync): NaN/Inf shows as an Inf scale_inv and output.
     check = not t.is_cuda
