@@ -11,13 +11,12 @@ through the public dispatch of ``fp8.quantize_*`` at training-like shapes.
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from interpreter import interpreted, run_interpreted
 
 pytest.importorskip("triton")
 
@@ -26,8 +25,6 @@ from inkling_fp4.numerics.kernels import fp8_quantize as kern  # noqa: E402
 from inkling_fp4.numerics.kernels.amax import abs_max  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not INTERPRET, reason="runs in the TRITON_INTERPRET=1 child process")
 on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2]
 
@@ -95,12 +92,9 @@ def test_interp_nan_gives_inf_scale_and_odd_width_tensorwise():
     _same(out["data"], ref.data, "tensorwise data, N=48")
 
 
-@pytest.mark.skipif(INTERPRET, reason="this is the parent of the interpreter run")
 def test_under_triton_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", "interp"]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    """Run every ``test_interp_*`` in a child process with TRITON_INTERPRET=1."""
+    run_interpreted(__file__, "-k", "interp")
 
 
 @pytest.mark.gpu

@@ -19,13 +19,12 @@ near FLT_MAX, zero blocks, ±0, huge and tiny magnitudes.
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from interpreter import interpreted, run_interpreted
 
 pytest.importorskip("triton")
 
@@ -33,8 +32,6 @@ from inkling_fp4.errors import NumericsError  # noqa: E402
 from inkling_fp4.numerics import formats, mxfp4  # noqa: E402
 from inkling_fp4.numerics.kernels import mxfp4_quantize  # noqa: E402
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not INTERPRET, reason="runs in the TRITON_INTERPRET=1 child process")
 on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
@@ -196,12 +193,7 @@ def test_interp_non_finite_blocks_get_the_nan_scale():
 @pytest.mark.slow
 def test_under_triton_interpreter():
     """Run every ``test_interp_*`` in a child process with TRITON_INTERPRET=1 (about 15 s)."""
-    if INTERPRET:
-        pytest.skip("already running under the interpreter")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "interp", __file__]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    run_interpreted(__file__, "-k", "interp")
 
 
 # -- CPU: no kernel launch -----------------------------------------------------------------------------

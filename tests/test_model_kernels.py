@@ -11,10 +11,7 @@
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -29,9 +26,8 @@ from inkling_fp4.model.mamba2 import dt_softplus
 from inkling_fp4.model.mlp import squared_relu
 from inkling_fp4.model.norm import gated_rms_norm, rms_norm, skip_gated_rms_norm
 from inkling_fp4.model.ssd import segment_ids
+from interpreter import interpreted, run_interpreted
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not INTERPRET, reason="runs in the TRITON_INTERPRET=1 child process")
 on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -99,13 +95,7 @@ def test_interp_conv_zero_input_and_doc_per_token():
 
 def test_under_triton_interpreter():
     """Run every ``test_interp_*`` in a child process with TRITON_INTERPRET=1."""
-    pytest.importorskip("triton")
-    if INTERPRET:
-        pytest.skip("already running under the interpreter")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "interp", __file__]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    run_interpreted(__file__, "-k", "interp")
 
 
 def _reference_ce(hidden, weight, targets, mask):

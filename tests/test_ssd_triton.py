@@ -17,13 +17,12 @@ chunk. NaN/Inf are not checked by the kernel (that would cost a device sync per 
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from interpreter import interpreted, run_interpreted
 
 pytest.importorskip("triton")
 
@@ -39,7 +38,6 @@ from inkling_fp4.model.ssd_kernels.state_grads import state_grads, state_grads_r
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET  # noqa: E402
 from inkling_fp4.model.ssd_triton import ssd_triton  # noqa: E402
 
-interpreted = pytest.mark.skipif(not INTERPRET, reason="runs in the TRITON_INTERPRET=1 child process")
 GRAD_NAMES = ("dx", "ddt", "dA", "dB", "dC", "dinit")
 
 
@@ -199,12 +197,9 @@ def test_bad_arguments_are_refused():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(INTERPRET, reason="this is the parent of the interpreter run")
 def test_under_triton_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not gpu", __file__]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    """Run this file's CPU tests again in a child process with TRITON_INTERPRET=1."""
+    run_interpreted(__file__, "-m", "not gpu", timeout=600)
 
 
 def check_kernels_against_twins(seed, shape, chunk, device):

@@ -1,0 +1,28 @@
+"""Triton kernels on the CPU: tests marked ``interpreted`` run in a child pytest with TRITON_INTERPRET=1.
+
+The interpreter has to be switched on before triton is imported, and must not leak into the rest of
+the test session, so each kernel test file has one parent test that re-runs that file's interpreter
+tests in a child process (:func:`run_interpreted`). ``TRITON_INTERPRET=1 python -m pytest FILE`` runs
+them directly.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+interpreted = pytest.mark.skipif(not INTERPRET, reason="runs in the TRITON_INTERPRET=1 child process")
+
+
+def run_interpreted(test_file: str, *select: str, timeout: int = 300) -> None:
+    """Run the tests of ``test_file`` that ``select`` picks (pytest ``-k`` / ``-m`` arguments) under the
+    interpreter; fail with the child's output if any of them fails."""
+    pytest.importorskip("triton")
+    if INTERPRET:
+        pytest.skip("already running under the interpreter")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *select, test_file]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
