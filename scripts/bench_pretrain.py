@@ -53,7 +53,8 @@ from inkling_fp4.train.optimizer import build_optimizer, set_lr
 
 CONFIGS = {"hybrid-350m": (dict(preset="hybrid-350m"), 16), "peer158m": (dict(preset="peer158m"), 8)}
 """name -> (ModelConfig fields, default global batch)"""
-BACKENDS = {"bf16": "auto", "fp8": "native-fp8", "fp8-tensorwise": "native-fp8", "nvfp4": "emulated"}
+BACKENDS = {"bf16": "auto", "fp8": "native-fp8", "fp8-tensorwise": "native-fp8"}
+BACKENDS |= {"nvfp4": "emulated", "mxfp4": "emulated"}
 PEER_TOKENS_PER_S = 126_000
 
 

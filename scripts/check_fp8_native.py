@@ -29,10 +29,15 @@ from inkling_fp4.precision import gemm  # noqa: E402
 from test_gemm import FP8_CASES, block_varied, fp8_gemm_operands, fp8_layout_error  # noqa: E402
 
 
+def b_rows(b: gemm.Operand) -> int:
+    """Rows of the logical [Rb, C] second operand."""
+    return b.q.data.shape[1] if b.transposed else b.q.data.shape[0]
+
+
 def _alternatives(a: gemm.Operand, b: gemm.Operand) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Plausible (scale_a, scale_b) layouts for a blockwise pair, by name; 'code' is what gemm uses."""
     sa_logical = a.q.scale_inv.float()  # [Ra, C/128]
-    out = {"code": (gemm._scale_a(a), gemm._scale_b(b))}
+    out = {}
     sa_alts = {"a outer-major": sa_logical.t().contiguous().t(), "a row-major": sa_logical.contiguous()}
     s = b.q.scale_inv.float()
     if b.spec.block == (128, 128):
@@ -45,6 +50,10 @@ def _alternatives(a: gemm.Operand, b: gemm.Operand) -> dict[str, tuple[torch.Ten
             "b [C/128,Rb/128] contiguous": tiles.t().contiguous(),
             "b [C/128,Rb/128] T-row-major padded4": padded[:, :c].t(),
             "b [Rb/128,C/128] contiguous": tiles,
+            # each row with its tile's scale, read as a 1x128 operand (gemm.ROWS_1X128)
+            "b rows-1x128 [C/128,Rb] contiguous": tiles.repeat_interleave(128, dim=0)[: b_rows(b)]
+            .t()
+            .contiguous(),
         }
     else:
         sb_alts = {"b [C/128,Rb] contiguous": s.t().contiguous(), "b [C/128,Rb] T": s.contiguous().t()}
@@ -60,12 +69,20 @@ def main() -> int:
         return 2
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, bound: error <= 1 x (2^-10 Σ|ab|)")
+    from inkling_fp4.precision.backends import native_fp8_blockwise_out_dtypes
+
+    dtypes = native_fp8_blockwise_out_dtypes(torch.device("cuda"))  # the probe picks the layout "code" uses
+    dev = torch.device("cuda", torch.cuda.current_device())
+    layout, api = gemm._tile_layout.get(dev), gemm._blockwise_api.get(dev)
+    print(f"probe: blockwise out dtypes {sorted(str(d) for d in dtypes)} via {api}, 128x128 scale_b {layout}")
     x, w, dy = block_varied(256, 384), block_varied(256, 384), block_varied(256, 256)
     failures = []
     for scaling, gemm_name, out_dtype in FP8_CASES:
         label = f"{scaling:>10} {gemm_name:>5} {str(out_dtype).split('.')[-1]:>8}"
         a, b = fp8_gemm_operands(scaling, gemm_name, x, w, dy)
-        layouts = {"code": None} if scaling == "tensorwise" else _alternatives(a, b)
+        layouts = {"code": None}
+        if scaling != "tensorwise":
+            layouts.update(_alternatives(a, b))
         for name, scales in layouts.items():
             try:
                 if scales is None:
@@ -76,7 +93,7 @@ def main() -> int:
                 torch.cuda.synchronize()
                 err = fp8_layout_error(native, a, b)
                 verdict = f"{err:10.3g} {'MATCH' if err <= 1.0 else 'mismatch'}"
-            except RuntimeError as e:
+            except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:
                 err = float("inf")
                 verdict = f"{'rejected':>10} {str(e).splitlines()[0][:90]}"
             print(f"{label}  {name:<62} {verdict}")

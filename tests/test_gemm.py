@@ -192,6 +192,47 @@ def block_varied(*shape, device="cuda"):
     return torch.randn(*shape, device=device) * torch.exp2(r + c)
 
 
+@pytest.mark.parametrize("transposed", [False, True], ids=["fprop-W", "dgrad-W"])
+def test_rows_1x128_scale_b_reproduces_tile_scales(transposed, monkeypatch):
+    """ROWS_1X128 hands a 128x128-tiled weight to the 1x128 kernel: its [C/128, Rb] scales, applied
+    per 128-block of the [C, Rb] mat2, must give exactly the tile-dequantized weight (ragged rows)."""
+    w = block_varied(200, 384, device="cpu")  # 200 rows: the last tile row is partial
+    wq = dataclasses.replace(gemm.quantize(w, OperandQuant("e4m3", (128, 128))), transposed=transposed)
+    monkeypatch.setitem(gemm._tile_layout, torch.device("cpu"), gemm.ROWS_1X128)
+    mat2 = gemm._col_major_t(wq).float()  # [C, Rb]
+    scale_b = gemm._scale_b(wq, mat2.shape[1])  # [C/128, Rb]
+    assert scale_b.shape == (-(-mat2.shape[0] // 128), mat2.shape[1]) and scale_b.is_contiguous()
+    got = mat2 * scale_b.repeat_interleave(128, dim=0)[: mat2.shape[0]]  # [C, Rb]
+    logical, _ = gemm._values(wq)  # [Rb, C]
+    assert torch.equal(got.t(), logical)
+
+
+def test_probe_falls_back_to_rows_1x128(monkeypatch):
+    """A torch whose explicit-recipe op rejects our scales and whose 128x128 kernel reads them wrong
+    (what torch 2.11 + cuBLAS did on an H200): the probe must end on _scaled_mm with ROWS_1X128, for
+    both output dtypes, and forget nothing it found on the way."""
+    cpu = torch.device("cpu")
+
+    def fake_native(a, b, out_dtype=torch.float32):
+        if gemm._blockwise_api.get(cpu) != "_scaled_mm":
+            raise ValueError("scale_b must have shape 4 x 2 Float elements")
+        wrong = b.spec.block == (128, 128) and gemm._tile_layout.get(cpu) != gemm.ROWS_1X128
+        return (gemm.emulated_matmul(a, b) * (3.0 if wrong else 1.0)).to(out_dtype)
+
+    monkeypatch.setattr(gemm, "native_fp8_matmul", fake_native)
+    monkeypatch.setattr(gemm, "_blockwise_apis", lambda: ("scaled_mm", "_scaled_mm"))
+    monkeypatch.setattr(gemm, "_tile_layout", {})
+    monkeypatch.setattr(gemm, "_blockwise_api", {})
+    assert gemm.probe_native_fp8_blockwise(cpu) == {torch.bfloat16, torch.float32}
+    assert gemm._blockwise_api[cpu] == "_scaled_mm" and gemm._tile_layout[cpu] == gemm.ROWS_1X128
+
+    monkeypatch.setattr(
+        gemm, "native_fp8_matmul", lambda a, b, out_dtype=None: gemm.emulated_matmul(a, b) * 3
+    )
+    assert gemm.probe_native_fp8_blockwise(cpu) == frozenset()  # nothing agrees: emulation is used
+    assert cpu not in gemm._blockwise_api and cpu not in gemm._tile_layout
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize(

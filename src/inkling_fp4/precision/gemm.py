@@ -331,13 +331,17 @@ def _scale_a(op: Operand) -> torch.Tensor:
     return s.t().contiguous().t()  # [R, C/128], stride (1, R)
 
 
-def _scale_b(op: Operand) -> torch.Tensor:
+def _scale_b(op: Operand, rows: int) -> torch.Tensor:
+    """``scale_b`` of the logical [Rb, C] operand (``rows`` = Rb) in the layout ``_scaled_mm`` reads."""
     s = op.q.scale_inv.float()
     if op.spec.block == TENSORWISE:
         return s.reshape(())
     if op.spec.block == (128, 128):
         tiles = s.t() if op.transposed else s  # tiles of the logical [Rb, C] operand: [Rb/128, C/128]
-        return TILE_SCALE_LAYOUTS[_tile_layout.get(tiles.device, "t-row-major")](tiles)
+        layout = _tile_layout.get(tiles.device, "t-row-major")
+        if layout == ROWS_1X128:  # each row takes its tile's scale: [Rb, C/128], then as 1x128 below
+            return tiles.repeat_interleave(128, dim=0)[:rows].t().contiguous()
+        return TILE_SCALE_LAYOUTS[layout](tiles)
     assert op.spec.block == (1, 128) and not op.transposed, op.spec
     return s.t().contiguous()  # [C/128, Rb] contiguous
 
@@ -359,17 +363,33 @@ def _tile_scales_t(tiles: torch.Tensor) -> torch.Tensor:
     return buf[:, :c].t()
 
 
+ROWS_1X128 = "rows-1x128"
+"""The 128×128 weight as a 1×128 operand: every row of a 128-row tile carries the tile's scale.
+
+The same numbers as the 128×128 GEMM (the FP8 codes are those of the 2D quantization, each element
+multiplied by its own tile's scale), through the 1×128 × 1×128 kernel that the wgrad GEMM uses. It
+is the probe's last resort, for a torch/cuBLAS pair whose 128×128 path disagrees with emulation."""
+
 TILE_SCALE_LAYOUTS = {
     "t-row-major": _tile_scales_t,  # [C/128, Rb/128] whose transpose is row-major (see above)
     "row-major": lambda tiles: tiles.t().contiguous(),  # [C/128, Rb/128] row-major
     "tiles-row-major": lambda tiles: tiles.contiguous(),  # [Rb/128, C/128] row-major
     "tiles-col-major": lambda tiles: tiles.t().contiguous().t(),  # [Rb/128, C/128] column-major
+    ROWS_1X128: None,  # expanded per row by _scale_b
 }
 """Candidate layouts of a 128×128 ``scale_b``. NOTE torch releases differ in what ``_scaled_mm``
 accepts here, and a layout that is accepted can still be read transposed (wrong results, no error)
-when the operand has several tile rows: the probe below picks the one that matches emulation."""
+when the operand has several tile rows: the probe below picks the first one that matches emulation."""
 
 _tile_layout: dict[torch.device, str] = {}
+_blockwise_api: dict[torch.device, str] = {}
+"""Per device, the op the probe found to agree for blockwise GEMMs: "_scaled_mm" or "scaled_mm"."""
+
+
+def _blockwise_apis() -> tuple[str, ...]:
+    """The blockwise FP8 GEMM ops of this torch, in the order the probe tries them."""
+    explicit = hasattr(F, "scaled_mm") and hasattr(F, "ScalingType")
+    return ("_scaled_mm", "scaled_mm") if explicit else ("_scaled_mm",)
 
 
 @functools.lru_cache(maxsize=8)
@@ -391,21 +411,25 @@ def _tile_scale_rows_padded(device: torch.device) -> bool:
 def native_fp8_matmul(a: Operand, b: Operand, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """out [Ra, Rb] = a · bᵀ on FP8 tensor cores through ``torch._scaled_mm``.
 
-    Blockwise operands go through ``torch.nn.functional.scaled_mm`` where this torch has it: it takes
-    each operand's scaling recipe explicitly, where ``torch._scaled_mm`` infers it from the scale
-    tensors' shapes. NOTE either way the probe (:func:`probe_native_fp8_blockwise`) decides whether
-    the native result is used at all.
+    Blockwise operands go through ``torch._scaled_mm`` (which infers each operand's scaling from its
+    scale tensor's shape) or, where the probe picked it, ``torch.nn.functional.scaled_mm`` (which
+    takes the scaling recipes explicitly and checks scale shapes its own way). NOTE the probe
+    (:func:`probe_native_fp8_blockwise`) decides which, and whether the native result is used at all.
     """
     mat1 = _row_major(a)  # [Ra, C] row-major
     mat2 = _col_major_t(b)  # [C, Rb] column-major
+    scale_b = _scale_b(b, mat2.shape[1])
     blockwise = a.spec.block != TENSORWISE
-    if blockwise and hasattr(F, "scaled_mm") and hasattr(F, "ScalingType"):
+    if blockwise and _blockwise_api.get(mat2.device) == "scaled_mm":
         recipe = {(1, 128): F.ScalingType.BlockWise1x128, (128, 128): F.ScalingType.BlockWise128x128}
+        block_b = b.spec.block
+        if block_b == (128, 128) and _tile_layout.get(mat2.device) == ROWS_1X128:
+            block_b = (1, 128)
         return F.scaled_mm(
-            mat1, mat2, _scale_a(a), recipe[a.spec.block], _scale_b(b), recipe[b.spec.block],
+            mat1, mat2, _scale_a(a), recipe[a.spec.block], scale_b, recipe[block_b],
             output_dtype=out_dtype,
         )  # fmt: skip
-    return torch._scaled_mm(mat1, mat2, _scale_a(a), _scale_b(b), out_dtype=out_dtype)
+    return torch._scaled_mm(mat1, mat2, _scale_a(a), scale_b, out_dtype=out_dtype)
 
 
 def probe_native_fp8_blockwise(device: torch.device) -> frozenset:
@@ -437,20 +461,27 @@ def probe_native_fp8_blockwise(device: torch.device) -> frozenset:
                 want = emulated_matmul(a, b)
                 if not torch.allclose(got, want, rtol=1e-2, atol=1e-2 * float(want.abs().max())):
                     return False
-            torch.cuda.synchronize(device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             return True
         except (RuntimeError, NotImplementedError, ValueError, TypeError):
             return False
 
-    supported = set()
-    for out_dtype in (torch.bfloat16, torch.float32):
-        if not agrees(wgrad, out_dtype):
-            continue
-        for layout in TILE_SCALE_LAYOUTS:
-            _tile_layout[device] = layout
-            if agrees(tiled, out_dtype):
-                supported.add(out_dtype)
-                break
-        else:
-            _tile_layout.pop(device, None)
-    return frozenset(supported)
+    for api in _blockwise_apis():
+        _blockwise_api[device] = api
+        supported, found = set(), None
+        for out_dtype in (torch.bfloat16, torch.float32):
+            if not agrees(wgrad, out_dtype):
+                continue
+            for layout in [found] if found else list(TILE_SCALE_LAYOUTS):
+                _tile_layout[device] = layout
+                if agrees(tiled, out_dtype):
+                    supported.add(out_dtype)
+                    found = layout
+                    break
+        if supported:
+            _tile_layout[device] = found
+            return frozenset(supported)
+    _blockwise_api.pop(device, None)
+    _tile_layout.pop(device, None)
+    return frozenset()
