@@ -32,7 +32,9 @@ Native FP8 (``torch._scaled_mm``): a must be row-major [Ra, C] and the second op
 a 1×128 operand's scales are [R, C/128] "outer-dim major" (stride (1, R)); for the second operand
 ``scale_b`` is the transpose of what its own [Rb, C] layout would need: 128×128 → [C/128, Rb/128]
 whose transpose is contiguous, 1×128 → [C/128, Rb] contiguous. All dims are padded to multiples
-of 16 (``OperandQuant.multiple``) because ``_scaled_mm`` requires it.
+of 16 (``OperandQuant.multiple``) because ``_scaled_mm`` requires it. NOTE with torch 2.11 on an H200
+the 128×128 kernel reads that layout wrongly (and rejects every other), so the probe ends on
+:data:`ROWS_1X128`: the weight's tile scales expanded per row, through the 1×128 × 1×128 kernel.
 """
 
 from __future__ import annotations
