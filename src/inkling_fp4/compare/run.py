@@ -19,6 +19,10 @@ run the same command again. Each run after the baseline logs its live gap to the
 The run without the BF16 switch is identical to the recipe's run up to the switch, so it is not
 trained twice: the recipe's run stops at the step before the switch, its checkpoint there is copied
 to start the run without the switch, and both continue from that same state.
+
+Under torchrun every process runs this code and trains every run together (the training loop is
+data-parallel by itself); rank 0 alone speaks, copies checkpoints and writes the report, and the
+other ranks wait at a barrier wherever rank 0 writes files that they read.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from inkling_fp4.compare.summary import summarize
 from inkling_fp4.config import RunConfig, from_dict, to_dict
 from inkling_fp4.errors import ConfigError, UserError
 from inkling_fp4.precision.config import RECIPES
+from inkling_fp4.train import distributed as D
 from inkling_fp4.train import loop
 from inkling_fp4.train.checkpoint import checkpoint_dirs
 from inkling_fp4.train.metrics import truncate_metrics
@@ -156,6 +161,13 @@ def last_logged_step(run_dir: Path) -> int:
     return max(steps, default=0)
 
 
+def trained_steps(run_dir: Path) -> int:
+    """The steps a run has trained: its last logged step or, when later, its newest checkpoint (the
+    loop checkpoints where it stops, interrupted or at ``train.stop_after``, logged or not)."""
+    saved = [step for step, path in checkpoint_dirs(run_dir) if (path / "state.json").is_file()]
+    return max([last_logged_step(run_dir), *saved])
+
+
 def check_same_run(run_dir: Path, cfg: RunConfig) -> None:
     """Refuse to reuse a run directory that holds a different run."""
     if not (run_dir / "config.yaml").is_file():
@@ -177,16 +189,16 @@ def _checkpoint_steps(run_dir: Path) -> list[int]:
 
 
 def train_run(cfg: RunConfig, run_dir: Path, baseline: Path | None, echo: Callable[[str], None]) -> bool:
-    """Train (or resume, or reuse) one run; True once it has logged its last step."""
+    """Train (or resume, or reuse) one run; True once it has trained its last step."""
     target = cfg.train.stop_after or cfg.train.steps
-    done = last_logged_step(run_dir)
+    done = trained_steps(run_dir)
     if done >= target:
         echo(f"{run_dir}: already trained to step {done}, reusing it")
         return True
     resume = bool(_checkpoint_steps(run_dir))
     echo(f"{run_dir}: {'resuming' if resume else 'training'} {cfg.precision.recipe} to step {target}")
     loop.run(cfg, run_dir, resume=resume, baseline=baseline)
-    done = last_logged_step(run_dir)
+    done = trained_steps(run_dir)
     if done < target:
         echo(f"{run_dir}: stopped at step {done} of {target}; run the same command again to continue")
         return False
@@ -199,7 +211,7 @@ def branch(parent: PlannedRun, child: PlannedRun, run_dir: Path, echo: Callable[
     child_dir, parent_dir, step = run_dir / child.label, run_dir / parent.label, child.branch_step
     if last_logged_step(child_dir) or _checkpoint_steps(child_dir):
         return True  # branched (or started) before
-    if last_logged_step(parent_dir) < step:
+    if trained_steps(parent_dir) < step:
         stop_cfg = derive(parent.cfg, {"train.stop_after": step}, parent.cfg.name)
         if not train_run(stop_cfg, parent_dir, _baseline_dir(run_dir, parent.label), echo):
             return False
@@ -210,12 +222,15 @@ def branch(parent: PlannedRun, child: PlannedRun, run_dir: Path, echo: Callable[
             "training it from scratch"
         )
         return True
-    child_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(source, child_dir / "checkpoints" / source.name)
-    for name in ("tokenizer.json", METRICS_FILE):
-        if (parent_dir / name).is_file():
-            shutil.copy2(parent_dir / name, child_dir / name)
-    truncate_metrics(child_dir / METRICS_FILE, step)  # the parent may have logged past the branch
+    ranks = sync_ranks(child.cfg)  # every rank has looked at child_dir before rank 0 writes into it
+    if ranks.is_main:
+        child_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(source, child_dir / "checkpoints" / source.name)
+        for name in ("tokenizer.json", METRICS_FILE):
+            if (parent_dir / name).is_file():
+                shutil.copy2(parent_dir / name, child_dir / name)
+        truncate_metrics(child_dir / METRICS_FILE, step)  # the parent may have logged past the branch
+    sync_ranks(child.cfg)  # ... and every rank finds the copy complete
     echo(f"{child_dir}: starts from {parent.label}'s checkpoint at step {step} (identical until the switch)")
     return True
 
@@ -231,6 +246,8 @@ def train_planned(
         raise UserError(f"no run '{only}' in this comparison; its runs are {', '.join(by_label)}")
     for p in plan:
         check_same_run(run_dir / p.label, p.cfg)
+    if not sync_ranks(plan[0].cfg).is_main:  # the barrier: configs read before rank 0 rewrites them
+        echo = _silent
     for p in plan:
         if only is not None and p.label != only:
             continue
@@ -241,6 +258,19 @@ def train_planned(
         if not train_run(p.cfg, run_dir / p.label, _baseline_dir(run_dir, p.label), echo):
             return False
     return True
+
+
+def sync_ranks(cfg: RunConfig) -> D.DistInfo:
+    """Wait until every torchrun process gets here (nothing to wait for in a single process); returns
+    this process's rank. The first call opens the process group and every run after it uses that one
+    (the training loop closes only a group it opened itself)."""
+    ranks = D.init_distributed(cfg.train.device)
+    D.barrier(ranks)
+    return ranks
+
+
+def _silent(_: str) -> None:
+    pass
 
 
 def _baseline_dir(run_dir: Path, label: str) -> Path | None:
@@ -265,10 +295,15 @@ def run_compare(
     a run stopped early (interrupted) or only one run (the one labelled ``only``) was asked for."""
     run_dir = Path(run_dir)
     plan = plan_runs(cfg, with_recipes, ablate)
+    ranks = D.init_distributed(cfg.train.device)  # one process group for all the runs (torchrun)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not train_planned(plan, run_dir, echo, only) or only is not None:
-        return None
-    return write_comparison(run_dir, [p.label for p in plan], {p.label: p.about for p in plan})
+    report = None
+    if train_planned(plan, run_dir, echo, only) and only is None:
+        labels, about = [p.label for p in plan], {p.label: p.about for p in plan}
+        report = write_comparison(run_dir, labels, about) if ranks.is_main else run_dir / "report"
+    D.barrier(ranks)  # no rank leaves (torchrun then ends the others) before the report is written
+    D.shutdown(ranks)
+    return report
 
 
 def write_comparison(run_dir: str | Path, labels: list[str], about: dict[str, str] | None = None) -> Path:

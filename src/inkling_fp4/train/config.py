@@ -44,6 +44,10 @@ class TrainConfig:
     stop_after: int | None = None
     """End this invocation after this step with a checkpoint, as an interrupt would (e.g. to fit a job's
     time limit); ``--resume`` then goes on to train.steps with the same schedule."""
+    deterministic: bool = False
+    """Bit-reproducible runs on GPU (same config, seed and data -> the same losses and weights), for
+    A/B comparisons at the 1% level: deterministic torch kernels, a fixed cuBLAS workspace and fixed
+    SSD kernel configs (train/determinism.py). Slower; process-wide once on."""
 
     def __post_init__(self):
         if self.steps < 1:

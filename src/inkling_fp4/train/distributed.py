@@ -27,6 +27,10 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    owns_group: bool = False
+    """This call started the process group, so its ``shutdown`` ends it. A caller that starts the
+    group first (several runs in one process) keeps it across runs: NOTE a process group destroyed
+    and started again under torchrun can meet the previous one's stale rendezvous keys and fail."""
 
     @property
     def is_main(self) -> bool:
@@ -57,14 +61,12 @@ def init_distributed(device_name: str) -> DistInfo:
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(device_name, local)
-    if world > 1:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        if not dist.is_initialized():
-            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    elif device.type == "cuda":
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    return DistInfo(rank, world, local, device)
+    starts = world > 1 and not dist.is_initialized()
+    if starts:
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DistInfo(rank, world, local, device, owns_group=starts)
 
 
 def wrap_model(model: nn.Module, info: DistInfo) -> nn.Module:
@@ -105,5 +107,6 @@ def barrier(info: DistInfo) -> None:
 
 
 def shutdown(info: DistInfo) -> None:
-    if info.active and dist.is_initialized():
+    """End the process group if ``info``'s call started it (see ``DistInfo.owns_group``)."""
+    if info.owns_group and dist.is_initialized():
         dist.destroy_process_group()

@@ -43,6 +43,7 @@ from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision import finite_guard
 from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.precision.quant_linear import QuantLinear
+from inkling_fp4.train import determinism
 from inkling_fp4.train import distributed as D
 from inkling_fp4.train.checkpoint import (
     latest_good,
@@ -65,6 +66,8 @@ from inkling_fp4.train.sharding import full_state, is_sharded, load_full_state, 
 def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | None = None) -> Path:
     """Train ``cfg`` into ``run_dir`` (continuing its latest good checkpoint with ``resume``)."""
     run_dir = Path(run_dir)
+    if cfg.train.deterministic:  # before the first GEMM on the GPU: cuBLAS reads its setting once
+        determinism.enable_determinism()
     dist = D.init_distributed(cfg.train.device)
     device = dist.device
     live_gap = _live_gap(baseline)
@@ -94,7 +97,9 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
     check_vocab(data.tokenizer, cfg.model.vocab_size)
     if dist.is_main and not (run_dir / "tokenizer.json").is_file():
         data.tokenizer.save(run_dir / "tokenizer.json")
-    val_batches = data.val_batches(cfg.eval.batches, micro)
+    # each rank evaluates its share of eval.batches x micro x ranks windows: with the default micro batch
+    # (batch_size / ranks) the validation set is the same whatever the number of processes
+    val_batches = data.val_batches(cfg.eval.batches, micro, rank_shard=True)
 
     # -- model, precision, optimizer, schedules -----------------------------------------------
     with torch.device(device):  # built in place: a 12B model never passes through host memory
@@ -159,6 +164,8 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
         f"{flops_per_token / 1e6:.1f} MFLOP/token (train) at seq {seq_len}"
     )
     log.info(f"precision: {policy.describe(model)}")
+    if cfg.train.deterministic:
+        log.info(determinism.describe())
     log.info(
         f"device: {device} x {dist.world_size} | batch {cfg.train.batch_size} x {seq_len} = "
         f"{micro} micro x {accum} accum x {dist.world_size} ranks | lr {cfg.optim.lr:g} WSD "

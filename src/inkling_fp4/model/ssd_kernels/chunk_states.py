@@ -29,7 +29,7 @@ from inkling_fp4.model.ssd_kernels.chunking import (
     ref_dtype,
     to_chunks,
 )
-from inkling_fp4.model.ssd_kernels.tuning import cast_rne, configs, mma, operand_types
+from inkling_fp4.model.ssd_kernels.tuning import autotune, cast_rne, configs, mma, operand_types
 
 _CONFIGS = configs(
     [
@@ -41,7 +41,7 @@ _CONFIGS = configs(
 )
 
 
-@triton.autotune(configs=_CONFIGS, key=["P", "N", "CHUNK", "HAS_SEG"])
+@autotune(_CONFIGS, key=["P", "N", "CHUNK", "HAS_SEG"])
 @triton.jit
 def _chunk_states_kernel(
     x_ptr, dt_ptr, G_ptr, B_ptr, init_ptr, seg_ptr, states_ptr, final_ptr,

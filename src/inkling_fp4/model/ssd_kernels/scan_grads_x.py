@@ -33,12 +33,12 @@ from inkling_fp4.model.ssd_kernels.chunking import (
     ref_dtype,
     to_chunks,
 )
-from inkling_fp4.model.ssd_kernels.tuning import block_size, cast_rne, configs, mma, operand_types
+from inkling_fp4.model.ssd_kernels.tuning import autotune, block_size, cast_rne, configs, mma, operand_types
 
 _CONFIGS = configs([({"BLOCK_K": 64}, 8), ({"BLOCK_K": 32}, 8), ({"BLOCK_K": 32}, 4)])
 
 
-@triton.autotune(configs=_CONFIGS, key=["P", "N", "CHUNK", "HAS_SEG"])
+@autotune(_CONFIGS, key=["P", "N", "CHUNK", "HAS_SEG"])
 @triton.jit
 def _scan_grads_x_kernel(
     x_ptr, dt_ptr, G_ptr, A_ptr, B_ptr, C_ptr, dy_ptr, states_ptr, dstates_ptr, seg_ptr,

@@ -24,7 +24,7 @@ from inkling_fp4.model.ssd_kernels.chunking import (
     ref_dtype,
     to_chunks,
 )
-from inkling_fp4.model.ssd_kernels.tuning import cast_rne, configs, mma, operand_types
+from inkling_fp4.model.ssd_kernels.tuning import autotune, cast_rne, configs, mma, operand_types
 
 _CONFIGS = configs(
     [
@@ -36,7 +36,7 @@ _CONFIGS = configs(
 )
 
 
-@triton.autotune(configs=_CONFIGS, key=["P", "N", "CHUNK", "HAS_SEG"])
+@autotune(_CONFIGS, key=["P", "N", "CHUNK", "HAS_SEG"])
 @triton.jit
 def _state_grads_kernel(
     dy_ptr, G_ptr, C_ptr, dfinal_ptr, seg_ptr, dstates_ptr, dinit_ptr,

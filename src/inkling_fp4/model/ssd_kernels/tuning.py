@@ -1,4 +1,5 @@
-"""How the SSD kernels are compiled: matmul operand types, autotune configs, the interpreter switch.
+"""How the SSD kernels are compiled: matmul operand types, autotune configs, the interpreter switch,
+and the fixed-config switch of deterministic runs.
 
 All chunk matmuls go through :func:`mma`: operands rounded to the input dtype (BF16 on the fast path,
 as tensor cores take them), FP32 accumulation. Two facts shape it:
@@ -12,11 +13,20 @@ as tensor cores take them), FP32 accumulation. Two facts shape it:
 
 Autotuning tries a handful of configs per kernel on the GPU (keyed on the shapes that change the
 best choice) and exactly one under the interpreter, where timing means nothing.
+
+Deterministic runs (``train.deterministic``) need one more thing. The config is chosen by timing, in
+each process, and the candidates differ in the block sizes of the reduction loops (BLOCK_K, BLOCK_N):
+a different block size sums the same products in a different order, so two processes that time
+differently compute different last bits, which training then amplifies. :func:`set_fixed_configs`
+makes every kernel of the package take its first candidate without timing: every kernel is declared
+with :func:`autotune`, which hands triton the hook :func:`first_config_when_fixed` and remembers the
+tuner, so that switching the mode also forgets the choices already made.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 import triton
@@ -71,3 +81,45 @@ def configs(candidates: list[tuple[dict, int]], num_stages: int = 2) -> list[tri
 def block_size(dim: int) -> int:
     """A whole-dimension block: the next power of two, at least 16 (tl.dot's minimum)."""
     return max(16, triton.next_power_of_2(dim))
+
+
+_fixed_configs = False
+_tuners: list = []  # every Autotuner made by autotune() below
+
+
+def fixed_configs() -> bool:
+    """Whether the SSD kernels run their first autotune candidate instead of the fastest one."""
+    return _fixed_configs
+
+
+def set_fixed_configs(on: bool) -> None:
+    """Run every SSD kernel with its first candidate config (on) or the fastest by timing (off).
+
+    The choices already made in this process are forgotten when the mode changes: triton calls the
+    prune hook only for shapes it has not tuned yet, so a kept choice would outlive the switch."""
+    global _fixed_configs
+    if on != _fixed_configs:
+        for tuner in _tuners:
+            tuner.cache.clear()
+    _fixed_configs = on
+
+
+def first_config_when_fixed(configs: list, named_args: dict | None = None, **kwargs) -> list:
+    """triton's ``early_config_prune`` hook: only ``configs[0]`` in fixed mode, else all of them.
+
+    NOTE triton 3.6 and 3.9 both call ``hook(configs, named_args, **kernel_kwargs)``; older releases
+    passed only the first two, hence the defaults. Returning one config skips the timing entirely."""
+    return list(configs[:1]) if _fixed_configs else list(configs)
+
+
+def autotune(candidates: list[triton.Config], key: list[str]) -> Callable:
+    """``triton.autotune`` with the fixed-config hook, for every autotuned kernel of the package."""
+
+    def decorate(kernel):
+        tuner = triton.autotune(
+            configs=candidates, key=key, prune_configs_by={"early_config_prune": first_config_when_fixed}
+        )(kernel)
+        _tuners.append(tuner)
+        return tuner
+
+    return decorate
