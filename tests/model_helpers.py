@@ -51,3 +51,28 @@ def exact_model(cfg: ModelConfig, seed: int = 0) -> HybridLM:
         if isinstance(m, QuantLinear):
             m.forward = types.MethodType(_exact_forward, m)
     return model
+
+
+SMALL_RUN = [
+    "model.pattern=M*-M",
+    "model.vocab_size=512",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.n_kv_heads=1",
+    "model.ffn_dim=64",
+    "model.mamba_heads=4",
+    "model.mamba_head_dim=16",
+    "model.n_groups=1",
+    "model.d_state=8",
+    "model.chunk_size=16",
+    "data.vocab_size=512",
+    "data.seq_len=32",
+    "data.max_documents=30",
+    "train.batch_size=4",
+    "train.log_every=1",
+    "train.checkpoint_every=0",
+    "eval.batches=1",
+    "log.progress=false",
+]
+"""Overrides of the tiny recipe for a training run of a few seconds on CPU (a Mamba, an attention and
+an MLP layer); tests add their own steps, schedule and evaluation."""

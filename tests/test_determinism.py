@@ -23,6 +23,7 @@ from inkling_fp4.model.ssd_kernels import (
     tuning,
 )
 from inkling_fp4.train import determinism
+from model_helpers import SMALL_RUN
 
 AUTOTUNED = [
     chunk_scan._chunk_scan_kernel,
@@ -126,29 +127,7 @@ def test_config_field_defaults_off_and_overrides_like_every_field():
         load_config("tiny", ["train.deterministic=sometimes"])
 
 
-SMALL = [
-    "model.pattern=M*-M",
-    "model.vocab_size=512",
-    "model.d_model=32",
-    "model.n_heads=2",
-    "model.n_kv_heads=1",
-    "model.ffn_dim=64",
-    "model.mamba_heads=4",
-    "model.mamba_head_dim=16",
-    "model.n_groups=1",
-    "model.d_state=8",
-    "model.chunk_size=16",
-    "data.vocab_size=512",
-    "data.seq_len=32",
-    "data.max_documents=30",
-    "train.steps=3",
-    "train.batch_size=4",
-    "train.log_every=1",
-    "train.checkpoint_every=0",
-    "eval.every=0",
-    "eval.batches=1",
-    "log.progress=false",
-]
+SMALL = [*SMALL_RUN, "train.steps=3", "eval.every=0"]
 
 
 def test_pretrain_with_deterministic_mode(tmp_path, capsys, monkeypatch, restore_determinism):

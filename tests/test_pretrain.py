@@ -16,33 +16,16 @@ import torch
 
 from inkling_fp4.config import load_config
 from inkling_fp4.train import loop
+from model_helpers import SMALL_RUN
 
 pytestmark = pytest.mark.slow
 
 SMALL = [
-    "model.pattern=M*-M",
-    "model.vocab_size=512",
-    "model.d_model=32",
-    "model.n_heads=2",
-    "model.n_kv_heads=1",
-    "model.ffn_dim=64",
-    "model.mamba_heads=4",
-    "model.mamba_head_dim=16",
-    "model.n_groups=1",
-    "model.d_state=8",
-    "model.chunk_size=16",
-    "data.vocab_size=512",
-    "data.seq_len=32",
-    "data.max_documents=30",
+    *SMALL_RUN,
     "train.steps=20",
-    "train.batch_size=4",
-    "train.log_every=1",
     "train.warmup_steps=3",
-    "train.checkpoint_every=0",
     "eval.every=10",
-    "eval.batches=1",
     "monitor.warmup=5",
-    "log.progress=false",
 ]
 
 
