@@ -70,7 +70,7 @@ from inkling_fp4.compare.run import (
 from inkling_fp4.config import RunConfig, load_config
 from inkling_fp4.errors import UserError
 from inkling_fp4.train import distributed as D
-from inkling_fp4.train.checkpoint import checkpoint_dirs
+from inkling_fp4.train.checkpoint import STATE_FILE, check_processes, checkpoint_dirs
 from inkling_fp4.train.interrupt import StopSignal
 
 RUNS = ("fp8", "nvfp4", "bf16", "mxfp4", "nvfp4-no-switch")
@@ -125,20 +125,15 @@ def check_process_count(plan: list[PlannedRun], wanted: list[str], run_dir: Path
     steps = plan[0].cfg.train.steps
     for label in involved:
         path = run_dir / label
-        ckpts = [c for _, c in checkpoint_dirs(path) if (c / "state.json").is_file()]
+        ckpts = [c for _, c in checkpoint_dirs(path) if (c / STATE_FILE).is_file()]
         if not ckpts or trained_steps(path) >= steps:
             continue
         try:
-            written = len(json.loads((ckpts[-1] / "state.json").read_text())["data"])
-        except (ValueError, KeyError, TypeError):
+            state = json.loads((ckpts[-1] / STATE_FILE).read_text())
+        except ValueError:
             continue  # not a checkpoint the loop would resume from; it reports it itself
-        if written != processes:
-            how = "without torchrun" if written == 1 else f"under torchrun --nproc_per_node {written}"
-            raise UserError(
-                f"{ckpts[-1]} was written by {written} process(es) and this invocation has {processes}; a "
-                f"stopped run resumes only on as many (each holds its data position and random state): run "
-                f"this command {how}, or remove {path} to train it anew"
-            )
+        if isinstance(state, dict) and isinstance(state.get("data"), list):
+            check_processes(ckpts[-1], state, processes)
 
 
 class TimeBudget:

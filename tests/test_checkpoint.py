@@ -8,8 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from inkling_fp4.errors import UserError
 from inkling_fp4.train.checkpoint import (
     CheckpointError,
+    check_processes,
     checkpoint_dirs,
     from_json,
     latest_good,
@@ -136,3 +138,11 @@ def test_weight_decay_groups():
     assert id(m.embed.weight) in decayed and id(m.lin.weight) in decayed
     assert not {id(m.lin.bias), id(m.norm.weight), id(m.A_log)} & decayed
     assert opt.param_groups[0]["betas"] == (0.9, 0.95)
+
+
+def test_check_processes_names_the_process_count_to_resume_with(tmp_path):
+    check_processes(tmp_path, {"data": [{}, {}]}, 2)  # the same count: resumes
+    with pytest.raises(UserError, match=r"written by 2 process\(es\) and this run has 1.*--nproc_per_node 2"):
+        check_processes(tmp_path, {"data": [{}, {}]}, 1)
+    with pytest.raises(UserError, match=r"written by 1 process\(es\) and this run has 4.*without torchrun"):
+        check_processes(tmp_path, {"data": [{}]}, 4)

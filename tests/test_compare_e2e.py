@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from inkling_fp4.cli import main
-from inkling_fp4.compare.run import compare_runs, plan_runs, run_compare
+from inkling_fp4.compare.run import compare_runs, plan_runs, run_compare, trained_steps
 from inkling_fp4.config import load_config
 from inkling_fp4.errors import ConfigError, UserError
 from metrics_fixture import make_pair, write_run
@@ -221,3 +221,15 @@ def test_orchestration_branches_the_no_switch_run_and_resumes_interrupted_runs(t
     n = len(fake.calls)
     assert run_compare(cfg, tmp_path, ablate=["switch"], echo=lambda _: None) == report
     assert len(fake.calls) == n
+
+
+def test_trained_steps_counts_a_checkpoint_past_the_last_logged_step(tmp_path):
+    """A run stopped at the BF16 switch (1221 of hybrid-125m's 100M-token run, logging every 10)
+    checkpoints a step it never logged: that step, not 1220, is where it stands."""
+    rows = [{"step": s, "tokens": s * 100, "loss": 5.0} for s in (10, 20)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert trained_steps(tmp_path) == 20
+    (tmp_path / "checkpoints" / "step_23").mkdir(parents=True)
+    assert trained_steps(tmp_path) == 20  # no state.json yet: an unfinished write does not count
+    (tmp_path / "checkpoints" / "step_23" / "state.json").write_text("{}")
+    assert trained_steps(tmp_path) == 23

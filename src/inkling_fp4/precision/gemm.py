@@ -340,10 +340,7 @@ def _scale_b(op: Operand, rows: int) -> torch.Tensor:
         return s.reshape(())
     if op.spec.block == (128, 128):
         tiles = s.t() if op.transposed else s  # tiles of the logical [Rb, C] operand: [Rb/128, C/128]
-        layout = _tile_layout.get(tiles.device, "t-row-major")
-        if layout == ROWS_1X128:  # each row takes its tile's scale: [Rb, C/128], then as 1x128 below
-            return tiles.repeat_interleave(128, dim=0)[:rows].t().contiguous()
-        return TILE_SCALE_LAYOUTS[layout](tiles)
+        return TILE_SCALE_LAYOUTS[_tile_layout.get(tiles.device, "t-row-major")](tiles, rows)
     assert op.spec.block == (1, 128) and not op.transposed, op.spec
     return s.t().contiguous()  # [C/128, Rb] contiguous
 
@@ -372,12 +369,13 @@ The same numbers as the 128×128 GEMM (the FP8 codes are those of the 2D quantiz
 multiplied by its own tile's scale), through the 1×128 × 1×128 kernel that the wgrad GEMM uses. It
 is the probe's last resort, for a torch/cuBLAS pair whose 128×128 path disagrees with emulation."""
 
-TILE_SCALE_LAYOUTS = {
-    "t-row-major": _tile_scales_t,  # [C/128, Rb/128] whose transpose is row-major (see above)
-    "row-major": lambda tiles: tiles.t().contiguous(),  # [C/128, Rb/128] row-major
-    "tiles-row-major": lambda tiles: tiles.contiguous(),  # [Rb/128, C/128] row-major
-    "tiles-col-major": lambda tiles: tiles.t().contiguous().t(),  # [Rb/128, C/128] column-major
-    ROWS_1X128: None,  # expanded per row by _scale_b
+TILE_SCALE_LAYOUTS = {  # (tiles [Rb/128, C/128], Rb) -> scale_b
+    "t-row-major": lambda tiles, rows: _tile_scales_t(tiles),  # [C/128, Rb/128], transpose row-major
+    "row-major": lambda tiles, rows: tiles.t().contiguous(),  # [C/128, Rb/128] row-major
+    "tiles-row-major": lambda tiles, rows: tiles.contiguous(),  # [Rb/128, C/128] row-major
+    "tiles-col-major": lambda tiles, rows: tiles.t().contiguous().t(),  # [Rb/128, C/128] column-major
+    # each row takes its tile's scale: [Rb, C/128] -> the 1x128 scale_b [C/128, Rb] contiguous
+    ROWS_1X128: lambda tiles, rows: tiles.repeat_interleave(128, dim=0)[:rows].t().contiguous(),
 }
 """Candidate layouts of a 128×128 ``scale_b``. NOTE torch releases differ in what ``_scaled_mm``
 accepts here, and a layout that is accepted can still be read transposed (wrong results, no error)

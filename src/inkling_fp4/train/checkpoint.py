@@ -183,6 +183,18 @@ def load_checkpoint(path: Path) -> Checkpoint:
     return Checkpoint(path, step, tensors[MODEL_FILE], tensors[OPTIMIZER_FILE], from_json(record))
 
 
+def check_processes(path: Path, state: dict, processes: int) -> None:
+    """Refuse to resume ``path`` on another number of processes than wrote it: its state holds each
+    process's data position and random state (``state["data"]`` has one entry per process)."""
+    written = len(state["data"])
+    if written != processes:
+        how = "without torchrun" if written == 1 else f"under torchrun --nproc_per_node {written}"
+        raise UserError(
+            f"{path} was written by {written} process(es) and this run has {processes}; resume it {how}, "
+            "or start a new run directory"
+        )
+
+
 def latest_good(run_dir: Path, report: Callable[[str], None] = print) -> Checkpoint | None:
     """The newest checkpoint of ``run_dir`` that verifies; each bad one on the way is reported."""
     for _, path in reversed(checkpoint_dirs(run_dir)):

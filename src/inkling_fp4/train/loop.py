@@ -46,6 +46,7 @@ from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.train import determinism
 from inkling_fp4.train import distributed as D
 from inkling_fp4.train.checkpoint import (
+    check_processes,
     latest_good,
     load_model_tensors,
     model_tensors,
@@ -128,11 +129,7 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
             raise UserError(
                 f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}; start without --resume"
             )
-        if len(ckpt.state["data"]) != dist.world_size:
-            raise UserError(
-                f"{ckpt.path} was written by {len(ckpt.state['data'])} processes, this run has "
-                f"{dist.world_size}; resume with the same number of processes"
-            )
+        check_processes(ckpt.path, ckpt.state, dist.world_size)
         if sharded:
             load_full_state(model, optimizer, ckpt.model, ckpt.optimizer)
         else:
