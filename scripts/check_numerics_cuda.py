@@ -4,6 +4,8 @@ Why: the reference is the oracle for the Triton kernels and runs on the GPU in t
 torch's CUDA FP32→FP8 casts, divisions and reciprocals must round exactly like the CPU ones.
 Compares NVFP4 (1D, 2D, RHT-transposed), MXFP4 and FP8 (tensorwise, 1×128, 128×128) codes and
 scale bytes on random and adversarial inputs; prints one line per case and exits 1 on a mismatch.
+The ``mxfp4*`` cases also compare the MXFP4 kernel (CUDA) with the reference (CPU): codes, scale
+bytes and the BF16 block values it writes in the same pass.
 
     python scripts/check_numerics_cuda.py
 """
@@ -60,6 +62,9 @@ def main() -> int:
         "rht": lambda x: (nvfp4.rht(x),),
         "mxfp4": lambda x: (lambda t: (t.codes, t.scales))(mxfp4.quantize(x)),
         "mxfp4_ref": lambda x: (lambda t: (t.codes, t.scales))(mxfp4.quantize_ref(x)),
+        # CUDA: the kernel's one-pass BF16 block values; CPU: the reference's decode
+        "mxfp4_values": lambda x: (lambda t, v: (t.codes, t.scales, v))(*mxfp4.quantize_with_values(x)),
+        "mxfp4_values_only": lambda x: mxfp4.quantize_with_values(x, keep_codes=False)[1:],
         "fp8_tensor_e4m3": lambda x: (lambda t: (t.data, t.scale_inv))(fp8.quantize_tensorwise(x)),
         "fp8_tensor_e5m2": lambda x: (lambda t: (t.data, t.scale_inv))(
             fp8.quantize_tensorwise(x, dtype=torch.float8_e5m2)

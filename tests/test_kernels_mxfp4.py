@@ -3,7 +3,10 @@
 Round to nearest must give ``mxfp4.quantize_ref``'s codes and E8M0 scale bytes bit for bit; stochastic
 rounding must give the reference's scales, one of the two E2M1 neighbours for every element (the
 reference rounding with r = 0 or r = 255), and an unbiased mean (a z-test against the exact
-expectation over the 256 values of r).
+expectation over the 256 values of r). The block values the kernel writes in the same pass must equal
+the reference's ``block_values`` bit for bit (round to nearest; with stochastic rounding, the decode of
+the same call's codes), BF16 subnormals and NaN blocks included, with or without the codes; a GEMM
+operand quantized with values must multiply to the same result as one decoded from its codes.
 
 Where the kernel runs:
 
@@ -31,6 +34,8 @@ pytest.importorskip("triton")
 from inkling_fp4.errors import NumericsError  # noqa: E402
 from inkling_fp4.numerics import formats, mxfp4  # noqa: E402
 from inkling_fp4.numerics.kernels import mxfp4_quantize  # noqa: E402
+from inkling_fp4.precision import gemm  # noqa: E402
+from inkling_fp4.precision.recipes import OperandQuant  # noqa: E402
 
 on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
@@ -55,6 +60,32 @@ def assert_same(got: mxfp4.MXFP4Tensor, ref: mxfp4.MXFP4Tensor, what: str) -> No
 def check_quantize(x: torch.Tensor, device: str) -> None:
     got = mxfp4_quantize.quantize(x.to(device))
     assert_same(got, mxfp4.quantize_ref(x), f"quantize {tuple(x.shape)} {x.dtype}")
+
+
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Same dtype, shape and bit patterns (any NaN matches any NaN: payloads are not the format)."""
+    got = got.cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: layout"
+    ints = {torch.bfloat16: torch.int16, torch.float32: torch.int32}[got.dtype]
+    differ = (got.view(ints) != want.view(ints)) & ~(got.isnan() & want.isnan())
+    bad = differ.nonzero()
+    assert len(bad) == 0, f"{what}: {len(bad)} values differ, first at {bad[0].tolist()}"
+
+
+def check_values(x: torch.Tensor, device: str) -> mxfp4.MXFP4Tensor:
+    """One pass writes the reference's codes, scales and BF16 block values; values alone (no codes)
+    and FP32 values agree. Returns the reference quantization."""
+    ref = mxfp4.quantize_ref(x)
+    what = f"values {tuple(x.shape)} {x.dtype}"
+    got, values = mxfp4_quantize.quantize_with_values(x.to(device))
+    assert_same(got, ref, what)
+    assert_same_bits(values, ref.block_values(torch.bfloat16), what)
+    none, values_only = mxfp4_quantize.quantize_with_values(x.to(device), keep_codes=False)
+    assert none is None
+    assert_same_bits(values_only, ref.block_values(torch.bfloat16), f"{what}, no codes")
+    _, values32 = mxfp4_quantize.quantize_with_values(x.to(device), values_dtype=torch.float32)
+    assert_same_bits(values32, ref.block_values(torch.float32), f"{what}, FP32")
+    return ref
 
 
 def normal(shape, dtype: torch.dtype, seed: int, spread: float = 1.0) -> torch.Tensor:
@@ -190,6 +221,59 @@ def test_interp_non_finite_blocks_get_the_nan_scale():
     assert torch.isnan(t.dequantize()[1, 32:64]).all() and not torch.isnan(t.dequantize()[0]).any()
 
 
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_interp_block_values_match_reference(dtype):
+    seed = _seed()
+    check_values(normal((16, 256), dtype, seed, spread=4.0), "cpu")
+    check_values(normal((2, 3, 96), dtype, seed + 1, spread=4.0), "cpu")  # leading dims, 3 blocks
+    check_values(normal((13, 320), dtype, seed + 2, spread=4.0), "cpu")  # partial tiles in both dims
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_interp_block_values_of_adversarial_blocks(dtype):
+    """Zeros and ±0, every E2M1 midpoint and its neighbours, scale bytes 0 and 1 (values down to the
+    BF16 subnormal 2^-128) and amaxes near FLT_MAX (scale byte 252, values up to 1.5·2^127)."""
+    ref = check_values(adversarial(dtype, _seed()), "cpu")
+    values = ref.block_values(torch.float32)
+    if dtype != torch.float16:  # FP16 spans neither end of the E8M0 range
+        assert bool(((values != 0) & (values.abs() < 2.0**-126)).any()), "no subnormal values"
+        assert (ref.scales <= 1).any() and (ref.scales == 252).any(), "extreme scales were not exercised"
+        assert float(values.abs().max()) == 1.5 * 2.0**127
+
+
+@interpreted
+def test_interp_block_values_with_stochastic_rounding():
+    """Values are the decode of the same call's codes; with no codes kept the same seed gives the same
+    values (the draw does not depend on what is written)."""
+    seed = _seed()
+    x = normal((32, 128), torch.bfloat16, seed, spread=2.0)
+    t, values = mxfp4_quantize.quantize_with_values(
+        x, stochastic=True, generator=torch.Generator().manual_seed(seed)
+    )
+    check_stochastic(t, x, f"seed={seed}")
+    assert_same_bits(values, t.block_values(torch.bfloat16), f"SR values, seed={seed}")
+    _, values_only = mxfp4_quantize.quantize_with_values(
+        x, stochastic=True, generator=torch.Generator().manual_seed(seed), keep_codes=False
+    )
+    assert_same_bits(values_only, values, f"SR values without codes, seed={seed}")
+
+
+@interpreted
+def test_interp_non_finite_blocks_give_nan_values():
+    x = normal((4, 96), torch.float32, _seed())
+    x[1, 40] = float("nan")
+    x[2, 95] = float("inf")
+    x[3, 0] = -3e38  # finite, near -FLT_MAX: its block stays finite
+    t, values = mxfp4_quantize.quantize_with_values(x)
+    nan_elements = torch.zeros(4, 96, dtype=torch.bool)
+    nan_elements[1, 32:64] = nan_elements[2, 64:96] = True
+    assert torch.equal(values.isnan(), nan_elements)
+    assert_same_bits(values, t.block_values(torch.bfloat16), "values with NaN blocks")
+    assert torch.equal(t.scales == 255, nan_elements[:, ::32])
+
+
 @pytest.mark.slow
 def test_under_triton_interpreter():
     """Run every ``test_interp_*`` in a child process with TRITON_INTERPRET=1 (about 15 s)."""
@@ -204,6 +288,40 @@ def test_cpu_tensors_take_the_reference_path():
     assert_same(mxfp4.quantize(x), mxfp4.quantize_ref(x), "dispatch on CPU")
     with pytest.raises(ValueError, match="32"):
         mxfp4_quantize.quantize_rows(torch.zeros(4, 48), torch.zeros(4, 24), torch.zeros(4, 1), seed=None)
+
+
+def test_cpu_quantize_with_values_is_the_reference_and_its_decode():
+    x = normal((4, 96), torch.float32, _seed(), spread=3.0)
+    ref = mxfp4.quantize_ref(x)
+    t, values = mxfp4.quantize_with_values(x)
+    assert_same(t, ref, "CPU quantize_with_values")
+    assert_same_bits(values, ref.block_values(torch.bfloat16), "CPU values")
+    none, values_only = mxfp4.quantize_with_values(x, keep_codes=False, dtype=torch.float32)
+    assert none is None
+    assert_same_bits(values_only, ref.block_values(torch.float32), "CPU FP32 values")
+    x[2, 7] = float("nan")
+    with pytest.raises(NumericsError, match="non-finite"):
+        mxfp4.quantize_with_values(x, name="x")
+
+
+@pytest.mark.parametrize("rht", [False, True], ids=["rows", "rht-tokens"])
+def test_gemm_operands_with_values_multiply_like_decoded_ones(rht):
+    """gemm.quantize(values=True) (codes kept or not) gives the emulated GEMM result of the operand
+    decoded from its codes, bit for bit; the transposed RHT operand is the wgrad case."""
+    seed = _seed()
+    x = normal((24, 64), torch.float32, seed, spread=2.0)  # [M, K]
+    w = normal((40, 64), torch.float32, seed + 1)  # [N, K]
+    spec = OperandQuant("mxfp4", (1, 32), rht=rht)
+    signs = tuple(float(s) for s in torch.where(torch.rand(16) < 0.5, -1.0, 1.0).tolist())
+    kw = dict(transpose=True, signs=signs) if rht else {}
+    a_in, b_in = (x.t(), w.t()) if rht else (x, w)  # rht: [K, M] and [K, N] quantized along K's transpose
+    decoded = gemm.emulated_matmul(gemm.quantize(a_in, spec, **kw), gemm.quantize(b_in, spec, **kw))
+    for codes in (True, False):
+        a = gemm.quantize(a_in, spec, codes=codes, values=True, **kw)
+        b = gemm.quantize(b_in, spec, codes=codes, values=True, **kw)
+        assert a.values is not None and a.values.dtype == torch.bfloat16 and a.decode_scale is None
+        assert (a.q is None) == (not codes)
+        assert torch.equal(gemm.emulated_matmul(a, b), decoded), f"codes={codes}"
 
 
 # -- GPU -----------------------------------------------------------------------------------------------
@@ -237,3 +355,44 @@ def test_gpu_stochastic_and_dispatch():
     assert torch.isnan(unchecked.dequantize()[7, 96:128]).all()
     with pytest.raises(NumericsError, match="block size 32"):
         mxfp4.quantize(torch.zeros(4, 48, device="cuda"))
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_gpu_block_values_match_reference(dtype):
+    seed = _seed()
+    spread = 1.0 if dtype == torch.float16 else 4.0
+    check_values(normal((1024, 4096), dtype, seed, spread=spread), "cuda")
+    check_values(normal((3, 333, 2080), dtype, seed + 1, spread=spread), "cuda")
+    check_values(adversarial(dtype, seed), "cuda")
+
+
+@pytest.mark.gpu
+@on_gpu
+def test_gpu_block_values_dispatch_and_gemm():
+    seed = _seed()
+    x = normal((256, 512), torch.bfloat16, seed, spread=2.0)
+    ref = mxfp4.quantize_ref(x)
+    t, values = mxfp4.quantize_with_values(x.cuda())
+    assert_same(t, ref, "dispatch")
+    assert_same_bits(values, ref.block_values(torch.bfloat16), "dispatch values")
+    none, values_only = mxfp4.quantize_with_values(x.cuda(), keep_codes=False)
+    assert none is None
+    assert_same_bits(values_only, ref.block_values(torch.bfloat16), "dispatch values, no codes")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    t, values = mxfp4.quantize_with_values(x.cuda(), stochastic=True, generator=gen)
+    check_stochastic(t, x, "dispatch SR")
+    assert_same_bits(values, t.block_values(torch.bfloat16).cpu(), "dispatch SR values")
+    spec = OperandQuant("mxfp4", (1, 32))
+    w = normal((384, 512), torch.float32, seed + 1).cuda()
+    fused = gemm.emulated_matmul(
+        gemm.quantize(x.cuda(), spec, codes=False, values=True),
+        gemm.quantize(w, spec, codes=False, values=True),
+    )
+    assert torch.equal(fused, gemm.emulated_matmul(gemm.quantize(x.cuda(), spec), gemm.quantize(w, spec)))
+    x[7, 100] = float("nan")
+    with pytest.raises(NumericsError, match="non-finite"):
+        mxfp4.quantize_with_values(x.cuda(), keep_codes=False, name="x")
+    _, unchecked = mxfp4.quantize_with_values(x.cuda(), keep_codes=False, check=False)
+    assert bool(unchecked[7, 96:128].isnan().all()) and int(unchecked.isnan().sum()) == 32

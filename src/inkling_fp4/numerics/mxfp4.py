@@ -22,7 +22,9 @@ nibble), ``scales`` uint8 E8M0 bytes (bias 127) ``[..., N//32]``.
 On CUDA, :func:`quantize` calls the one-pass Triton kernel in ``numerics/kernels/mxfp4_quantize.py``
 when Triton is installed: same arguments, same codes and scale bytes for round-to-nearest, the same
 distribution for stochastic rounding. ``quantize_ref`` is the torch code: the CPU path and the
-kernel's oracle.
+kernel's oracle. :func:`quantize_with_values` also returns the BF16 block values, which an emulated
+GEMM multiplies: on CUDA the kernel writes them in the same pass (and can skip the codes of an
+operand that is not saved), so the decode's full-size temporaries never exist.
 """
 
 from __future__ import annotations
@@ -99,6 +101,37 @@ def quantize(
     if check and bool((t.scales == E8M0_NAN).any()):
         checks.check_finite(x, op=op, name=name)
     return t
+
+
+def quantize_with_values(
+    x: torch.Tensor,
+    stochastic: bool = False,
+    generator: torch.Generator | None = None,
+    name: str | None = None,
+    check: bool = True,
+    keep_codes: bool = True,
+    dtype: torch.dtype = torch.bfloat16,
+) -> tuple[MXFP4Tensor | None, torch.Tensor]:
+    """``(t, t.block_values(dtype))`` for ``t = quantize(x, ...)``, the packed ``t`` only if
+    ``keep_codes`` (None otherwise); ``dtype`` is BF16 or FP32 (both hold every value exactly).
+
+    CUDA tensors go through the Triton kernel, one pass for both; ``check`` as in :func:`quantize`
+    (unchecked, a non-finite block's values are NaN). The CPU path is ``quantize_ref`` and its decode.
+    """
+    if not (x.is_cuda and kernels.available()):
+        t = quantize_ref(x, stochastic=stochastic, generator=generator, name=name)
+        return (t if keep_codes else None), t.block_values(dtype)
+    from inkling_fp4.numerics.kernels import mxfp4_quantize
+
+    op = "mxfp4.quantize"
+    checks.check_input(x, op=op, block=BLOCK, name=name)
+    t, values = mxfp4_quantize.quantize_with_values(
+        x, stochastic=stochastic, generator=generator, keep_codes=keep_codes, values_dtype=dtype
+    )
+    # values are NaN exactly in the blocks with the NaN scale byte (finite blocks decode to finite values)
+    if check and bool((t.scales == E8M0_NAN).any() if t is not None else values.isnan().any()):
+        checks.check_finite(x, op=op, name=name)
+    return t, values
 
 
 def quantize_ref(

@@ -16,9 +16,10 @@ out_dtype=torch.float32)`` keeps the FP32 result; where a torch build lacks that
 an IEEE FP32 GEMM on the (exact) BF16 values instead. On CPU, BF16 matmul accumulation is not
 guaranteed to be FP32, so the values are widened to FP32 first (exact) and multiplied in FP32.
 The FP32 result is scaled and rounded to the output dtype in one pass (one rounding, as on the
-hardware). On CUDA the NVFP4 quantizer writes the BF16 block values in the same pass that computes
-the codes (``numerics/kernels``' fused ``fake_quantize*``): an operand multiplied at once never goes
-through packed codes, and one saved for backward is expanded from its codes by one kernel.
+hardware). On CUDA the NVFP4 and MXFP4 quantizers write the BF16 block values in the same pass that
+computes the codes (``numerics/kernels``' fused ``fake_quantize*`` and ``mxfp4_quantize``): an operand
+multiplied at once never goes through packed codes. A saved NVFP4 operand is expanded from its codes
+by one kernel; a saved MXFP4 one by the torch decode.
 
 Native FP8 vs the paper's baseline: ``torch._scaled_mm`` (the v1 op, present in every torch we
 support; ``torch.nn.functional.scaled_mm`` with ``ScalingType`` exists only in newer releases)
@@ -64,7 +65,8 @@ class Operand:
     spec: OperandQuant
     transposed: bool = False
     values: torch.Tensor | None = None
-    """BF16 block values from a fused quantize kernel (CUDA), or None: computed from ``q`` on use."""
+    """BF16 block values written by the quantizer (the fused kernels on CUDA), or None: computed from
+    ``q`` on use."""
     decode_scale: torch.Tensor | None = None
     """The NVFP4 tensor decode scale that goes with ``values``."""
 
@@ -166,8 +168,12 @@ def quantize(
         # On CUDA no host sync for the NaN/Inf check (as for NVFP4): a non-finite block gets the E8M0
         # NaN scale, so the output and the loss turn NaN and the noise monitor skips the step.
         check = not src.is_cuda or finite_guard.eager()
-        q = mxfp4.quantize(src, stochastic=spec.stochastic, generator=generator, name=name, check=check)
-        return Operand(q, spec)
+        kw = dict(stochastic=spec.stochastic, generator=generator, name=name, check=check)
+        if not values:
+            return Operand(mxfp4.quantize(src, **kw), spec)
+        # One pass on CUDA: the kernel writes the BF16 block values (and the codes only if kept).
+        q, v = mxfp4.quantize_with_values(src, keep_codes=codes, **kw)
+        return Operand(q, spec, values=v)
     dtype = torch.float8_e4m3fn if spec.format == "e4m3" else torch.float8_e5m2
     # On CUDA no finiteness check (a host sync): NaN/Inf shows as an Inf scale_inv and output.
     check = not t.is_cuda
@@ -220,8 +226,9 @@ def _values(op: Operand) -> tuple[torch.Tensor, torch.Tensor | None]:
             fused = _fused_for(op.q.codes)
             v = fused.block_values(op.q) if fused is not None else op.q.block_values(torch.bfloat16)
             scale = op.q.decode_scale
-    elif op.spec.format == "mxfp4":
-        v, scale = op.q.block_values(torch.bfloat16), None
+    elif op.spec.format == "mxfp4":  # no tensor scale: nothing to apply to the output
+        v = op.values if op.values is not None else op.q.block_values(torch.bfloat16)
+        scale = None
     else:
         v, scale = op.q.dequantize(torch.float32), None
     return (v.t() if op.transposed else v), scale

@@ -204,9 +204,11 @@ class _QuantLinearFn(torch.autograd.Function):
                 if recipe.dgrad is None:
                     dx = gemm.bf16_matmul(dy, saved["w"].t()).to(x_dtype)  # dx: [M, K] = dy · W
                 else:
+                    # Multiplied at once and never saved: no 4-bit codes (FP8 operands are their bytes).
                     dyq = gemm.quantize(
-                        dy, recipe.dgrad.a, generator=generator, values=True, name=f"{name} dy", amax=amax_dy
-                    )
+                        dy, recipe.dgrad.a, generator=generator, codes=False, values=True,
+                        name=f"{name} dy", amax=amax_dy,
+                    )  # fmt: skip
                     dx = gemm.matmul(dyq, saved["w"], backend=backend, out_dtype=x_dtype, size=(M, K))
             if "x" in saved:
                 if recipe.wgrad is None:

@@ -16,6 +16,16 @@ never writes: ``mxfp4.quantize`` raises on it, and a caller that skips that chec
 from ``dequantize``. Elements are multiplied by ``2^-shared_exp`` (exact, a normal FP32 power of two)
 and rounded to E2M1 by the shared device functions in ``common.py``.
 
+Block values (what an emulated GEMM multiplies): the same pass can write ``E2M1 value · 2^shared_exp``
+as BF16 (or FP32) instead of, or besides, the codes, so an operand multiplied at once is never packed
+and decoded again (the torch decode costs several full-size temporaries per operand). The product
+is exact: an E2M1 value (at most 2 significant bits, 0.5..6) times a power of two in [2^-127, 2^125]
+(no finite block gets a scale byte above 252) lies in [2^-128, 1.5·2^127], within BF16's range and
+above its smallest subnormal 2^-133. 2^shared_exp is built from its bits (byte 0 is the FP32
+subnormal 2^-127, bit 22), and the FP32 product is stored as its upper 16 bits, which is exact for
+a value BF16 holds and, unlike the interpreter's FP32 -> BF16 cast, right for subnormals too. The
+NaN byte 255 gives NaN values, so a non-finite block still shows as NaN in the GEMM output.
+
 Layout: a program owns [BLOCK_M rows, BLOCK_N cols] = [BLOCK_M, G, 32] with G = BLOCK_N/32 blocks
 per row. Stochastic rounding takes 32 random bytes per block from two Philox calls keyed by
 (seed, 2·block index + 0/1); the seed comes from the caller's torch generator, as for NVFP4.
@@ -39,6 +49,9 @@ from inkling_fp4.numerics.kernels.triton_nvfp4 import _draw_seed
 
 BLOCK = 32
 E8M0_NAN = tl.constexpr(255)
+FP32_POW2_M127_BITS = tl.constexpr(0x00400000)  # 2^-127: the FP32 subnormal with only bit 22 set
+FP32_QUIET_NAN_BITS = tl.constexpr(0x7FC00000)
+VALUE_DTYPES = (torch.bfloat16, torch.float32)
 
 
 @triton.jit
@@ -61,10 +74,30 @@ def _load_fp32(ptrs, mask):
     return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 
 
+@triton.jit
+def _e8m0_value(scale_byte):
+    """E8M0 byte (int32) -> FP32 ``2^(byte - 127)`` from its bits, exact; byte 255 -> NaN."""
+    bits = tl.where(scale_byte == 0, FP32_POW2_M127_BITS, scale_byte << 23)
+    bits = tl.where(scale_byte == E8M0_NAN, FP32_QUIET_NAN_BITS, bits)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _store_values(ptrs, values, mask):
+    """Store FP32 ``values`` that the destination dtype holds exactly. BF16 takes the upper 16 bits
+    of the FP32 pattern (the interpreter's FP32 -> BF16 cast mangles subnormals)."""
+    if ptrs.dtype.element_ty == tl.bfloat16:
+        bits = (values.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
+        tl.store(ptrs.to(tl.pointer_type(tl.int16)), bits, mask=mask)
+    else:
+        tl.store(ptrs, values.to(ptrs.dtype.element_ty), mask=mask)
+
+
 @triton.jit(do_not_specialize=["seed"])
 def _quantize_rows_kernel(
-    x_ptr, seed, codes_ptr, scales_ptr, M, N, stride_xm,
+    x_ptr, seed, codes_ptr, scales_ptr, values_ptr, M, N, stride_xm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STOCHASTIC: tl.constexpr,
+    WRITE_CODES: tl.constexpr, WRITE_VALUES: tl.constexpr,
 ):  # fmt: skip
     G: tl.constexpr = BLOCK_N // 32
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -83,41 +116,96 @@ def _quantize_rows_kernel(
     encode = inverse[:, :, None]
     if STOCHASTIC:
         block_index = rows[:, None] * (N // 32) + blocks[None, :]
-        codes, _ = e2m1_stochastic(x, encode, _block_random_bytes(seed, block_index, BLOCK_M, G))
+        codes, e2m1 = e2m1_stochastic(x, encode, _block_random_bytes(seed, block_index, BLOCK_M, G))
     else:
-        codes, _ = e2m1_nearest(x, encode)
+        codes, e2m1 = e2m1_nearest(x, encode)  # e2m1: [BLOCK_M, G, 32] signed E2M1 values
 
-    low, high = tl.split(tl.reshape(codes, [BLOCK_M, G, 16, 2]))  # element 2i in the low nibble
-    packed = (low + high * 16).to(tl.uint8)  # [BLOCK_M, G, 16]
-    byte_cols = (blocks[:, None] * 16 + tl.arange(0, 16)[None, :])[None]  # [1, G, 16]
-    tl.store(codes_ptr + row_start * (N // 2) + byte_cols, packed, mask=mask)
-    scale_ptrs = scales_ptr + rows.to(tl.int64)[:, None] * (N // 32) + blocks[None, :]
-    tl.store(scale_ptrs, scale_byte.to(tl.uint8), mask=block_mask)
+    if WRITE_CODES:
+        low, high = tl.split(tl.reshape(codes, [BLOCK_M, G, 16, 2]))  # element 2i in the low nibble
+        packed = (low + high * 16).to(tl.uint8)  # [BLOCK_M, G, 16]
+        byte_cols = (blocks[:, None] * 16 + tl.arange(0, 16)[None, :])[None]  # [1, G, 16]
+        tl.store(codes_ptr + row_start * (N // 2) + byte_cols, packed, mask=mask)
+        scale_ptrs = scales_ptr + rows.to(tl.int64)[:, None] * (N // 32) + blocks[None, :]
+        tl.store(scale_ptrs, scale_byte.to(tl.uint8), mask=block_mask)
+    if WRITE_VALUES:
+        values = e2m1 * _e8m0_value(scale_byte)[:, :, None]  # [BLOCK_M, G, 32], exact (see top)
+        _store_values(values_ptr + row_start * N + cols, values, mask)
 
 
 def quantize_rows(
     x: torch.Tensor,
-    codes: torch.Tensor,
-    scales: torch.Tensor,
+    codes: torch.Tensor | None,
+    scales: torch.Tensor | None,
     *,
     seed: int | None,
+    values: torch.Tensor | None = None,
     block_m: int = 8,
     block_n: int = 256,
     num_warps: int = 2,
 ) -> None:
-    """Launch on x [M, N] (unit last-dim stride, N % 32 == 0): writes ``codes`` (uint8 [M, N/2]) and
-    ``scales`` (uint8 E8M0 [M, N/32]); ``seed`` (a Philox seed >= 2^32) turns on stochastic rounding."""
+    """Launch on x [M, N] (unit last-dim stride, N % 32 == 0): writes ``codes`` (uint8 [M, N/2]) with
+    ``scales`` (uint8 E8M0 [M, N/32]) and/or ``values`` (BF16 or FP32 [M, N], contiguous), whichever
+    are given; ``seed`` (a Philox seed >= 2^32) turns on stochastic rounding."""
     m, n = x.shape
     if n % BLOCK or x.stride(1) != 1 or block_n % BLOCK:
         raise ValueError(
             f"mxfp4 quantize_rows: x of shape {tuple(x.shape)} needs unit-stride rows of 32·k elements "
             f"and block_n={block_n} a multiple of 32"
         )
+    if (codes is None) != (scales is None) or (codes is None and values is None):
+        raise ValueError("mxfp4 quantize_rows: pass codes with scales, values, or both")
+    if values is not None and (values.dtype not in VALUE_DTYPES or not values.is_contiguous()):
+        raise ValueError(f"mxfp4 quantize_rows: values must be contiguous BF16 or FP32, got {values.dtype}")
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _quantize_rows_kernel[grid](
-        x, 0 if seed is None else seed, codes, scales, m, n, x.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, STOCHASTIC=seed is not None, num_warps=num_warps,
+        x, 0 if seed is None else seed,
+        x if codes is None else codes, x if scales is None else scales, x if values is None else values,
+        m, n, x.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, STOCHASTIC=seed is not None,
+        WRITE_CODES=codes is not None, WRITE_VALUES=values is not None, num_warps=num_warps,
     )  # fmt: skip
+
+
+def quantize_with_values(
+    x: torch.Tensor,
+    stochastic: bool = False,
+    generator: torch.Generator | None = None,
+    *,
+    keep_codes: bool = True,
+    values_dtype: torch.dtype | None = torch.bfloat16,
+) -> tuple[mxfp4.MXFP4Tensor | None, torch.Tensor | None]:
+    """MXFP4-quantize x [..., N] (N % 32 == 0; FP32/BF16/FP16) along its last dim in one pass, no
+    host sync: (the packed tensor if ``keep_codes``, else None; the block values [..., N] in
+    ``values_dtype`` (BF16 or FP32), or None when it is None).
+
+    Round to nearest gives ``mxfp4.quantize_ref``'s codes and scale bytes bit for bit, and values
+    equal to its ``block_values``; stochastic rounding the same distribution, with values that are
+    the decode of the codes of the same call. Blocks holding NaN/Inf get scale byte 255 and NaN
+    values (the caller checks).
+    """
+    if values_dtype is not None and values_dtype not in VALUE_DTYPES:
+        raise ValueError(f"mxfp4 quantize_with_values: values_dtype must be BF16 or FP32, got {values_dtype}")
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    codes = scales = values = None
+    if keep_codes:
+        codes = torch.empty((m, n // 2), dtype=torch.uint8, device=x.device)
+        scales = torch.empty((m, n // BLOCK), dtype=torch.uint8, device=x.device)
+    if values_dtype is not None:
+        values = torch.empty((m, n), dtype=values_dtype, device=x.device)
+    if m and n and (keep_codes or values is not None):
+        seed = _draw_seed(generator) if stochastic else None
+        quantize_rows(x2, codes, scales, seed=seed, values=values)
+    lead = x.shape[:-1]
+    quantized = None
+    if keep_codes:
+        quantized = mxfp4.MXFP4Tensor(
+            codes=codes.reshape(*lead, n // 2), scales=scales.reshape(*lead, n // BLOCK), shape=x.shape
+        )
+    return quantized, None if values is None else values.reshape(x.shape)
 
 
 def quantize(
@@ -128,17 +216,5 @@ def quantize(
     Round to nearest gives ``mxfp4.quantize_ref``'s codes and scale bytes bit for bit; stochastic
     rounding the same distribution. Blocks holding NaN/Inf get scale byte 255 (the caller checks).
     """
-    n = x.shape[-1]
-    x2 = x.reshape(-1, n)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    m = x2.shape[0]
-    codes = torch.empty((m, n // 2), dtype=torch.uint8, device=x.device)
-    scales = torch.empty((m, n // BLOCK), dtype=torch.uint8, device=x.device)
-    if m and n:
-        seed = _draw_seed(generator) if stochastic else None
-        quantize_rows(x2, codes, scales, seed=seed)
-    lead = x.shape[:-1]
-    return mxfp4.MXFP4Tensor(
-        codes=codes.reshape(*lead, n // 2), scales=scales.reshape(*lead, n // BLOCK), shape=x.shape
-    )
+    quantized, _ = quantize_with_values(x, stochastic, generator, keep_codes=True, values_dtype=None)
+    return quantized
