@@ -73,6 +73,10 @@ def main() -> int:
         "fp8_128x128": lambda x: (lambda t: (t.data, t.scale_inv))(
             fp8.quantize_blockwise(x, block=(128, 128))
         ),
+        # x and xᵀ in 1x128 blocks from one kernel (CUDA) vs the two references (CPU); 128·k rows
+        "fp8_1x128_pair": lambda x: (lambda r, c: (r.data, r.scale_inv, c.data, c.scale_inv))(
+            *fp8.quantize_blockwise_pair(x[:128])
+        ),
     }
     failures = 0
     for input_name, x in _inputs().items():

@@ -249,3 +249,51 @@ def test_cuda_native_fp8_matches_emulation(scaling, gemm_name, out_dtype):
     a, b = fp8_gemm_operands(scaling, gemm_name, x, w, dy)
     err = fp8_layout_error(gemm.native_fp8_matmul(a, b, out_dtype), a, b)
     assert err <= 1.0, f"{scaling} {gemm_name} {out_dtype}: error {err:.3g}x the FP8 accumulation bound"
+
+
+def test_fp8_operand_pair_equals_separate_quantization():
+    """x along rows and xᵀ along the tokens from one call: the same bytes and scales as two calls."""
+    act = OperandQuant("e4m3", (1, 128))
+    x = _randn(256, 384, scale=3.0)
+    x[0, :128] = 0.0  # a zero block
+    x[1, :] = torch.linspace(-1e-40, 1e-40, 384)  # FP32 subnormals
+    x[:, 5] *= 1e30  # a huge column: every token block of xᵀ's row 5
+    rows, cols = gemm.fp8_operand_pair(x, act, act, "x")
+    for got, ref in ((rows, gemm.quantize(x, act)), (cols, gemm.quantize(x, act, transpose=True))):
+        assert got.spec == ref.spec and got.transposed == ref.transposed
+        assert torch.equal(got.q.data.view(torch.uint8), ref.q.data.view(torch.uint8))
+        assert torch.equal(got.q.scale_inv, ref.q.scale_inv)
+    assert cols.q.data.shape == (384, 256)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["rows not 128k", "cols not 128k", "tensorwise", "nvfp4", "formats differ", "one operand"],
+)
+def test_fp8_operand_pair_declines_what_it_cannot_fuse(case):
+    act = OperandQuant("e4m3", (1, 128))
+    shape, row_spec, token_spec = (256, 256), act, act
+    if case == "rows not 128k":
+        shape = (200, 256)
+    elif case == "cols not 128k":
+        shape = (256, 200)
+    elif case == "tensorwise":
+        row_spec = token_spec = OperandQuant("e4m3", TENSORWISE)
+    elif case == "nvfp4":
+        row_spec = token_spec = OperandQuant("nvfp4", (1, 16))
+    elif case == "formats differ":
+        token_spec = OperandQuant("e5m2", (1, 128))
+    else:
+        token_spec = None
+    assert gemm.fp8_operand_pair(_randn(*shape), row_spec, token_spec) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
+def test_cuda_fp8_pair_equals_reference():
+    x = _randn(512, 768, scale=2.0).bfloat16()
+    rows, cols = fp8.quantize_blockwise_pair(x.cuda())
+    ref_rows, ref_cols = fp8.quantize_blockwise_ref(x), fp8.quantize_blockwise_t_ref(x)
+    for got, ref in ((rows, ref_rows), (cols, ref_cols)):
+        assert torch.equal(got.data.cpu().view(torch.uint8), ref.data.view(torch.uint8))
+        assert torch.equal(got.scale_inv.cpu(), ref.scale_inv)

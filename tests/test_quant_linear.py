@@ -10,7 +10,7 @@ import torch
 
 from inkling_fp4.errors import NumericsError
 from inkling_fp4.numerics import hadamard, nvfp4
-from inkling_fp4.precision import finite_guard
+from inkling_fp4.precision import finite_guard, gemm
 from inkling_fp4.precision.policy import RoundingRNG
 from inkling_fp4.precision.quant_linear import QuantLinear, quantized_forward
 from inkling_fp4.precision.recipes import (
@@ -253,6 +253,29 @@ def test_other_recipes_fprop_dgrad_match_reference(recipe):
         wtq = mxfp4.quantize(w.t().contiguous()).dequantize().double()  # 1×32 along N: not Wᵀ's values
     _assert_fp32_close(y32, xq, wq)
     _assert_fp32_close(dx, gq, wtq)
+
+
+def test_fp8_paired_quantization_gives_the_unpaired_results(monkeypatch):
+    """With 128·k tokens the fp8 layer quantizes x / xᵀ and dy / dyᵀ in pairs (one read each on
+    CUDA); y, dx and dW are bitwise those of quantizing every operand on its own, and dW matches the
+    FP64 product of the dequantized wgrad operands."""
+    from inkling_fp4.numerics import fp8
+
+    M, K, N = 256, 256, 128
+    x, g = torch.randn(M, K) * 2.0, (torch.randn(M, N) * 1e-2).bfloat16()
+    calls = []
+    pair = gemm.fp8_operand_pair
+    monkeypatch.setattr(gemm, "fp8_operand_pair", lambda *a, **k: calls.append(pair(*a, **k)) or calls[-1])
+    m = _layer(K, N, fp8_recipe())
+    paired = _run(m, x, g)
+    assert len(calls) == 2 and all(calls)  # x in forward, dy in backward: both paired
+    monkeypatch.setattr(gemm, "fp8_operand_pair", lambda *a, **k: None)
+    single = _run(m, x, g)
+    for label, a, b in zip(("y", "dx", "dW"), paired, single, strict=True):
+        assert torch.equal(a, b), label
+    gt = fp8.quantize_blockwise_t_ref(g.float()).dequantize().double()  # dyᵀ: [N, M]
+    xt = fp8.quantize_blockwise_t_ref(x).dequantize().double()  # xᵀ: [K, M]
+    _assert_fp32_close(paired[2], gt, xt)
 
 
 def test_no_grad_and_autocast_give_the_same_output():

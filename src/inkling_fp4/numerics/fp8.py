@@ -18,7 +18,8 @@ overflows to Inf), and ``x · scale`` can exceed fp8_max by one rounding.
 the rows it has, so ``scale_inv`` is ``[ceil(M/128), N/128]``. The last dim must be a multiple of
 the block width. 1×bn blocks keep any leading dims (``scale_inv [..., N/bn]``); bm×bn tiles need 2-D x.
 
-On CUDA, ``quantize_tensorwise`` / ``quantize_blockwise`` / ``quantize_blockwise_t`` run the Triton
+On CUDA, ``quantize_tensorwise`` / ``quantize_blockwise`` / ``quantize_blockwise_t`` /
+``quantize_blockwise_pair`` run the Triton
 kernels of ``numerics/kernels/fp8_quantize.py`` (same bits, scales computed on the device); the
 ``*_ref`` functions here are the reference and the CPU path. ``check=False`` skips the finiteness
 test, the one host sync: a NaN/Inf input then shows as an Inf ``scale_inv`` (and a non-finite GEMM
@@ -221,3 +222,29 @@ def quantize_blockwise_t(
     if check:
         checks.check_finite(x, op=op, name=name, amax=out["scale_inv_t"])
     return FP8BlockTensor(data=out["data_t"], scale_inv=out["scale_inv_t"], block=(1, 128))
+
+
+def quantize_blockwise_pair(
+    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, name: str | None = None, *, check: bool = True
+) -> tuple[FP8BlockTensor, FP8BlockTensor]:
+    """(x [M, N] in 1×128 blocks along N, xᵀ [N, M] in 1×128 blocks along M) for 2-D x with M and N
+    multiples of 128: an activation's fprop and wgrad operands (or a gradient's dgrad and wgrad ones).
+
+    On CUDA one kernel reads x once and writes both, where :func:`quantize_blockwise` and
+    :func:`quantize_blockwise_t` would read it twice; the bits are theirs.
+    """
+    kernels = _kernels() if x.is_cuda else None
+    if kernels is None:
+        rows = quantize_blockwise_ref(x, (1, 128), dtype, name)
+        return rows, quantize_blockwise_t_ref(x, dtype=dtype, name=name)
+    op = "fp8.quantize_blockwise_pair"
+    _fp8_max(dtype, op)
+    checks.check_input(x, op=op, block=128, name=name, ndim=2)
+    checks.check_rows(x, op=op, block=128, what="the blocked dim of xᵀ", name=name)
+    out = kernels.quantize_fp8(_rows_2d(x), dtype, mode=kernels.MODE_BLOCKS, rows=True, cols=True)
+    if check:
+        checks.check_finite(x, op=op, name=name, amax=out["scale_inv"])
+    return (
+        FP8BlockTensor(data=out["data"], scale_inv=out["scale_inv"], block=(1, 128)),
+        FP8BlockTensor(data=out["data_t"], scale_inv=out["scale_inv_t"], block=(1, 128)),
+    )

@@ -214,6 +214,29 @@ def shared_nvfp4_amaxes(
     return fused.abs_max_pair(pad_to(t, 16, 1), _signs_on(signs, t.device))
 
 
+def fp8_operand_pair(
+    t: torch.Tensor, row_spec: OperandQuant | None, token_spec: OperandQuant | None, name: str = ""
+) -> tuple[Operand, Operand] | None:
+    """Both blockwise FP8 operands of t [M, C] from one read: t in 1×128 blocks along C (fprop x,
+    dgrad dy) and tᵀ in 1×128 blocks along the tokens M (wgrad xᵀ, dyᵀ), as :func:`quantize` makes
+    them separately. None unless the specs are that pair (the same FP8 format, 1×128, no RHT) and
+    t needs no padding (M and C multiples of 128); then quantize each as usual.
+
+    No finiteness check on CUDA (as :func:`quantize`): NaN/Inf shows as an Inf scale_inv and output.
+    """
+    from inkling_fp4.numerics import fp8
+
+    pair = (
+        row_spec is not None and row_spec == token_spec
+        and row_spec.format in ("e4m3", "e5m2") and row_spec.block == (1, 128) and not row_spec.rht
+    )  # fmt: skip
+    if not pair or t.dim() != 2 or t.shape[0] % 128 or t.shape[1] % 128:
+        return None
+    dtype = torch.float8_e4m3fn if row_spec.format == "e4m3" else torch.float8_e5m2
+    rows, cols = fp8.quantize_blockwise_pair(t, dtype=dtype, name=name or None, check=not t.is_cuda)
+    return Operand(rows, row_spec), Operand(cols, token_spec)
+
+
 # -- emulation -----------------------------------------------------------------------------------
 
 

@@ -124,13 +124,16 @@ def quantized_forward(
     return y
 
 
-def _fprop(x2d, weight, recipe: Recipe, name: str, out_dtype, keep_x=False, keep_w=False, amax_x=None):
-    """y [M, N] = x · Wᵀ, and the quantized operands (packed codes kept where asked for)."""
+def _fprop(
+    x2d, weight, recipe: Recipe, name: str, out_dtype, keep_x=False, keep_w=False, amax_x=None, xq=None
+):
+    """y [M, N] = x · Wᵀ, and the quantized operands (packed codes kept where asked for); ``xq``:
+    x already quantized (:func:`gemm.fp8_operand_pair`)."""
     M, N = x2d.shape[0], weight.shape[0]
     if recipe.fprop is None:
         return gemm.bf16_matmul(x2d, weight).to(out_dtype), None, None  # y: [M, N]
-    # xq: [M, K]
-    xq = gemm.quantize(x2d, recipe.fprop.a, codes=keep_x, values=True, name=f"{name} x", amax=amax_x)
+    if xq is None:  # xq: [M, K]
+        xq = gemm.quantize(x2d, recipe.fprop.a, codes=keep_x, values=True, name=f"{name} x", amax=amax_x)
     wq = gemm.quantize(weight, recipe.fprop.b, codes=keep_w, values=True, name=f"{name} W")  # [N, K]
     y = gemm.matmul(xq, wq, backend=recipe.backend, out_dtype=out_dtype, size=(M, N))  # y: [M, N]
     return y, xq, wq
@@ -155,9 +158,14 @@ class _QuantLinearFn(torch.autograd.Function):
             amax_x, amax_xt = gemm.shared_nvfp4_amaxes(
                 x2d, fprop.a if fprop else None, wgrad.b if need_dw and wgrad else None, recipe.rht_signs
             )
-            y, xq, wq = _fprop(
-                x2d, weight, recipe, name, torch.bfloat16, keep_x=reuse_x, keep_w=reuse_w, amax_x=amax_x
+            # Blockwise FP8: x along rows (fprop) and xᵀ along tokens (wgrad) from one read of x.
+            pair_x = gemm.fp8_operand_pair(
+                x2d, fprop.a if fprop else None, wgrad.b if need_dw and wgrad else None, f"{name} x"
             )
+            y, xq, wq = _fprop(
+                x2d, weight, recipe, name, torch.bfloat16, keep_x=reuse_x, keep_w=reuse_w, amax_x=amax_x,
+                xq=pair_x[0] if pair_x else None,
+            )  # fmt: skip
             saved = {}
             if need_dx:
                 if dgrad is None:
@@ -173,6 +181,8 @@ class _QuantLinearFn(torch.autograd.Function):
                     saved["x"] = x2d.to(torch.bfloat16)
                 elif reuse_x:
                     saved["x"] = dataclasses.replace(xq.packed(), transposed=True)  # [K, M] logical
+                elif pair_x:
+                    saved["x"] = pair_x[1]  # xᵀ: [K, M], blocked along the tokens
                 else:  # Q(RHT(xᵀ)): [K, M], blocked along the tokens
                     saved["x"] = _transposed_operand(
                         x2d, wgrad.b, recipe, generator, f"{name} x", keep=True, amax=amax_xt
@@ -200,15 +210,24 @@ class _QuantLinearFn(torch.autograd.Function):
                 recipe.wgrad.a if "x" in saved and recipe.wgrad else None,
                 recipe.rht_signs,
             )
+            # Blockwise FP8: dy along rows (dgrad) and dyᵀ along tokens (wgrad) from one read of dy.
+            pair_dy = gemm.fp8_operand_pair(
+                dy,
+                recipe.dgrad.a if "w" in saved and recipe.dgrad else None,
+                recipe.wgrad.a if "x" in saved and recipe.wgrad else None,
+                f"{name} dy",
+            )
             if "w" in saved:
                 if recipe.dgrad is None:
                     dx = gemm.bf16_matmul(dy, saved["w"].t()).to(x_dtype)  # dx: [M, K] = dy · W
                 else:
-                    # Multiplied at once and never saved: no 4-bit codes (FP8 operands are their bytes).
-                    dyq = gemm.quantize(
-                        dy, recipe.dgrad.a, generator=generator, codes=False, values=True,
-                        name=f"{name} dy", amax=amax_dy,
-                    )  # fmt: skip
+                    if pair_dy:
+                        dyq = pair_dy[0]
+                    else:  # multiplied at once, never saved: no 4-bit codes (FP8 operands are their bytes)
+                        dyq = gemm.quantize(
+                            dy, recipe.dgrad.a, generator=generator, codes=False, values=True,
+                            name=f"{name} dy", amax=amax_dy,
+                        )  # fmt: skip
                     dx = gemm.matmul(dyq, saved["w"], backend=backend, out_dtype=x_dtype, size=(M, K))
             if "x" in saved:
                 if recipe.wgrad is None:
@@ -217,6 +236,8 @@ class _QuantLinearFn(torch.autograd.Function):
                     a = recipe.wgrad.a
                     if dyq is not None and dyq.spec == a and a.block == TENSORWISE:
                         dy_t = dataclasses.replace(dyq, transposed=True)
+                    elif pair_dy:
+                        dy_t = pair_dy[1]  # dyᵀ: [N, M], blocked along the tokens
                     else:  # Q_sr(RHT(dyᵀ)): [N, M], blocked along the tokens
                         dy_t = _transposed_operand(
                             dy, a, recipe, generator, f"{name} dy", keep=False, amax=amax_dyt
