@@ -30,7 +30,8 @@ wrote its checkpoint (it holds each one's data position and random state); the s
 Usage:
     python scripts/reproduce_paper.py --tokens 100e6 --only fp8 --time-budget 540
     python scripts/reproduce_paper.py --tokens 100e6 --only nvfp4 --time-budget 540   # repeat until done
-    python scripts/reproduce_paper.py --tokens 100e6 --report-only
+    python scripts/reproduce_paper.py --tokens 100e6 --noise --only fp8-reinit  # the noise floor
+    python scripts/reproduce_paper.py --tokens 100e6 --report-only  # (--noise: with the noise floor)
     python scripts/reproduce_paper.py --tokens 2e6 train.log_every=5       # a quick smoke test
     torchrun --nproc_per_node 2 scripts/reproduce_paper.py --tokens 100e6 --only nvfp4 --time-budget 540
     torchrun --nproc_per_node 2 scripts/reproduce_paper.py --tokens 100e6 --only nvfp4-no-switch
@@ -58,6 +59,7 @@ from pathlib import Path
 
 from inkling_fp4.compare.gap import METRICS_FILE, boundaries_from_config, parse_metrics_lines
 from inkling_fp4.compare.run import (
+    NOISE,
     PlannedRun,
     check_same_run,
     derive,
@@ -74,6 +76,7 @@ from inkling_fp4.train.checkpoint import STATE_FILE, check_processes, checkpoint
 from inkling_fp4.train.interrupt import StopSignal
 
 RUNS = ("fp8", "nvfp4", "bf16", "mxfp4", "nvfp4-no-switch")
+"""The paper's runs; ``--noise`` adds the baseline's repeat from other initial weights."""
 USAGE, STOPPED = 2, 3
 BUDGET_POLL_S = 0.05
 """How often a spent time budget looks for a training loop to stop."""
@@ -239,7 +242,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--run-dir", type=Path, default=Path("runs/reproduce-paper"), help="runs and report go here"
     )
     ap.add_argument(
-        "--only", default=",".join(RUNS), help=f"comma list of runs to train (of {', '.join(RUNS)})"
+        "--only", default=None, help=f"comma list of runs to train (of {', '.join(RUNS)}; default: all)"
+    )
+    ap.add_argument(
+        "--noise", action="store_true", help=f"also the baseline from other initial weights ({NOISE})"
     )
     ap.add_argument("--time-budget", type=float, default=None, help="seconds of training before stopping")
     ap.add_argument("--report-only", action="store_true", help="train nothing, rewrite the report")
@@ -252,9 +258,9 @@ def plan_invocation(
     """The comparison's config and runs and the ones to train, checked before any process waits for
     another: every rank finds the same errors in the same files."""
     cfg = split_over_processes(paper_config(args.recipe, args.tokens, args.overrides), processes)
-    plan = plan_runs(cfg, ["bf16", "mxfp4"], ["switch"])
+    plan = plan_runs(cfg, ["bf16", "mxfp4"], ["switch"], noise=args.noise)
     labels = [p.label for p in plan]
-    wanted = [x.strip() for x in args.only.split(",") if x.strip()]
+    wanted = labels if args.only is None else [x.strip() for x in args.only.split(",") if x.strip()]
     unknown = sorted(set(wanted) - set(labels))
     if unknown:
         raise UserError(f"--only {','.join(unknown)}: choose among {', '.join(labels)}")

@@ -233,3 +233,25 @@ def test_trained_steps_counts_a_checkpoint_past_the_last_logged_step(tmp_path):
     assert trained_steps(tmp_path) == 20  # no state.json yet: an unfinished write does not count
     (tmp_path / "checkpoints" / "step_23" / "state.json").write_text("{}")
     assert trained_steps(tmp_path) == 23
+
+
+@pytest.mark.slow
+def test_cli_noise_trains_the_baseline_from_other_weights(tmp_path, monkeypatch, capsys):
+    """--noise on the tiny recipe: a third run, the fp8 baseline from train.init_seed = seed + 1 (its
+    first loss differs from the baseline's: other weights), and the report reads the gap against it."""
+    code, out, err = _cli(
+        monkeypatch, capsys, "compare-baseline", "--noise", "--run-dir", str(tmp_path), *TINY, "train.seed=3"
+    )
+    assert code == 0, err
+    data = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert list(data["runs"]) == ["nvfp4", "fp8-reinit"] and data["noise_floor"]["label"] == "fp8-reinit"
+    assert data["runs"]["nvfp4"]["verdict"]["beyond_noise"] is not None
+    repeat = load_config(str(tmp_path / "fp8-reinit" / "config.yaml"))
+    assert repeat.train.init_seed == 4 and repeat.train.seed == 3 and repeat.precision.recipe == "fp8"
+    first = {
+        label: next(json.loads(x) for x in (tmp_path / label / "metrics.jsonl").read_text().splitlines())
+        for label in ("fp8", "fp8-reinit")
+    }
+    assert first["fp8"]["loss"] != first["fp8-reinit"]["loss"]
+    code, _, err = _cli(monkeypatch, capsys, "compare-baseline", "--noise-run", str(tmp_path / "fp8"))
+    assert code == 2 and "--noise-run go with --run / --baseline" in err

@@ -114,6 +114,12 @@ def compare_baseline(
     run: Path = typer.Option(None, help="An existing run directory to compare with --baseline."),
     baseline: Path = typer.Option(None, help="The existing baseline run directory for --run."),
     out: Path = typer.Option(None, help="Report directory for --run / --baseline (default: <run>/report)."),
+    noise: bool = typer.Option(
+        False, help="Also train the baseline from other initial weights: the noise floor of every gap."
+    ),
+    noise_run: Path = typer.Option(
+        None, help="With --run / --baseline: the baseline trained again with another train.init_seed."
+    ),
 ) -> None:
     """Train the recipe under the paper's FP8 baseline and under NVFP4 and report the loss gap, or
     compare two existing runs (--run A --baseline B)."""
@@ -123,19 +129,22 @@ def compare_baseline(
     if run is not None or baseline is not None:
         if run is None or baseline is None:
             raise UserError("--run and --baseline go together: pass both run directories")
-        if overrides or recipe or run_dir or with_recipes or ablate or only:
+        if overrides or recipe or run_dir or with_recipes or ablate or only or noise:
             raise UserError(
                 "--run / --baseline compare existing runs: drop --recipe, --run-dir, --with, --ablate, "
-                "--only and the overrides"
+                "--only, --noise (use --noise-run DIR) and the overrides"
             )
-        typer.echo(f"report: {compare_runs(run, baseline, out)}")
+        typer.echo(f"report: {compare_runs(run, baseline, out, noise_run)}")
         return
-    if out is not None:
-        raise UserError("--out goes with --run / --baseline; a new comparison reports into --run-dir")
+    if out is not None or noise_run is not None:
+        raise UserError(
+            "--out and --noise-run go with --run / --baseline; a new comparison reports into --run-dir "
+            "(--noise trains its noise-floor run)"
+        )
     cfg = load_config(recipe or "tiny", list(overrides or []))
     run_dir = run_dir or Path("runs") / f"{cfg.name}-compare"
     withs, pieces = _comma_list(with_recipes), _comma_list(ablate)
-    report = run_compare(cfg, run_dir, withs, pieces, only=only, echo=typer.echo)
+    report = run_compare(cfg, run_dir, withs, pieces, only=only, echo=typer.echo, noise=noise)
     if report is not None:
         typer.echo(f"report: {report}")
 

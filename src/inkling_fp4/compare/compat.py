@@ -26,6 +26,7 @@ COMPARED_SECTIONS = ("model", "data", "optim")
 """Sections compared key by key (minus IGNORED_KEYS)."""
 COMPARED_KEYS = (
     "train.seed",
+    "train.init_seed",
     "train.steps",
     "train.batch_size",
     "train.warmup_steps",
@@ -34,7 +35,7 @@ COMPARED_KEYS = (
     "train.min_lr_ratio",
     "eval.batches",
 )
-"""Single keys compared outside those sections: the seed, the WSD schedule, the validation set size."""
+"""Single keys compared outside those sections: the seeds, the WSD schedule, the validation set size."""
 IGNORED_KEYS = (
     "model.ssd_impl",
     "model.chunk_size",
@@ -106,9 +107,11 @@ def describe_differences(diffs: list[tuple[str, Any, Any]]) -> str:
     return ", ".join(f"{key} ({va!r} vs {vb!r})" for key, va, vb in diffs)
 
 
-def check_comparable(run_a: str | Path, run_b: str | Path) -> None:
-    """Raise a UserError naming the differing keys unless the two runs differ only in precision."""
+def check_comparable(run_a: str | Path, run_b: str | Path, allow: tuple[str, ...] = ()) -> None:
+    """Raise a UserError naming the differing keys unless the two runs differ only in precision (and
+    in the ``allow`` keys: ``train.init_seed`` for the baseline's noise-floor repeat)."""
     diffs = config_differences(read_config_data(run_a), read_config_data(run_b))
+    diffs = [d for d in diffs if d[0] not in allow]
     if diffs:
         first_key, _, first_b = diffs[0]
         raise UserError(

@@ -320,6 +320,9 @@ class PhaseStats:
     """Largest gap among the points whose smoothing window lies wholly inside the phase, so that the
     previous phase's losses do not leak in; the last point's gap when the phase is shorter than the
     window. This is what the verdict holds against the paper's bounds."""
+    settled_min: float
+    """Smallest gap among the same points: with ``settled_max``, the band a repeat of the baseline
+    (the noise floor) moves in."""
 
     def to_dict(self) -> dict:
         return {
@@ -333,6 +336,7 @@ class PhaseStats:
             "min_gap": self.min,
             "end_gap": self.last,
             "settled_max_gap": self.settled_max,
+            "settled_min_gap": self.settled_min,
         }
 
 
@@ -353,6 +357,7 @@ def _stats(gap: GapSeries, mask: np.ndarray, settled: np.ndarray) -> PhaseStats 
         min=float(g.min()),
         last=float(g[-1]),
         settled_max=float(inside.max()) if len(inside) else float(g[-1]),
+        settled_min=float(inside.min()) if len(inside) else float(g[-1]),
     )
 
 

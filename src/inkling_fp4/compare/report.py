@@ -201,6 +201,31 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out + ["| " + " | ".join(r) + " |" for r in rows]
 
 
+def _noise_paragraph(data: dict) -> list[str]:
+    """The noise floor, when the comparison has a repeat of the baseline."""
+    noise = data["noise_floor"]
+    if noise is None:
+        return []
+    band = ", ".join(
+        f"{phase} ±{100 * b:.2f}%" if b is not None else f"{phase} n/a" for phase, b in noise["band"].items()
+    )
+    return [
+        f"**Noise floor:** `{noise['label']}` is the baseline trained again from other initial weights "
+        f"(same data, order and schedule). Against the baseline its judged smoothed gap moves within {band}: "
+        "a run's gap inside that band cannot be told apart from chance with one run per precision.",
+        "",
+    ]
+
+
+def _noise_cell(label: str, run: dict, noise_label: str) -> str:
+    if label == noise_label:
+        return "(the repeat)"
+    beyond = run["verdict"]["beyond_noise"]
+    if beyond is None:
+        return "n/a"
+    return f"beyond in {', '.join(beyond)}" if beyond else "within"
+
+
 def render_markdown(data: dict) -> str:
     base = data["baseline"]["label"]
     runs = data["runs"]
@@ -214,6 +239,7 @@ def render_markdown(data: dict) -> str:
         f"{fmt_bound(data['paper_bounds']['decay'])}, held against the largest smoothed training-loss "
         'gap of each phase among the steps whose smoothing window lies inside the phase ("judged").',
         "",
+        *_noise_paragraph(data),
         f"![loss curves]({data['plots']['loss']})",
         "",
         f"![relative gap]({data['plots']['gap']})",
@@ -253,6 +279,8 @@ def render_markdown(data: dict) -> str:
                 {True: "within", False: "outside", None: "undetermined"}[r["verdict"]["within"]],
             ]
         )
+        if data["noise_floor"] is not None:
+            rows[-1].append(_noise_cell(label, r, data["noise_floor"]["label"]))
     header = [
         "run",
         "stable mean",
@@ -264,6 +292,8 @@ def render_markdown(data: dict) -> str:
         "final val (training precision)",
         "paper's bounds",
     ]
+    if data["noise_floor"] is not None:
+        header.append("noise floor")
     lines += _table(header, rows)
     for label, r in runs.items():
         lines += ["", f"## {label}: gap per phase", "", r["verdict"]["line"], ""]
@@ -321,6 +351,12 @@ def wandb_summary(data: dict) -> dict[str, float]:
         _flat(f"compare/{label}/final", r["final"], out)
         _flat(f"compare/{label}/phases", r["phases"], out)
         out[f"compare/{label}/within_paper_bounds"] = {True: 1, False: 0, None: -1}[r["verdict"]["within"]]
+        if r["verdict"]["beyond_noise"] is not None:
+            out[f"compare/{label}/beyond_noise_floor"] = float(bool(r["verdict"]["beyond_noise"]))
+    if data["noise_floor"] is not None:
+        for phase, band in data["noise_floor"]["band"].items():
+            if band is not None:
+                out[f"compare/noise_floor/{phase}"] = band
     return out
 
 

@@ -9,7 +9,9 @@ differs:
   last (the paper's FP8 run never switches to BF16);
 - the recipe's own precision (``nvfp4`` by default), exactly as configured, BF16 switch included;
 - ``--with bf16,mxfp4``: the same recipe in those precisions (same layer split and switch);
-- ``--ablate rht,sr,2d,bf16-layers,switch``: the recipe with one piece off at a time.
+- ``--ablate rht,sr,2d,bf16-layers,switch``: the recipe with one piece off at a time;
+- ``--noise``: the baseline again from other initial weights (``train.init_seed``), same data, order
+  and schedule: its gap to the baseline is the noise floor each verdict is read against.
 
 Runs go to ``<run_dir>/<label>`` and the report to ``<run_dir>/report``. A run that already finished
 is reused (after checking that its config is the one planned), an interrupted one is resumed from
@@ -64,6 +66,8 @@ BASELINE_CHANGES = {
     "precision.bf16_last_layers": None,
 }
 """The paper's FP8 baseline: its recipe, its default BF16 layers, no switch."""
+NOISE = f"{BASELINE}-reinit"
+"""Label of the baseline's repeat from other initial weights (the noise floor)."""
 
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "rht": ("no random Hadamard transform on the wgrad operands", {"precision.rht": False}),
@@ -100,8 +104,9 @@ def derive(cfg: RunConfig, changes: dict[str, Any], name: str) -> RunConfig:
     return from_dict(RunConfig, data)
 
 
-def plan_runs(cfg: RunConfig, with_recipes=(), ablate=()) -> list[PlannedRun]:
-    """The runs of a comparison, the baseline first, then the recipe, the extra recipes, the ablations."""
+def plan_runs(cfg: RunConfig, with_recipes=(), ablate=(), noise: bool = False) -> list[PlannedRun]:
+    """The runs of a comparison, the baseline first, then the recipe, the extra recipes, the ablations
+    and, with ``noise``, the baseline's repeat from other initial weights."""
     main = cfg.precision.recipe
     if main == BASELINE:
         raise ConfigError(
@@ -144,6 +149,11 @@ def plan_runs(cfg: RunConfig, with_recipes=(), ablate=()) -> list[PlannedRun]:
             if switch > 1:
                 run.branch_from, run.branch_step = main, switch - 1
         plan.append(run)
+    if noise:
+        init_seed = (cfg.train.seed if cfg.train.init_seed is None else cfg.train.init_seed) + 1
+        changes = {**BASELINE_CHANGES, "train.init_seed": init_seed}
+        about = f"the baseline from other initial weights (train.init_seed={init_seed}): the noise floor"
+        plan.append(PlannedRun(NOISE, derive(cfg, changes, f"{cfg.name}-{NOISE}"), about))
     return plan
 
 
@@ -290,11 +300,12 @@ def run_compare(
     ablate=(),
     only: str | None = None,
     echo: Callable[[str], None] = print,
+    noise: bool = False,
 ) -> Path | None:
     """Train the comparison's runs and write the report; returns the report directory, or None when
     a run stopped early (interrupted) or only one run (the one labelled ``only``) was asked for."""
     run_dir = Path(run_dir)
-    plan = plan_runs(cfg, with_recipes, ablate)
+    plan = plan_runs(cfg, with_recipes, ablate, noise)
     ranks = D.init_distributed(cfg.train.device)  # one process group for all the runs (torchrun)
     run_dir.mkdir(parents=True, exist_ok=True)
     report = None
@@ -314,18 +325,59 @@ def write_comparison(run_dir: str | Path, labels: list[str], about: dict[str, st
         raise UserError(f"{run_dir}: no run yet for {', '.join(missing)}; train it first")
     base, *others = labels
     for label in others:
-        check_comparable(run_dir / label, run_dir / base)
-    comparison = summarize({label: run_dir / label for label in others}, run_dir / base, base, about=about)
+        check_comparable(run_dir / label, run_dir / base, allow=_noise_allowance(label == NOISE))
+    noise_label = NOISE if NOISE in others else None
+    runs = {label: run_dir / label for label in others}
+    comparison = summarize(runs, run_dir / base, base, about=about, noise_label=noise_label)
     return write_report(comparison, run_dir / "report")
 
 
-def compare_runs(run_a: str | Path, baseline_b: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Compare two existing run directories (refusing unless only their precision differs)."""
+def _noise_allowance(is_noise_run: bool) -> tuple[str, ...]:
+    """The key a noise-floor repeat may differ in from its baseline: the initial weights' seed."""
+    return ("train.init_seed",) if is_noise_run else ()
+
+
+def compare_runs(
+    run_a: str | Path,
+    baseline_b: str | Path,
+    out_dir: str | Path | None = None,
+    noise_run: str | Path | None = None,
+) -> Path:
+    """Compare two existing run directories (refusing unless only their precision differs); with
+    ``noise_run``, the baseline again from other initial weights, read each gap against the noise."""
     run_a, baseline_b = Path(run_a), Path(baseline_b)
     check_comparable(run_a, baseline_b)
     label_a = load_run_config(run_a).precision.recipe
     label_b = load_run_config(baseline_b).precision.recipe
     if label_a == label_b:
         label_a, label_b = run_a.name, baseline_b.name
-    comparison = summarize({label_a: run_a}, baseline_b, label_b)
+    runs, noise_label = {label_a: run_a}, None
+    if noise_run is not None:
+        noise_run = Path(noise_run)
+        _check_noise_run(noise_run, baseline_b)
+        noise_label = NOISE if noise_run.name in (label_a, label_b) else noise_run.name
+        runs[noise_label] = noise_run
+    comparison = summarize(runs, baseline_b, label_b, noise_label=noise_label)
     return write_report(comparison, Path(out_dir) if out_dir else run_a / "report")
+
+
+def _check_noise_run(noise_run: Path, baseline: Path) -> None:
+    """A noise-floor repeat must be the baseline with other initial weights: same precision, config
+    and data, a different ``train.init_seed``."""
+    check_comparable(noise_run, baseline, allow=_noise_allowance(True))
+    repeat, base = load_run_config(noise_run), load_run_config(baseline)
+    if repeat.precision != base.precision:
+        raise UserError(
+            f"--noise-run {noise_run}: its precision ({repeat.precision.recipe}) differs from the baseline's "
+            f"({base.precision.recipe}); the noise floor is the baseline trained again with another "
+            "train.init_seed and nothing else changed"
+        )
+    if _init_seed(repeat) == _init_seed(base):
+        raise UserError(
+            f"--noise-run {noise_run}: it starts from the same weights as the baseline "
+            f"(train.init_seed {_init_seed(repeat)}); train the baseline again with another train.init_seed"
+        )
+
+
+def _init_seed(cfg: RunConfig) -> int:
+    return cfg.train.seed if cfg.train.init_seed is None else cfg.train.init_seed

@@ -8,6 +8,11 @@ only points whose smoothing window lies wholly inside the phase count, so the wa
 do not leak into the stable phase through the window. The warmup itself is not judged: losses
 there fall fast and small shifts in time give large relative gaps.
 
+With a noise run (the baseline trained again from other initial weights, same data, order and
+schedule: ``compare-baseline --noise``) each verdict also says whether the run's judged gaps lie
+beyond the band the baseline moves in against its own repeat. At small scale that band can exceed
+the paper's bounds, and then "outside the bounds" says nothing about the precision.
+
 These numbers are what report.md, report.json and wandb all show; nothing is computed twice.
 """
 
@@ -64,9 +69,31 @@ class Check:
 
 
 @dataclass(frozen=True)
+class NoiseFloor:
+    """How far the baseline drifts from a repeat of itself started from other initial weights: per
+    judged phase, the largest |settled smoothed gap| between the two (None where the repeat logged
+    no step in the phase). A gap inside this band cannot be told apart from chance with one run per
+    precision."""
+
+    label: str
+    """The repeat's label in the comparison."""
+    band: dict[str, float | None]
+
+    @classmethod
+    def from_phases(cls, label: str, phases: dict[str, PhaseStats | None]) -> NoiseFloor:
+        band = {}
+        for phase in PAPER_BOUNDS:
+            st = phases.get(phase)
+            band[phase] = None if st is None else max(abs(st.settled_max), abs(st.settled_min))
+        return cls(label, band)
+
+
+@dataclass(frozen=True)
 class Verdict:
     checks: tuple[Check, ...]
     line: str
+    beyond_noise: tuple[str, ...] | None = None
+    """Phases whose judged gap lies beyond the noise floor; None without a noise floor."""
 
     @property
     def within(self) -> bool | None:
@@ -111,6 +138,8 @@ class Comparison:
     window: int
     """Smoothing window of the training loss, in steps."""
     runs: dict[str, RunSummary]
+    noise: NoiseFloor | None = None
+    """The baseline against its own repeat, when the comparison has one (also among ``runs``)."""
 
     @property
     def main(self) -> RunSummary:
@@ -126,8 +155,15 @@ def fmt_bound(x: float) -> str:
     return f"{100 * x:g}%"
 
 
-def judge(label: str, baseline_label: str, phases: dict[str, PhaseStats | None], final_val: float | None):
-    """The verdict line: within the paper's bounds or not, and by how much."""
+def judge(
+    label: str,
+    baseline_label: str,
+    phases: dict[str, PhaseStats | None],
+    final_val: float | None,
+    noise: NoiseFloor | None = None,
+):
+    """The verdict line: within the paper's bounds or not, and by how much; with a noise floor, also
+    whether each judged gap lies beyond it."""
     checks = tuple(
         Check(phase, bound, None if phases.get(phase) is None else phases[phase].settled_max)
         for phase, bound in PAPER_BOUNDS.items()
@@ -137,11 +173,25 @@ def judge(label: str, baseline_label: str, phases: dict[str, PhaseStats | None],
     line = f"{label} vs {baseline_label}: {word[within]}: " + "; ".join(c.describe() for c in checks)
     if final_val is not None:
         line += f"; final validation gap {pct(final_val)}"
-    return Verdict(checks, line)
+    if noise is None or label == noise.label:
+        return Verdict(checks, line)
+    judged = [(c, noise.band[c.phase]) for c in checks if None not in (c.value, noise.band[c.phase])]
+    beyond = tuple(c.phase for c, band in judged if abs(c.value) > band)
+    if judged:
+        where = f"beyond the noise floor in {', '.join(beyond)}" if beyond else "within the noise floor"
+        sizes = "; ".join(f"{c.phase} {pct(c.value)} vs ±{100 * band:.2f}%" for c, band in judged)
+        line += f"; {where} ({sizes}, from {noise.label} vs {baseline_label})"
+    return Verdict(checks, line, beyond)
 
 
 def summarize_run(
-    label: str, run_dir: Path, baseline: RunMetrics, baseline_label: str, window: int, about: str = ""
+    label: str,
+    run_dir: Path,
+    baseline: RunMetrics,
+    baseline_label: str,
+    window: int,
+    about: str = "",
+    noise: NoiseFloor | None = None,
 ) -> RunSummary:
     metrics = load_metrics(run_dir)
     config = load_run_config(run_dir)
@@ -164,7 +214,7 @@ def summarize_run(
         val_in_precision=val_in_precision,
         phases=phases,
         val_phases=val_phases,
-        verdict=judge(label, baseline_label, phases, final_val),
+        verdict=judge(label, baseline_label, phases, final_val, noise),
     )
 
 
@@ -174,17 +224,26 @@ def summarize(
     baseline_label: str = "fp8",
     window: int | None = None,
     about: dict[str, str] | None = None,
+    noise_label: str | None = None,
 ) -> Comparison:
-    """Load the baseline and each run (label -> run dir) and compute every number of the report."""
+    """Load the baseline and each run (label -> run dir) and compute every number of the report.
+    ``noise_label``: the run that is the baseline again from other initial weights (the noise floor
+    every other run's verdict is read against)."""
     if not runs:
         raise UserError("nothing to compare: give at least one run besides the baseline")
+    if noise_label is not None and noise_label not in runs:
+        raise UserError(f"no run '{noise_label}' to take the noise floor from")
     baseline = load_metrics(baseline_dir)
     baseline_config = load_run_config(baseline_dir)
     if window is None:
         window = default_window(baseline_config)
     about = about or {}
+    noise = None
+    if noise_label is not None:
+        repeat = summarize_run(noise_label, Path(runs[noise_label]), baseline, baseline_label, window)
+        noise = NoiseFloor.from_phases(noise_label, repeat.phases)
     summaries = {
-        label: summarize_run(label, Path(d), baseline, baseline_label, window, about.get(label, ""))
+        label: summarize_run(label, Path(d), baseline, baseline_label, window, about.get(label, ""), noise)
         for label, d in runs.items()
     }
     for s in summaries.values():
@@ -193,7 +252,7 @@ def summarize(
                 f"{s.metrics.run_dir} and {baseline_dir} share no logged step: "
                 "they must log at the same steps (same train.log_every and eval.every)"
             )
-    return Comparison(baseline_label, baseline, baseline_config, window, summaries)
+    return Comparison(baseline_label, baseline, baseline_config, window, summaries, noise)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,6 +305,7 @@ def run_to_dict(s: RunSummary) -> dict:
         "phases": {"train": _phases(s.phases), "val": _phases(s.val_phases)},
         "verdict": {
             "within": s.verdict.within,
+            "beyond_noise": None if s.verdict.beyond_noise is None else list(s.verdict.beyond_noise),
             "line": s.verdict.line,
             "checks": [
                 {"phase": c.phase, "bound": c.bound, "max_gap": c.value, "ok": c.ok} for c in s.verdict.checks
@@ -274,6 +334,7 @@ def comparison_to_dict(c: Comparison) -> dict:
             "window_steps": c.window,
         },
         "paper_bounds": dict(PAPER_BOUNDS),
+        "noise_floor": None if c.noise is None else {"label": c.noise.label, "band": dict(c.noise.band)},
         "verdict": c.main.verdict.line,
         "runs": {label: run_to_dict(s) for label, s in c.runs.items()},
     }

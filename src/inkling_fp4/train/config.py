@@ -17,6 +17,10 @@ class TrainConfig:
     """Optimizer steps."""
     seed: int = 0
     """Seed of the model init, data order and stochastic rounding."""
+    init_seed: int | None = None
+    """Seed of the initial weights alone (None: ``seed``). A run that changes only this sees the same
+    data in the same order from another starting point: how far two runs drift apart by chance
+    (``compare-baseline --noise``)."""
     batch_size: int = 8
     """Sequences per optimizer step (global, across ranks and accumulation)."""
     micro_batch_size: int | None = None

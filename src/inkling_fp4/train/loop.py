@@ -103,7 +103,8 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
     val_batches = data.val_batches(cfg.eval.batches, micro, rank_shard=True)
 
     # -- model, precision, optimizer, schedules -----------------------------------------------
-    with torch.device(device):  # built in place: a 12B model never passes through host memory
+    # built in place: a 12B model never passes through host memory
+    with torch.device(device), _initial_weights_rng(cfg.train.init_seed, device):
         model = HybridLM(cfg.model)
     sharded = cfg.train.parallel == "fsdp" and dist.active
     _check_memory(model, dist, sharded)
@@ -356,6 +357,19 @@ def _checkpoint(run_dir, step, model, optimizer, data, policy, monitor, switch, 
         path = save_checkpoint(run_dir, step, params, opt, state, cfg.checkpoint.keep_last)
     D.barrier(dist)
     return path
+
+
+@contextlib.contextmanager
+def _initial_weights_rng(init_seed: int | None, device: torch.device):
+    """Draw the initial weights from ``init_seed`` when it is set. The global generators (CPU and this
+    device) then continue from where they were before the build; the data order and the stochastic
+    rounding draw from their own generators, seeded from ``train.seed``, so they do not change."""
+    if init_seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(init_seed)
+        yield
 
 
 def _batch_geometry(cfg: RunConfig, world: int) -> tuple[int, int]:
