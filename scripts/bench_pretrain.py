@@ -24,6 +24,7 @@ did not go down over the run (a broken backward trains nothing).
 Examples:
     python scripts/bench_pretrain.py --out bench_1gpu.json
     python scripts/bench_pretrain.py --config peer158m --out bench_peer.json
+    python scripts/bench_pretrain.py --recipes bf16,nvfp4 --profile 3      # + GPU time by kernel group
     torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
         --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
 """
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+import step_profile
 from inkling_fp4.config import RunConfig, from_dict, to_dict
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
@@ -73,6 +75,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ssd-impl", default="auto", choices=["auto", "triton", "reference"])
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     p.add_argument("--compare-to", type=Path, default=None, help="a JSON of this script: scaling and losses")
+    p.add_argument(
+        "--profile", type=int, default=0, help="then profile this many steps: GPU time by kernel group"
+    )
     return p.parse_args()
 
 
@@ -117,14 +122,19 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
     opt = build_optimizer(model, OptimConfig(lr=args.lr))
     fwd = torch.compile(model) if args.compile else model
     train_model = D.wrap_model(fwd, dist)
-    n_steps = args.warmup + args.steps
+    n_steps = args.warmup + args.steps + args.profile
     tokens_per_step = cfg.train.batch_size * args.seq
     torch.cuda.reset_peak_memory_stats(device)
-    losses, t0 = [], None
+    losses, t0, elapsed, profiler = [], None, None, None
     for i, step_batches in enumerate(batches(args, dist, cfg, micro, accum, n_steps)):
         if i == args.warmup:
             torch.cuda.synchronize(device)
             t0 = time.perf_counter()
+        if i == args.warmup + args.steps:  # the timed steps are over: profile the rest
+            torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - t0
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            profiler.__enter__()
         set_lr(opt, args.lr * min(1.0, (i + 1) / 10))
         n_tok = D.all_reduce_sum(
             torch.tensor(float(sum(int(m.sum()) for *_, m in step_batches)), device=device), dist
@@ -148,7 +158,12 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
         opt.zero_grad(set_to_none=True)
         losses.append((D.all_reduce_sum(loss_sum, dist) / n_tok).item())
     torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - t0
+    if elapsed is None:
+        elapsed = time.perf_counter() - t0
+    groups = None
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        groups = step_profile.breakdown(profiler.key_averages(), args.profile)
     tok_s = tokens_per_step * args.steps / elapsed
     peak = peak_flops(device)
     result = {
@@ -158,11 +173,16 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
         "step_ms": 1e3 * elapsed / args.steps,
         "mfu": mfu(model.flops_per_token(args.seq), tok_s, dist.world_size, peak),
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30,
-        "losses": losses,
+        "losses": losses[: args.warmup + args.steps],
+        "profile": None if groups is None else _profile_dict(groups),
     }
     del model, opt, fwd, train_model
     torch.cuda.empty_cache()
     return result
+
+
+def _profile_dict(groups: dict[str, tuple[float, int]]) -> dict:
+    return {k: {"ms": ms, "launches": n} for k, (ms, n) in groups.items()}
 
 
 def main() -> int:
@@ -231,6 +251,11 @@ def report(args, cfg, dist, micro, accum, results, failures) -> None:
         )
     for r in results:
         print(f"  {r['recipe']}: {r['precision']}")
+    for r in results:
+        if r["profile"] is not None:
+            groups = {k: (v["ms"], v["launches"]) for k, v in r["profile"].items()}
+            title = f"{r['recipe']} ({args.profile} steps)"
+            print(step_profile.format_breakdown(title, groups, r["step_ms"]))
     if args.config == "peer158m" and base is not None:
         x = base["tokens_per_s"] / PEER_TOKENS_PER_S
         print(f"bf16 vs the transformers NemotronH peer (126K tokens/s): {x:.2f}x (target >= 2x)")

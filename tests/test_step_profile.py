@@ -1,0 +1,64 @@
+"""The kernel groups of scripts/step_profile.py (bench_pretrain.py --profile): every Triton kernel of
+the package lands in its group, not in "other", and the per-step arithmetic of the breakdown."""
+
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import step_profile  # noqa: E402
+
+KERNEL_DEF = re.compile(r"@triton\.jit[^\n]*\ndef (\w+_kernel|_conv_\w+)\(")
+EXPECTED = {
+    "numerics/kernels": "quantize (Triton)",
+    "model/ssd_kernels": "SSD scan (Triton)",
+    "model/conv_triton.py": "conv (Triton)",
+}
+
+
+def _kernels_under(rel: str) -> list[str]:
+    path = ROOT / "src" / "inkling_fp4" / rel
+    files = [path] if path.is_file() else sorted(path.glob("*.py"))
+    return [name for f in files for name in KERNEL_DEF.findall(f.read_text())]
+
+
+@pytest.mark.parametrize("rel", sorted(EXPECTED))
+def test_every_package_kernel_lands_in_its_group(rel):
+    names = _kernels_under(rel)
+    assert names, f"no Triton kernels found under {rel}"
+    for name in names:
+        assert step_profile.category(name) == EXPECTED[rel], name
+
+
+@pytest.mark.parametrize(
+    "kernel, group",
+    [
+        ("triton_poi_fused_add_mul_0", "fused glue (torch.compile)"),
+        ("triton_red_fused__to_copy_rms_norm_1", "fused glue (torch.compile)"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "GEMM (cuBLAS / CUTLASS)"),
+        ("nvjet_tst_192x192_64x3_2x1_v_bz_coopA_TNT", "GEMM (cuBLAS / CUTLASS)"),
+        ("pytorch_flash::flash_bwd_kernel<Flash_bwd_kernel_traits>", "attention"),
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "all-reduce (NCCL)"),
+        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdam>", "optimizer"),
+        ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>", step_profile.OTHER),
+    ],
+)
+def test_library_kernels(kernel, group):
+    assert step_profile.category(kernel) == group
+
+
+def test_breakdown_is_per_step():
+    events = [
+        types.SimpleNamespace(key="_quantize_rows_kernel", device_time_total=600.0, count=30),
+        types.SimpleNamespace(key="_rht_kernel", device_time_total=300.0, count=9),
+        types.SimpleNamespace(key="nvjet_tst_x", cuda_time_total=1200.0, device_time_total=None, count=3),
+    ]
+    groups = step_profile.breakdown(events, steps=3)
+    assert groups["quantize (Triton)"] == (pytest.approx(0.3), 13)
+    assert groups["GEMM (cuBLAS / CUTLASS)"] == (pytest.approx(0.4), 1)
+    text = step_profile.format_breakdown("nvfp4", groups, wall_ms=1.0)
+    assert "GPU busy" in text and "0.70 ms" in text and "GPU idle 0.30 ms" in text
