@@ -31,6 +31,7 @@ import sys
 
 import torch
 
+import step_profile
 from inkling_fp4.precision import backends, gemm
 from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.precision.recipes import fp8_recipe, fp8_tensorwise_recipe, nvfp4_recipe
@@ -189,14 +190,6 @@ def _phase(kernel: str) -> str:
     return "other (casts, scales, copies)"
 
 
-def _device_us(event) -> float:
-    for attr in ("device_time_total", "cuda_time_total"):
-        value = getattr(event, attr, None)
-        if value is not None:
-            return float(value)
-    return 0.0
-
-
 def _profiled(name: str, k: int, n: int, tokens: int, device):
     layer = make_layer(k, n, make_recipe(name), device)
     x = torch.randn(tokens, k, device=device, dtype=torch.bfloat16, requires_grad=True)
@@ -220,7 +213,7 @@ def phase_breakdown(name: str, k: int, n: int, tokens: int, device) -> dict:
     launches: dict[str, int] = {}
     for event in _profiled(name, k, n, tokens, device):
         phase = _phase(event.key)
-        totals[phase] = totals.get(phase, 0.0) + _device_us(event) / 1e3 / STEPS
+        totals[phase] = totals.get(phase, 0.0) + step_profile.device_us(event) / 1e3 / STEPS
         launches[phase] = launches.get(phase, 0) + event.count // STEPS
     print(f"\n{name} {k}->{n}, {tokens} tokens: device time per fwd+bwd step by phase")
     for phase, ms in sorted(totals.items(), key=lambda kv: -kv[1]):

@@ -330,12 +330,13 @@ def test_gemm_operands_with_values_multiply_like_decoded_ones(rht):
 @pytest.mark.gpu
 @on_gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
-def test_gpu_kernel_matches_reference(dtype):
+@pytest.mark.parametrize("check", [check_quantize, check_values], ids=["codes", "block-values"])
+def test_gpu_kernel_matches_reference(dtype, check):
     seed = _seed()
     spread = 1.0 if dtype == torch.float16 else 4.0
-    check_quantize(normal((1024, 4096), dtype, seed, spread=spread), "cuda")
-    check_quantize(normal((3, 333, 2080), dtype, seed + 1, spread=spread), "cuda")
-    check_quantize(adversarial(dtype, seed), "cuda")
+    check(normal((1024, 4096), dtype, seed, spread=spread), "cuda")
+    check(normal((3, 333, 2080), dtype, seed + 1, spread=spread), "cuda")
+    check(adversarial(dtype, seed), "cuda")
 
 
 @pytest.mark.gpu
@@ -355,17 +356,6 @@ def test_gpu_stochastic_and_dispatch():
     assert torch.isnan(unchecked.dequantize()[7, 96:128]).all()
     with pytest.raises(NumericsError, match="block size 32"):
         mxfp4.quantize(torch.zeros(4, 48, device="cuda"))
-
-
-@pytest.mark.gpu
-@on_gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
-def test_gpu_block_values_match_reference(dtype):
-    seed = _seed()
-    spread = 1.0 if dtype == torch.float16 else 4.0
-    check_values(normal((1024, 4096), dtype, seed, spread=spread), "cuda")
-    check_values(normal((3, 333, 2080), dtype, seed + 1, spread=spread), "cuda")
-    check_values(adversarial(dtype, seed), "cuda")
 
 
 @pytest.mark.gpu
