@@ -149,6 +149,24 @@ def compare_baseline(
         typer.echo(f"report: {report}")
 
 
+NOT_BUILT = (
+    "is not built yet: pretrain and compare-baseline are (the data side of SFT, the chat template and "
+    "assistant-only loss masks, is in inkling_fp4.data); see the README's 'Not built yet'"
+)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sft() -> None:
+    """Not built yet: supervised fine-tuning from a pretrain checkpoint with NVFP4 forward passes."""
+    raise UserError(f"fp4train sft {NOT_BUILT}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def rollout() -> None:
+    """Not built yet: RL with rollouts sampled under NVFP4 forward passes, rewards, policy update."""
+    raise UserError(f"fp4train rollout {NOT_BUILT}")
+
+
 def main() -> None:
     try:
         app()
