@@ -86,3 +86,19 @@ def test_fallback_for_good_and_state_round_trip():
 def test_disabled_monitor_passes_everything():
     mon = NoiseMonitor(MonitorConfig(enabled=False))
     assert not mon.check(1, math.nan, math.nan).skip
+
+
+def test_grad_norm_must_also_be_a_multiple_of_the_median():
+    """Over a flat history a 2x grad norm has a huge z-score, but batches of real data move the norm
+    that much: below grad_min_ratio times the median it is not a spike; at or above it, it is."""
+    mon = NoiseMonitor(MonitorConfig(warmup=10, window=20, max_triggers=5, grad_min_ratio=3.0))
+    k = _feed(mon, 30, noise=0.001)
+    v = mon.check(k, 3.0, 2.9)
+    assert not v.skip and robust_zscore(2.9, list(mon.grad_norms), 0.05) > 30
+    v = mon.check(k + 1, 3.0, 3.1)
+    assert v.skip and v.reason == "grad_spike" and "3.1x the median" in v.message
+    relaxed = NoiseMonitor(MonitorConfig(warmup=10, window=20, grad_min_ratio=1.0))
+    k = _feed(relaxed, 30, noise=0.001)
+    assert relaxed.check(k, 3.0, 1.5).skip  # ratio 1: the z-score alone decides
+    with pytest.raises(ValueError, match="grad_min_ratio"):
+        MonitorConfig(grad_min_ratio=0.5)

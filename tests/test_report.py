@@ -124,3 +124,31 @@ def test_wandb_gets_the_same_numbers(tmp_path, monkeypatch):
     assert step_rows[50]["compare/nvfp4/gap_train"] == pytest.approx(0.005)
     assert step_rows[100]["compare/nvfp4/gap_val"] == pytest.approx(0.012)
     assert calls["log"][-1][1]["compare/gap"] == ("image", str(out / "gap.png"))
+
+
+def test_report_lists_what_the_noise_monitor_did(tmp_path):
+    """Skipped updates (event rows) and BF16 fallback stretches (the steps logged as bf16-fallback)
+    of every run, the baseline included; none at all is said in one line."""
+    a, b = make_pair(tmp_path, GAPS)
+    rows = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        if 30 <= r.get("step", 0) <= 39 or r.get("step", 0) in (60, 61):
+            r["precision"] = "bf16-fallback"
+    events = [
+        {"step": s, "event": e, "message": "m", "loss": 9.0}
+        for s, e in ((29, "grad_spike"), (45, "loss_spike"), (29, "grad_spike"))
+    ]
+    (b / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows + events) + "\n")
+    data = json.loads(
+        (
+            write_report(summarize({"nvfp4": a}, b, window=1), tmp_path / "rep", wandb=False) / "report.json"
+        ).read_text()
+    )
+    monitor = data["baseline"]["monitor"]
+    assert monitor == {"skipped_updates": [29, 45], "fallback_spans": [[30, 39], [60, 61]]}
+    assert data["runs"]["nvfp4"]["monitor"] == {"skipped_updates": [], "fallback_spans": []}
+    md = render_markdown(data)
+    assert "| fp8 (baseline) | 2 | 29, 45 | 30-39, 60-61 |" in md and "| nvfp4 | 0 | - | none |" in md
+    clean = json.loads(json.dumps(data))
+    clean["baseline"]["monitor"] = {"skipped_updates": [], "fallback_spans": []}
+    assert "skipped no update and moved no run to BF16" in render_markdown(clean)

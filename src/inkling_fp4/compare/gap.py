@@ -95,6 +95,28 @@ class RunMetrics:
     """Lines that were not JSON (a write cut short by a crash); ignored."""
     nonfinite: int = 0
     """Rows whose loss was NaN or Inf (steps the monitor skipped); left out of the analysis."""
+    skipped_updates: tuple[int, ...] = ()
+    """Steps whose update the noise monitor skipped (a spike or a non-finite value)."""
+
+    def fallback_spans(self) -> list[tuple[int, int]]:
+        """(first, last) logged steps of each stretch the noise monitor ran in BF16 (its fallback)."""
+        spans: list[tuple[int, int]] = []
+        inside = False
+        for step in sorted(self.precision):
+            if self.precision[step] != FALLBACK_LABEL:
+                inside = False
+            elif inside:
+                spans[-1] = (spans[-1][0], step)
+            else:
+                spans.append((step, step))
+                inside = True
+        return spans
+
+
+FALLBACK_LABEL = "bf16-fallback"
+"""The precision label the training loop logs while the noise monitor has the run in BF16."""
+SKIP_EVENTS = ("grad_spike", "loss_spike", "nonfinite")
+"""Metrics events of a step whose update the noise monitor skipped."""
 
 
 def _finite(x) -> bool:
@@ -135,7 +157,10 @@ def metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> RunM
     columns: dict[str, dict[int, tuple[float, float]]] = {"loss": {}, "val_loss": {}, "val_loss_bf16": {}}
     precision: dict[int, str] = {}
     nonfinite = 0
+    skips: set[int] = set()
     for row in rows:
+        if row.get("event") in SKIP_EVENTS and isinstance(row.get("step"), int):
+            skips.add(row["step"])
         tokens = row.get("tokens")
         tokens = float(tokens) if _finite(tokens) else math.nan
         for key, col in columns.items():
@@ -158,6 +183,7 @@ def metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> RunM
         precision=precision,
         skipped_lines=skipped,
         nonfinite=nonfinite,
+        skipped_updates=tuple(sorted(skips)),
     )
 
 

@@ -201,6 +201,28 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out + ["| " + " | ".join(r) + " |" for r in rows]
 
 
+def _monitor_section(data: dict) -> list[str]:
+    """What the noise monitor did in each run: a skipped update or a BF16 stretch changes what a
+    gap compares, so the reader must see them."""
+    runs = {f"{data['baseline']['label']} (baseline)": data["baseline"]} | data["runs"]
+    lines = ["", "## Noise monitor", ""]
+    if not any(r["monitor"]["skipped_updates"] or r["monitor"]["fallback_spans"] for r in runs.values()):
+        return lines + ["The noise monitor skipped no update and moved no run to BF16."]
+    lines += [
+        "Updates the noise monitor skipped (a loss or grad-norm spike, or a non-finite value) and the "
+        "stretches it ran in BF16 after repeated triggers (logged steps). Within such a stretch a gap "
+        "compares against BF16, not against the run's recipe.",
+        "",
+    ]
+    rows = []
+    for label, r in runs.items():
+        skips, spans = r["monitor"]["skipped_updates"], r["monitor"]["fallback_spans"]
+        steps = ", ".join(map(str, skips[:12])) + (f", ... ({len(skips)} in all)" if len(skips) > 12 else "")
+        bf16 = ", ".join(f"{a}-{b}" for a, b in spans) or "none"
+        rows.append([label, str(len(skips)), steps or "-", bf16])
+    return lines + _table(["run", "updates skipped", "at steps", "BF16 fallback (steps)"], rows)
+
+
 def _noise_paragraph(data: dict) -> list[str]:
     """The noise floor, when the comparison has a repeat of the baseline."""
     noise = data["noise_floor"]
@@ -295,6 +317,7 @@ def render_markdown(data: dict) -> str:
     if data["noise_floor"] is not None:
         header.append("noise floor")
     lines += _table(header, rows)
+    lines += _monitor_section(data)
     for label, r in runs.items():
         lines += ["", f"## {label}: gap per phase", "", r["verdict"]["line"], ""]
         b = r["boundaries"]

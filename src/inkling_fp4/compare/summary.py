@@ -290,6 +290,14 @@ def _final(g: GapSeries) -> dict | None:
     }
 
 
+def monitor_to_dict(m: RunMetrics) -> dict:
+    """What the noise monitor did in a run: skipped updates and BF16 fallback stretches."""
+    return {
+        "skipped_updates": list(m.skipped_updates),
+        "fallback_spans": [list(span) for span in m.fallback_spans()],
+    }
+
+
 def run_to_dict(s: RunSummary) -> dict:
     return {
         "run_dir": str(s.metrics.run_dir),
@@ -318,6 +326,7 @@ def run_to_dict(s: RunSummary) -> dict:
         },
         "skipped_lines": s.metrics.skipped_lines,
         "nonfinite_losses": s.metrics.nonfinite,
+        "monitor": monitor_to_dict(s.metrics),
     }
 
 
@@ -327,6 +336,7 @@ def comparison_to_dict(c: Comparison) -> dict:
             "label": c.baseline_label,
             "run_dir": str(c.baseline.run_dir),
             "recipe": c.baseline_config.precision.recipe,
+            "monitor": monitor_to_dict(c.baseline),
         },
         "gap_definition": "(L_run - L_baseline) / L_baseline",
         "smoothing": {
