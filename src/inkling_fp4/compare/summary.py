@@ -238,14 +238,17 @@ def summarize(
     if window is None:
         window = default_window(baseline_config)
     about = about or {}
-    noise = None
-    if noise_label is not None:
-        repeat = summarize_run(noise_label, Path(runs[noise_label]), baseline, baseline_label, window)
-        noise = NoiseFloor.from_phases(noise_label, repeat.phases)
-    summaries = {
-        label: summarize_run(label, Path(d), baseline, baseline_label, window, about.get(label, ""), noise)
-        for label, d in runs.items()
-    }
+
+    def one(label: str, noise: NoiseFloor | None) -> RunSummary:
+        return summarize_run(
+            label, Path(runs[label]), baseline, baseline_label, window, about.get(label, ""), noise
+        )
+
+    noise, summaries = None, {}
+    if noise_label is not None:  # first: every other verdict is read against it
+        summaries[noise_label] = one(noise_label, None)
+        noise = NoiseFloor.from_phases(noise_label, summaries[noise_label].phases)
+    summaries = {label: summaries.get(label) or one(label, noise) for label in runs}
     for s in summaries.values():
         if not len(s.train) and not len(s.val):
             raise UserError(

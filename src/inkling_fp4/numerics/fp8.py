@@ -211,16 +211,9 @@ def quantize_blockwise_t(
 
     On CUDA one kernel reads x and writes xᵀ's codes, with no transposed copy of x.
     """
-    kernels = _kernels() if x.is_cuda else None
-    if kernels is None:
+    out = _along_tokens(x, dtype, name, check, rows=False, op="fp8.quantize_blockwise_t")
+    if out is None:
         return quantize_blockwise_t_ref(x, dtype=dtype, name=name)
-    op = "fp8.quantize_blockwise_t"
-    _fp8_max(dtype, op)
-    checks.check_input(x, op=op, block=1, name=name, ndim=2)
-    checks.check_rows(x, op=op, block=128, what="the blocked dim", name=name)
-    out = kernels.quantize_fp8(_rows_2d(x), dtype, mode=kernels.MODE_BLOCKS, rows=False, cols=True)
-    if check:
-        checks.check_finite(x, op=op, name=name, amax=out["scale_inv_t"])
     return FP8BlockTensor(data=out["data_t"], scale_inv=out["scale_inv_t"], block=(1, 128))
 
 
@@ -233,18 +226,25 @@ def quantize_blockwise_pair(
     On CUDA one kernel reads x once and writes both, where :func:`quantize_blockwise` and
     :func:`quantize_blockwise_t` would read it twice; the bits are theirs.
     """
-    kernels = _kernels() if x.is_cuda else None
-    if kernels is None:
-        rows = quantize_blockwise_ref(x, (1, 128), dtype, name)
-        return rows, quantize_blockwise_t_ref(x, dtype=dtype, name=name)
-    op = "fp8.quantize_blockwise_pair"
-    _fp8_max(dtype, op)
-    checks.check_input(x, op=op, block=128, name=name, ndim=2)
-    checks.check_rows(x, op=op, block=128, what="the blocked dim of xᵀ", name=name)
-    out = kernels.quantize_fp8(_rows_2d(x), dtype, mode=kernels.MODE_BLOCKS, rows=True, cols=True)
-    if check:
-        checks.check_finite(x, op=op, name=name, amax=out["scale_inv"])
+    out = _along_tokens(x, dtype, name, check, rows=True, op="fp8.quantize_blockwise_pair")
+    if out is None:
+        return quantize_blockwise_ref(x, (1, 128), dtype, name), quantize_blockwise_t_ref(x, dtype, name)
     return (
         FP8BlockTensor(data=out["data"], scale_inv=out["scale_inv"], block=(1, 128)),
         FP8BlockTensor(data=out["data_t"], scale_inv=out["scale_inv_t"], block=(1, 128)),
     )
+
+
+def _along_tokens(x: torch.Tensor, dtype, name, check: bool, *, rows: bool, op: str) -> dict | None:
+    """The kernel's outputs for xᵀ in 1×128 blocks along the tokens (and for x along its rows too if
+    ``rows``); None off CUDA, where the caller runs the reference."""
+    kernels = _kernels() if x.is_cuda else None
+    if kernels is None:
+        return None
+    _fp8_max(dtype, op)
+    checks.check_input(x, op=op, block=128 if rows else 1, name=name, ndim=2)
+    checks.check_rows(x, op=op, block=128, what="the blocked dim of xᵀ", name=name)
+    out = kernels.quantize_fp8(_rows_2d(x), dtype, mode=kernels.MODE_BLOCKS, rows=rows, cols=True)
+    if check:  # every element lies in one token block: xᵀ's scales see any NaN/Inf
+        checks.check_finite(x, op=op, name=name, amax=out["scale_inv_t"])
+    return out

@@ -91,15 +91,7 @@ def quantize(
     host sync): a non-finite block then gets the E8M0 NaN scale byte and dequantizes to NaN. The
     CPU path always checks.
     """
-    if not (x.is_cuda and kernels.available()):
-        return quantize_ref(x, stochastic=stochastic, generator=generator, name=name)
-    from inkling_fp4.numerics.kernels import mxfp4_quantize
-
-    op = "mxfp4.quantize"
-    checks.check_input(x, op=op, block=BLOCK, name=name)
-    t = mxfp4_quantize.quantize(x, stochastic=stochastic, generator=generator)
-    if check and bool((t.scales == E8M0_NAN).any()):
-        checks.check_finite(x, op=op, name=name)
+    t, _ = quantize_with_values(x, stochastic, generator, name, check, keep_codes=True, dtype=None)
     return t
 
 
@@ -110,17 +102,18 @@ def quantize_with_values(
     name: str | None = None,
     check: bool = True,
     keep_codes: bool = True,
-    dtype: torch.dtype = torch.bfloat16,
-) -> tuple[MXFP4Tensor | None, torch.Tensor]:
-    """``(t, t.block_values(dtype))`` for ``t = quantize(x, ...)``, the packed ``t`` only if
-    ``keep_codes`` (None otherwise); ``dtype`` is BF16 or FP32 (both hold every value exactly).
+    dtype: torch.dtype | None = torch.bfloat16,
+) -> tuple[MXFP4Tensor | None, torch.Tensor | None]:
+    """``(t, t.block_values(dtype))`` for ``t`` the quantized x, the packed ``t`` only if
+    ``keep_codes`` (None otherwise) and the values only if ``dtype`` (BF16 or FP32, both hold every
+    value exactly; None: no values).
 
     CUDA tensors go through the Triton kernel, one pass for both; ``check`` as in :func:`quantize`
     (unchecked, a non-finite block's values are NaN). The CPU path is ``quantize_ref`` and its decode.
     """
     if not (x.is_cuda and kernels.available()):
         t = quantize_ref(x, stochastic=stochastic, generator=generator, name=name)
-        return (t if keep_codes else None), t.block_values(dtype)
+        return (t if keep_codes else None), (None if dtype is None else t.block_values(dtype))
     from inkling_fp4.numerics.kernels import mxfp4_quantize
 
     op = "mxfp4.quantize"
