@@ -160,10 +160,12 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
     torch.cuda.synchronize(device)
     if elapsed is None:
         elapsed = time.perf_counter() - t0
-    groups = None
+    groups, top = None, None
     if profiler is not None:
         profiler.__exit__(None, None, None)
-        groups = step_profile.breakdown(profiler.key_averages(), args.profile)
+        events = profiler.key_averages()
+        groups = step_profile.breakdown(events, args.profile)
+        top = step_profile.top_kernels(events, args.profile)
     tok_s = tokens_per_step * args.steps / elapsed
     peak = peak_flops(device)
     result = {
@@ -175,6 +177,7 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30,
         "losses": losses[: args.warmup + args.steps],
         "profile": None if groups is None else _profile_dict(groups),
+        "top_kernels": top,
     }
     del model, opt, fwd, train_model
     torch.cuda.empty_cache()
@@ -256,6 +259,7 @@ def report(args, cfg, dist, micro, accum, results, failures) -> None:
             groups = {k: (v["ms"], v["launches"]) for k, v in r["profile"].items()}
             title = f"{r['recipe']} ({args.profile} steps)"
             print(step_profile.format_breakdown(title, groups, r["step_ms"]))
+            print(step_profile.format_top(r["top_kernels"]))
     if args.config == "peer158m" and base is not None:
         x = base["tokens_per_s"] / PEER_TOKENS_PER_S
         print(f"bf16 vs the transformers NemotronH peer (126K tokens/s): {x:.2f}x (target >= 2x)")

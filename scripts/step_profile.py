@@ -61,6 +61,23 @@ def breakdown(events, steps: int) -> dict[str, tuple[float, int]]:
     return {k: (ms, round(n / steps)) for k, (ms, n) in out.items()}
 
 
+def top_kernels(events, steps: int, n: int = 20) -> list[tuple[str, str, float, int]]:
+    """The ``n`` kernels with the most device time: (name, group, ms per step, launches per step).
+
+    Why: a group says which part to look at; within "other" only the kernel names say which eager
+    op (a cast, a copy, a fill) is worth fusing away."""
+    rows = [(e.key, category(e.key), device_us(e) / 1e3 / steps, round(e.count / steps)) for e in events]
+    return sorted(rows, key=lambda r: -r[2])[:n]
+
+
+def format_top(rows: list[tuple[str, str, float, int]], width: int = 90) -> str:
+    """The top-kernels table, names cut to ``width`` characters."""
+    lines = ["  top kernels (ms per step, launches per step, group):"]
+    for name, group, ms, n in rows:
+        lines.append(f"    {ms:8.2f} ms {n:5d}  {group.split(' (')[0]:<12} {name[:width]}")
+    return "\n".join(lines)
+
+
 def format_breakdown(title: str, groups: dict[str, tuple[float, int]], wall_ms: float) -> str:
     """The table: groups by device time, then GPU busy time against the wall-clock step."""
     lines = [f"{title}: GPU time per step by kernel group"]

@@ -64,11 +64,12 @@ def _close(got, ref, rtol, what):
 @interpreted
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("k", [4, 2])
-def test_interp_conv_silu_triton_matches_reference(packed, k):
+@pytest.mark.parametrize("shape", [(2, 45, 150), (1, 300, 24)])  # tiles cut L and C; two backward chunks
+def test_interp_conv_silu_triton_matches_reference(packed, k, shape):
     from inkling_fp4.model.conv_triton import conv_silu_triton
 
     _seed()
-    B, L, C = 2, 45, 150  # L and C not multiples of the tiles
+    B, L, C = shape
     base = torch.randn(B, L, C + 20) * 2
     w, bias = torch.randn(C, k), torch.randn(C)
     seg = _random_segments(B, L) if packed else None
@@ -119,8 +120,10 @@ def test_chunked_cross_entropy_matches_full_logits(chunk):
     ref = _reference_ce(hidden, weight, torch.where(mask, targets, 0), mask)
     rdh, rdw = torch.autograd.grad(2.5 * ref, (hidden, weight))
     torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-6)  # both FP32 cross-entropies
-    torch.testing.assert_close(dh, rdh, rtol=1e-5, atol=2e-5)  # FP32 softmax inside both
-    torch.testing.assert_close(dw, rdw, rtol=1e-5, atol=2e-5)
+    # FP32 softmax inside both: elementwise, an entry of dW near 0 that sums terms of size ~10 keeps
+    # their absolute FP32 error, so the bound is on the whole tensor (over 300 seeds: <= 7.3e-7)
+    _close(dh, rdh, 1e-5, "dhidden")
+    _close(dw, rdw, 1e-5, "dweight")
 
 
 def test_chunked_cross_entropy_rejects_bad_arguments():

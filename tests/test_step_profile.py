@@ -62,3 +62,16 @@ def test_breakdown_is_per_step():
     assert groups["GEMM (cuBLAS / CUTLASS)"] == (pytest.approx(0.4), 1)
     text = step_profile.format_breakdown("nvfp4", groups, wall_ms=1.0)
     assert "GPU busy" in text and "0.70 ms" in text and "GPU idle 0.30 ms" in text
+
+
+def test_top_kernels_ranks_by_device_time_per_step():
+    events = [
+        types.SimpleNamespace(key="_rht_kernel", device_time_total=300.0, count=9),
+        types.SimpleNamespace(key="void at::native::copy_kernel", device_time_total=900.0, count=60),
+        types.SimpleNamespace(key="nvjet_tst_x", device_time_total=600.0, count=3),
+    ]
+    rows = step_profile.top_kernels(events, steps=3, n=2)
+    assert [r[0] for r in rows] == ["void at::native::copy_kernel", "nvjet_tst_x"]
+    assert rows[0][1:] == (step_profile.OTHER, pytest.approx(0.3), 20)
+    text = step_profile.format_top(rows)
+    assert "0.30 ms" in text and "copy_kernel" in text and "GEMM" in text

@@ -1,15 +1,22 @@
-"""The Mamba-2 causal depthwise conv + SiLU as two Triton kernels (forward, backward), with document resets.
+"""The Mamba-2 causal depthwise conv + SiLU as Triton kernels (forward; backward in two passes), with
+document resets.
 
 Same function as :func:`inkling_fp4.model.conv.conv_silu` (the reference, whose docstring has the math):
 
     a_t   = bias + sum_{s=0}^{k-1} weight[:, k-1-s] * x_{t-s} * [seg_{t-s} == seg_t]
     out_t = silu(a_t)
 
-Why a kernel: the op is purely memory-bound (k = 4 multiply-adds per element), so its cost is the bytes
-moved. Forward reads x once and writes out once (2 x B L C x 2 bytes in BF16); backward reads x and dout
-and writes dx (3 x B L C x 2 bytes) plus small per-tile partial sums for dweight and dbias. The k shifted
-reads of a tile hit L1/L2, not HBM. Nothing of size B L C is saved beyond x itself: the backward
-recomputes the pre-activation a.
+Why kernels: the op is purely memory-bound (k = 4 multiply-adds per element), so its cost is the bytes
+moved. Forward reads x once and writes out once (2 x B L C x 2 bytes in BF16). The k shifted reads of
+a tile hit L1/L2, not HBM. Nothing of size B L C is saved beyond x itself: the backward recomputes the
+pre-activation a.
+
+The backward is two passes. The first computes da = dout * silu'(a) once per position into an FP32
+buffer (reads x and dout, writes 4 bytes per element); the second reads da at the k shifted positions
+for dx and multiplies it with the shifted x for dweight and dbias (reads da and x, writes dx). A single
+pass needs da at t..t+k-1 for every tile, so it recomputed a and silu' k times per element (k^2 shifted
+loads of x, k sigmoids): on the H200 at hybrid-350m's shape (16 x 2048 x 3072, BF16) that single pass
+took 1.46 ms (~410 GB/s of its 3 x B L C x 2 bytes) where the forward takes 0.18 ms (~2270 GB/s).
 
 The input may be a strided view (the x||B||C slice of in_proj's output): only its last dim must be
 contiguous, so the split of in_proj's output costs no copy.
@@ -20,8 +27,15 @@ Backward, per position t (masks as above, [t+s < L] and [seg_{t+s} == seg_t]):
     dx_t       = sum_s weight[:, k-1-s] * da_{t+s}
     dweight[:, k-1-s] = sum_{b,t} da_t * x_{t-s}        dbias = sum_{b,t} da_t
 
-dweight and dbias are summed per (batch row, tile of L) into an FP32 buffer, then reduced in PyTorch:
-deterministic, unlike atomics, so training runs reproduce bit for bit.
+dweight and dbias are summed per (batch row, chunk of CHUNK_L positions) into an FP32 buffer, then
+reduced in PyTorch: deterministic, unlike atomics. Each second-pass program walks its chunk in tiles of BL
+positions, keeping the chunk's dweight and dbias sums in registers, so the buffer's size does not
+depend on the tile size and the tiles can be autotuned.
+
+Tile sizes are autotuned (model/ssd_kernels/tuning.py: the first candidate only under the interpreter
+and in deterministic runs). The forward's values do not depend on the tiles (each output sums its own k
+taps in a fixed order); the backward's dweight and dbias sum a chunk's rows tile by tile, so their last
+bits do, which is why deterministic runs take the first candidate, as for the SSD kernels.
 
 CUDA tensors, or any device under ``TRITON_INTERPRET=1`` (how the CPU tests run the kernels).
 Shape letters: B batch, L length, C channels, k kernel width.
@@ -35,10 +49,21 @@ import torch
 import triton
 import triton.language as tl
 
-from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
+from inkling_fp4.model.ssd_kernels.tuning import INTERPRET, autotune, configs
 
-BLOCK_L = 32
-BLOCK_C = 128
+CHUNK_L = 256  # positions per backward program (one row of the dweight / dbias partial sums)
+
+# (BL positions, BC channels) tiles and warps; the first is the interpreter's and deterministic runs'.
+# Every BL divides CHUNK_L.
+_TILES = [
+    ({"BL": 32, "BC": 128}, 4),
+    ({"BL": 16, "BC": 256}, 4),
+    ({"BL": 64, "BC": 64}, 4),
+    ({"BL": 32, "BC": 64}, 2),
+    ({"BL": 64, "BC": 128}, 8),
+    ({"BL": 128, "BC": 64}, 8),
+    ({"BL": 16, "BC": 128}, 2),
+]
 
 
 @triton.jit
@@ -81,6 +106,7 @@ def _conv_pre(
     return acc
 
 
+@autotune(configs(_TILES), key=["C", "K", "HAS_SEG"])
 @triton.jit
 def _conv_silu_fwd(
     x_ptr,
@@ -100,7 +126,7 @@ def _conv_silu_fwd(
     BL: tl.constexpr,
     BC: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)  # batch offsets can pass 2^31 elements
     t = tl.program_id(1) * BL + tl.arange(0, BL)
     c = tl.program_id(2) * BC + tl.arange(0, BC)
     c_ok = c < C
@@ -113,13 +139,47 @@ def _conv_silu_fwd(
     )
 
 
+@autotune(configs(_TILES), key=["C", "K", "HAS_SEG"])
 @triton.jit
-def _conv_silu_bwd(
+def _conv_silu_da(
     x_ptr,
     seg_ptr,
     w_ptr,
     bias_ptr,
     dout_ptr,
+    da_ptr,
+    L,
+    C,
+    sxb,
+    sxl,
+    ssb,
+    sdb,
+    sdl,
+    HAS_SEG: tl.constexpr,
+    K: tl.constexpr,
+    BL: tl.constexpr,
+    BC: tl.constexpr,
+):
+    """da = dout * silu'(a) at the positions t of this tile, FP32, into the contiguous [B, L, C] buffer."""
+    b = tl.program_id(0).to(tl.int64)  # batch offsets can pass 2^31 elements
+    t = tl.program_id(1) * BL + tl.arange(0, BL)
+    c = tl.program_id(2) * BC + tl.arange(0, BC)
+    c_ok = c < C
+    mask = (t < L)[:, None] & c_ok[None, :]
+    a = _conv_pre(x_ptr, seg_ptr, w_ptr, bias_ptr, b, t, c, c_ok, L, sxb, sxl, ssb, HAS_SEG, K, BL, BC)
+    dout = tl.load(dout_ptr + b * sdb + t[:, None] * sdl + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    sig = tl.sigmoid(a)
+    da = dout * sig * (1.0 + a * (1.0 - sig))
+    tl.store(da_ptr + (b * L + t[:, None]) * C + c[None, :], da, mask=mask)
+
+
+@autotune(configs(_TILES), key=["C", "K", "HAS_SEG"])
+@triton.jit
+def _conv_silu_bwd(
+    x_ptr,
+    seg_ptr,
+    w_ptr,
+    da_ptr,
     dx_ptr,
     dw_ptr,
     db_ptr,
@@ -128,59 +188,67 @@ def _conv_silu_bwd(
     sxb,
     sxl,
     ssb,
-    sdb,
-    sdl,
     sdxb,
     sdxl,
     HAS_SEG: tl.constexpr,
     K: tl.constexpr,
+    KP: tl.constexpr,
+    CHUNK: tl.constexpr,
     BL: tl.constexpr,
     BC: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    pid_l = tl.program_id(1)
-    t = pid_l * BL + tl.arange(0, BL)
+    """Second pass: dx of this chunk's tiles and the chunk's dweight and dbias sums, from da."""
+    b = tl.program_id(0).to(tl.int64)  # batch offsets can pass 2^31 elements
+    chunk = tl.program_id(1)
     c = tl.program_id(2) * BC + tl.arange(0, BC)
     c_ok = c < C
-    t_ok = t < L
-    if HAS_SEG:
-        seg_t = tl.load(seg_ptr + b * ssb + t, mask=t_ok, other=-1)
-    dx = tl.zeros((BL, BC), dtype=tl.float32)
-    da_here = tl.zeros((BL, BC), dtype=tl.float32)
-    for s in tl.static_range(K):
-        ts = t + s  # the output position that tap s of position t feeds
-        ok = t_ok & (ts < L)
+    taps = tl.arange(0, KP)  # row j of dw_acc is weight column j
+    dw_acc = tl.zeros((KP, BC), dtype=tl.float32)
+    db_acc = tl.zeros((BC,), dtype=tl.float32)
+    for i in range(0, CHUNK, BL):
+        t = chunk * CHUNK + i + tl.arange(0, BL)
+        t_ok = t < L
         if HAS_SEG:
-            seg_s = tl.load(seg_ptr + b * ssb + ts, mask=ok, other=-2)
-            ok = ok & (seg_s == seg_t)
-        a = _conv_pre(x_ptr, seg_ptr, w_ptr, bias_ptr, b, ts, c, c_ok, L, sxb, sxl, ssb, HAS_SEG, K, BL, BC)
-        dout = tl.load(
-            dout_ptr + b * sdb + ts[:, None] * sdl + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0
-        ).to(tl.float32)
-        sig = tl.sigmoid(a)
-        da = dout * sig * (1.0 + a * (1.0 - sig))
-        w = tl.load(w_ptr + c * K + (K - 1 - s), mask=c_ok, other=0.0).to(tl.float32)
-        dx += da * w[None, :]
-        if s == 0:
-            da_here = da
-    tl.store(
-        dx_ptr + b * sdxb + t[:, None] * sdxl + c[None, :],
-        dx.to(dx_ptr.dtype.element_ty),
-        mask=t_ok[:, None] & c_ok[None, :],
-    )
-    # partial sums of this tile: row (b, pid_l) of the [B * nL, k, C] / [B * nL, C] buffers
-    row = b * tl.num_programs(1) + pid_l
-    tl.store(db_ptr + row * C + c, tl.sum(da_here, 0), mask=c_ok)
-    for s in tl.static_range(K):
-        ts = t - s
-        ok = t_ok & (ts >= 0)
-        if HAS_SEG:
-            seg_s = tl.load(seg_ptr + b * ssb + ts, mask=ok, other=-2)
-            ok = ok & (seg_s == seg_t)
-        xs = tl.load(
-            x_ptr + b * sxb + ts[:, None] * sxl + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0
+            seg_t = tl.load(seg_ptr + b * ssb + t, mask=t_ok, other=-1)
+        dx = tl.zeros((BL, BC), dtype=tl.float32)
+        da_here = tl.zeros((BL, BC), dtype=tl.float32)
+        for s in tl.static_range(K):
+            ts = t + s  # the output position that tap s of position t feeds
+            ok = t_ok & (ts < L)
+            if HAS_SEG:
+                seg_s = tl.load(seg_ptr + b * ssb + ts, mask=ok, other=-2)
+                ok = ok & (seg_s == seg_t)
+            # da at t + s (0 where the tap is masked), written by the first pass
+            da = tl.load(
+                da_ptr + (b * L + ts[:, None]) * C + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0
+            )
+            w = tl.load(w_ptr + c * K + (K - 1 - s), mask=c_ok, other=0.0).to(tl.float32)
+            dx += da * w[None, :]
+            if s == 0:
+                da_here = da
+        tl.store(
+            dx_ptr + b * sdxb + t[:, None] * sdxl + c[None, :],
+            dx.to(dx_ptr.dtype.element_ty),
+            mask=t_ok[:, None] & c_ok[None, :],
         )
-        tl.store(dw_ptr + (row * K + (K - 1 - s)) * C + c, tl.sum(da_here * xs.to(tl.float32), 0), mask=c_ok)
+        db_acc += tl.sum(da_here, 0)
+        for s in tl.static_range(K):
+            ts = t - s
+            ok = t_ok & (ts >= 0)
+            if HAS_SEG:
+                seg_s = tl.load(seg_ptr + b * ssb + ts, mask=ok, other=-2)
+                ok = ok & (seg_s == seg_t)
+            xs = tl.load(
+                x_ptr + b * sxb + ts[:, None] * sxl + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0
+            )
+            part = tl.sum(da_here * xs.to(tl.float32), 0)  # [BC]
+            dw_acc += tl.where(taps[:, None] == K - 1 - s, part[None, :], 0.0)
+    # this chunk's partial sums: row (b, chunk) of the [B * nC, k, C] / [B * nC, C] buffers
+    row = b * tl.num_programs(1) + chunk
+    tl.store(db_ptr + row * C + c, db_acc, mask=c_ok)
+    tl.store(
+        dw_ptr + (row * K + taps[:, None]) * C + c[None, :], dw_acc, mask=(taps < K)[:, None] & c_ok[None, :]
+    )
 
 
 def _device(t: torch.Tensor):
@@ -197,7 +265,7 @@ class _ConvSiLU(torch.autograd.Function):
         Bsz, L, C = x.shape
         K = weight.shape[1]
         out = torch.empty(Bsz, L, C, device=x.device, dtype=x.dtype)  # out: [B, L, C]
-        grid = (Bsz, triton.cdiv(L, BLOCK_L), triton.cdiv(C, BLOCK_C))
+        grid = lambda meta: (Bsz, triton.cdiv(L, meta["BL"]), triton.cdiv(C, meta["BC"]))  # noqa: E731
         has_seg = seg is not None
         seg_arg = seg if has_seg else x
         with _device(x):
@@ -216,8 +284,6 @@ class _ConvSiLU(torch.autograd.Function):
                 out.stride(1),
                 HAS_SEG=has_seg,
                 K=K,
-                BL=BLOCK_L,
-                BC=BLOCK_C,
             )
         ctx.save_for_backward(x, weight, bias, seg)
         return out
@@ -228,18 +294,37 @@ class _ConvSiLU(torch.autograd.Function):
         dout = _row_contiguous(dout)
         Bsz, L, C = x.shape
         K = weight.shape[1]
-        n_l = triton.cdiv(L, BLOCK_L)
+        n_chunks = triton.cdiv(L, CHUNK_L)
+        da = torch.empty(Bsz, L, C, device=x.device, dtype=torch.float32)
         dx = torch.empty(Bsz, L, C, device=x.device, dtype=x.dtype)
-        dw_part = torch.empty(Bsz * n_l, K, C, device=x.device, dtype=torch.float32)
-        db_part = torch.empty(Bsz * n_l, C, device=x.device, dtype=torch.float32)
+        dw_part = torch.empty(Bsz * n_chunks, K, C, device=x.device, dtype=torch.float32)
+        db_part = torch.empty(Bsz * n_chunks, C, device=x.device, dtype=torch.float32)
         has_seg = seg is not None
+        seg_arg = seg if has_seg else x
+        seg_stride = seg.stride(0) if has_seg else 0
         with _device(x):
-            _conv_silu_bwd[(Bsz, n_l, triton.cdiv(C, BLOCK_C))](
+            _conv_silu_da[lambda meta: (Bsz, triton.cdiv(L, meta["BL"]), triton.cdiv(C, meta["BC"]))](
                 x,
-                seg if has_seg else x,
+                seg_arg,
                 weight,
                 bias,
                 dout,
+                da,
+                L,
+                C,
+                x.stride(0),
+                x.stride(1),
+                seg_stride,
+                dout.stride(0),
+                dout.stride(1),
+                HAS_SEG=has_seg,
+                K=K,
+            )
+            _conv_silu_bwd[lambda meta: (Bsz, n_chunks, triton.cdiv(C, meta["BC"]))](
+                x,
+                seg_arg,
+                weight,
+                da,
                 dx,
                 dw_part,
                 db_part,
@@ -247,15 +332,13 @@ class _ConvSiLU(torch.autograd.Function):
                 C,
                 x.stride(0),
                 x.stride(1),
-                seg.stride(0) if has_seg else 0,
-                dout.stride(0),
-                dout.stride(1),
+                seg_stride,
                 dx.stride(0),
                 dx.stride(1),
                 HAS_SEG=has_seg,
                 K=K,
-                BL=BLOCK_L,
-                BC=BLOCK_C,
+                KP=triton.next_power_of_2(K),
+                CHUNK=CHUNK_L,
             )
         dweight = dw_part.sum(0).t().to(weight.dtype)  # [C, k]
         dbias = db_part.sum(0).to(bias.dtype)
