@@ -70,7 +70,7 @@ def top_kernels(events, steps: int, n: int = 20) -> list[tuple[str, str, float, 
     return sorted(rows, key=lambda r: -r[2])[:n]
 
 
-def format_top(rows: list[tuple[str, str, float, int]], width: int = 90) -> str:
+def format_top(rows: list[tuple[str, str, float, int]], width: int = 200) -> str:
     """The top-kernels table, names cut to ``width`` characters."""
     lines = ["  top kernels (ms per step, launches per step, group):"]
     for name, group, ms, n in rows:
