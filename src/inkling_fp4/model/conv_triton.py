@@ -67,6 +67,21 @@ _TILES = [
 
 
 @triton.jit
+def _x_tap(x_ptr, seg_ptr, b, t, t_ok, seg_t, s, c, c_ok, sxb, sxl, ssb, HAS_SEG: tl.constexpr):
+    """x_{t-s} at positions t [BL] and channels c [BC] in FP32: 0 before position 0, past a document
+    boundary (seg_{t-s} != seg_t) and where t is masked off."""
+    ts = t - s
+    ok = t_ok & (ts >= 0)
+    if HAS_SEG:
+        seg_s = tl.load(seg_ptr + b * ssb + ts, mask=ok, other=-2)
+        ok = ok & (seg_s == seg_t)
+    xs = tl.load(
+        x_ptr + b * sxb + ts[:, None] * sxl + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0
+    )
+    return xs.to(tl.float32)
+
+
+@triton.jit
 def _conv_pre(
     x_ptr,
     seg_ptr,
@@ -90,64 +105,25 @@ def _conv_pre(
     acc = tl.zeros((BL, BC), dtype=tl.float32) + tl.load(bias_ptr + c, mask=c_ok, other=0.0)[None, :].to(
         tl.float32
     )
+    seg_t = t  # unused without document resets
     if HAS_SEG:
         seg_t = tl.load(seg_ptr + b * ssb + t, mask=t_ok, other=-1)
     for s in tl.static_range(K):
-        ts = t - s
-        ok = t_ok & (ts >= 0)
-        if HAS_SEG:
-            seg_s = tl.load(seg_ptr + b * ssb + ts, mask=ok, other=-2)
-            ok = ok & (seg_s == seg_t)
-        xs = tl.load(
-            x_ptr + b * sxb + ts[:, None] * sxl + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0
-        )
+        xs = _x_tap(x_ptr, seg_ptr, b, t, t_ok, seg_t, s, c, c_ok, sxb, sxl, ssb, HAS_SEG)
         w = tl.load(w_ptr + c * K + (K - 1 - s), mask=c_ok, other=0.0).to(tl.float32)
-        acc += xs.to(tl.float32) * w[None, :]
+        acc += xs * w[None, :]
     return acc
 
 
-@autotune(configs(_TILES), key=["C", "K", "HAS_SEG"])
+@autotune(configs(_TILES), key=["C", "K", "HAS_SEG", "GRAD"])
 @triton.jit
-def _conv_silu_fwd(
-    x_ptr,
-    seg_ptr,
-    w_ptr,
-    bias_ptr,
-    out_ptr,
-    L,
-    C,
-    sxb,
-    sxl,
-    ssb,
-    sob,
-    sol,
-    HAS_SEG: tl.constexpr,
-    K: tl.constexpr,
-    BL: tl.constexpr,
-    BC: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)  # batch offsets can pass 2^31 elements
-    t = tl.program_id(1) * BL + tl.arange(0, BL)
-    c = tl.program_id(2) * BC + tl.arange(0, BC)
-    c_ok = c < C
-    a = _conv_pre(x_ptr, seg_ptr, w_ptr, bias_ptr, b, t, c, c_ok, L, sxb, sxl, ssb, HAS_SEG, K, BL, BC)
-    out = a * tl.sigmoid(a)
-    tl.store(
-        out_ptr + b * sob + t[:, None] * sol + c[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=(t < L)[:, None] & c_ok[None, :],
-    )
-
-
-@autotune(configs(_TILES), key=["C", "K", "HAS_SEG"])
-@triton.jit
-def _conv_silu_da(
+def _conv_silu_pointwise(
     x_ptr,
     seg_ptr,
     w_ptr,
     bias_ptr,
     dout_ptr,
-    da_ptr,
+    out_ptr,
     L,
     C,
     sxb,
@@ -155,22 +131,29 @@ def _conv_silu_da(
     ssb,
     sdb,
     sdl,
+    sob,
+    sol,
     HAS_SEG: tl.constexpr,
+    GRAD: tl.constexpr,
     K: tl.constexpr,
     BL: tl.constexpr,
     BC: tl.constexpr,
 ):
-    """da = dout * silu'(a) at the positions t of this tile, FP32, into the contiguous [B, L, C] buffer."""
+    """At the positions t of this tile: out = silu(a) (forward), or with GRAD the backward's first pass,
+    out = da = dout * silu'(a) in FP32."""
     b = tl.program_id(0).to(tl.int64)  # batch offsets can pass 2^31 elements
     t = tl.program_id(1) * BL + tl.arange(0, BL)
     c = tl.program_id(2) * BC + tl.arange(0, BC)
     c_ok = c < C
     mask = (t < L)[:, None] & c_ok[None, :]
     a = _conv_pre(x_ptr, seg_ptr, w_ptr, bias_ptr, b, t, c, c_ok, L, sxb, sxl, ssb, HAS_SEG, K, BL, BC)
-    dout = tl.load(dout_ptr + b * sdb + t[:, None] * sdl + c[None, :], mask=mask, other=0.0).to(tl.float32)
     sig = tl.sigmoid(a)
-    da = dout * sig * (1.0 + a * (1.0 - sig))
-    tl.store(da_ptr + (b * L + t[:, None]) * C + c[None, :], da, mask=mask)
+    if GRAD:
+        dout = tl.load(dout_ptr + b * sdb + t[:, None] * sdl + c[None, :], mask=mask, other=0.0)
+        out = dout.to(tl.float32) * sig * (1.0 + a * (1.0 - sig))
+    else:
+        out = a * sig
+    tl.store(out_ptr + b * sob + t[:, None] * sol + c[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @autotune(configs(_TILES), key=["C", "K", "HAS_SEG"])
@@ -208,6 +191,7 @@ def _conv_silu_bwd(
     for i in range(0, CHUNK, BL):
         t = chunk * CHUNK + i + tl.arange(0, BL)
         t_ok = t < L
+        seg_t = t  # unused without document resets
         if HAS_SEG:
             seg_t = tl.load(seg_ptr + b * ssb + t, mask=t_ok, other=-1)
         dx = tl.zeros((BL, BC), dtype=tl.float32)
@@ -233,15 +217,8 @@ def _conv_silu_bwd(
         )
         db_acc += tl.sum(da_here, 0)
         for s in tl.static_range(K):
-            ts = t - s
-            ok = t_ok & (ts >= 0)
-            if HAS_SEG:
-                seg_s = tl.load(seg_ptr + b * ssb + ts, mask=ok, other=-2)
-                ok = ok & (seg_s == seg_t)
-            xs = tl.load(
-                x_ptr + b * sxb + ts[:, None] * sxl + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0
-            )
-            part = tl.sum(da_here * xs.to(tl.float32), 0)  # [BC]
+            xs = _x_tap(x_ptr, seg_ptr, b, t, t_ok, seg_t, s, c, c_ok, sxb, sxl, ssb, HAS_SEG)
+            part = tl.sum(da_here * xs, 0)  # [BC]
             dw_acc += tl.where(taps[:, None] == K - 1 - s, part[None, :], 0.0)
     # this chunk's partial sums: row (b, chunk) of the [B * nC, k, C] / [B * nC, C] buffers
     row = b * tl.num_programs(1) + chunk
@@ -259,32 +236,40 @@ def _row_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _pointwise(x, weight, bias, seg, dout, out) -> None:
+    """Launch :func:`_conv_silu_pointwise`: out = silu(a) when dout is None, else da (FP32)."""
+    Bsz, L, C = x.shape
+    grid = lambda meta: (Bsz, triton.cdiv(L, meta["BL"]), triton.cdiv(C, meta["BC"]))  # noqa: E731
+    grad = dout is not None
+    dout_arg = dout if grad else out
+    with _device(x):
+        _conv_silu_pointwise[grid](
+            x,
+            seg if seg is not None else x,
+            weight,
+            bias,
+            dout_arg,
+            out,
+            L,
+            C,
+            x.stride(0),
+            x.stride(1),
+            seg.stride(0) if seg is not None else 0,
+            dout_arg.stride(0),
+            dout_arg.stride(1),
+            out.stride(0),
+            out.stride(1),
+            HAS_SEG=seg is not None,
+            GRAD=grad,
+            K=weight.shape[1],
+        )
+
+
 class _ConvSiLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, seg):
-        Bsz, L, C = x.shape
-        K = weight.shape[1]
-        out = torch.empty(Bsz, L, C, device=x.device, dtype=x.dtype)  # out: [B, L, C]
-        grid = lambda meta: (Bsz, triton.cdiv(L, meta["BL"]), triton.cdiv(C, meta["BC"]))  # noqa: E731
-        has_seg = seg is not None
-        seg_arg = seg if has_seg else x
-        with _device(x):
-            _conv_silu_fwd[grid](
-                x,
-                seg_arg,
-                weight,
-                bias,
-                out,
-                L,
-                C,
-                x.stride(0),
-                x.stride(1),
-                seg.stride(0) if has_seg else 0,
-                out.stride(0),
-                out.stride(1),
-                HAS_SEG=has_seg,
-                K=K,
-            )
+        out = torch.empty(x.shape, device=x.device, dtype=x.dtype)  # out: [B, L, C]
+        _pointwise(x, weight, bias, seg, None, out)
         ctx.save_for_backward(x, weight, bias, seg)
         return out
 
@@ -295,34 +280,15 @@ class _ConvSiLU(torch.autograd.Function):
         Bsz, L, C = x.shape
         K = weight.shape[1]
         n_chunks = triton.cdiv(L, CHUNK_L)
-        da = torch.empty(Bsz, L, C, device=x.device, dtype=torch.float32)
+        da = torch.empty(Bsz, L, C, device=x.device, dtype=torch.float32)  # contiguous: read as such
+        _pointwise(x, weight, bias, seg, dout, da)
         dx = torch.empty(Bsz, L, C, device=x.device, dtype=x.dtype)
         dw_part = torch.empty(Bsz * n_chunks, K, C, device=x.device, dtype=torch.float32)
         db_part = torch.empty(Bsz * n_chunks, C, device=x.device, dtype=torch.float32)
-        has_seg = seg is not None
-        seg_arg = seg if has_seg else x
-        seg_stride = seg.stride(0) if has_seg else 0
         with _device(x):
-            _conv_silu_da[lambda meta: (Bsz, triton.cdiv(L, meta["BL"]), triton.cdiv(C, meta["BC"]))](
-                x,
-                seg_arg,
-                weight,
-                bias,
-                dout,
-                da,
-                L,
-                C,
-                x.stride(0),
-                x.stride(1),
-                seg_stride,
-                dout.stride(0),
-                dout.stride(1),
-                HAS_SEG=has_seg,
-                K=K,
-            )
             _conv_silu_bwd[lambda meta: (Bsz, n_chunks, triton.cdiv(C, meta["BC"]))](
                 x,
-                seg_arg,
+                seg if seg is not None else x,
                 weight,
                 da,
                 dx,
@@ -332,10 +298,10 @@ class _ConvSiLU(torch.autograd.Function):
                 C,
                 x.stride(0),
                 x.stride(1),
-                seg_stride,
+                seg.stride(0) if seg is not None else 0,
                 dx.stride(0),
                 dx.stride(1),
-                HAS_SEG=has_seg,
+                HAS_SEG=seg is not None,
                 K=K,
                 KP=triton.next_power_of_2(K),
                 CHUNK=CHUNK_L,
