@@ -317,6 +317,82 @@ def test_interp_non_finite_inputs():
     assert torch.isinf(triton_nvfp4.quantize_rht_t(x).amax)
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.float().reshape(-1).view(torch.int32)
+
+
+def check_decode_and_output_scales(device: str) -> None:
+    """The quantize passes write 1/S_enc (and its product with a partner's decode scale) bit for bit
+    as ``nvfp4.tensor_scales`` (of the pass's amax) and one FP32 multiply compute them, over tensor
+    amaxes from 0 and subnormal to near FLT_MAX, and partners whose product is subnormal or overflows."""
+    seed = _seed()
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(16, 32, generator=g)
+    cases = {
+        "random": base * 3,
+        "zeros": torch.zeros(16, 32),
+        "equal": torch.full((16, 32), -0.7),
+        "huge": base * 3e37,
+        "tiny": base * 1e-38,
+        "subnormal": base * 1e-42,
+        "wide": base * torch.logspace(-30, 30, 32),
+    }
+    partners = [None] + [torch.tensor(p, device=device) for p in (1.0, 3.0e-39, 1.0e30, float("inf"))]
+    quantizers = (
+        lambda x, **kw: triton_nvfp4.fake_quantize(x, keep_codes=True, **kw),
+        lambda x, **kw: triton_nvfp4.fake_quantize(x, block_2d=True, **kw),
+        lambda x, **kw: triton_nvfp4.fake_quantize_rht_t(x, dtype=None, **kw),
+    )
+    for i, (label, x) in enumerate(cases.items()):
+        for j, quantize in enumerate(quantizers):  # each case, quantizer and partner meet in turn
+            dtype, partner = (torch.float32, torch.bfloat16)[i % 2], partners[(i + j) % len(partners)]
+            gen = torch.Generator().manual_seed(seed)
+            xd = x.to(device, dtype)
+            fused = quantize(xd, stochastic=j == 0, generator=gen, scale_with=partner, check_finite=False)
+            what = f"{label} {dtype} quantizer {j} partner={partner} seed={seed}"
+            if j < 2:
+                assert torch.equal(fused.amax.cpu(), nvfp4.quantize_ref(x.to(dtype)).amax), what
+            s_dec = nvfp4.tensor_scales(fused.amax)[1]
+            assert fused.decode_scale.shape == (), what
+            assert torch.equal(_bits(fused.decode_scale), _bits(s_dec)), what
+            if partner is None:
+                assert fused.output_scale is None, what
+            else:
+                assert torch.equal(_bits(fused.output_scale), _bits(s_dec * partner)), what
+                assert torch.equal(_bits(fused.output_scale), _bits(partner * s_dec)), what
+    empty = triton_nvfp4.fake_quantize(torch.zeros(0, 32, device=device), scale_with=partners[1] / 2)
+    assert float(empty.decode_scale) == 1.0 and float(empty.output_scale) == 0.5
+
+
+@interpreted
+def test_interp_decode_and_output_scales_equal_the_reference():
+    check_decode_and_output_scales("cpu")
+
+
+@interpreted
+def test_interp_amax_words_are_fresh_zeros(monkeypatch):
+    """Each amax pass gets zeroed words nobody else uses, across refills of the pool: a word that was
+    reused would keep an earlier, larger maximum."""
+    from inkling_fp4.numerics.kernels import amax as amax_module
+
+    monkeypatch.setattr(amax_module, "POOL_WORDS", 5)
+    monkeypatch.setattr(amax_module, "_pools", {})
+    seed = _seed()
+    words = [amax_module.zeroed_words(n, torch.device("cpu")) for n in (1, 2, 2, 3, 1, 6)]
+    assert all(not w.any() for w in words) and [w.numel() for w in words] == [1, 2, 2, 3, 1, 6]
+    spans = {
+        (w.untyped_storage().data_ptr(), w.storage_offset() + i) for w in words for i in range(w.numel())
+    }
+    assert len(spans) == 15, "zeroed words must never overlap"
+    x = normal((32, 64), torch.bfloat16, seed)
+    for scale in (1e6, 1.0, 0.0):
+        xs = x * scale
+        assert torch.equal(triton_nvfp4.fake_quantize(xs).amax, nvfp4.quantize_ref(xs).amax), scale
+        pair = triton_nvfp4.abs_max_pair(xs)
+        assert torch.equal(pair[0], nvfp4.quantize_ref(xs).amax), scale
+        assert torch.equal(pair[1], nvfp4.quantize_rht_t_ref(xs).amax), scale
+
+
 @pytest.mark.slow
 def test_under_triton_interpreter():
     """Run every ``test_interp_*`` in a child process with TRITON_INTERPRET=1 (about 20 s)."""
@@ -384,6 +460,13 @@ def test_gpu_stochastic_and_dispatch():
     x[0, 0] = float("nan")
     with pytest.raises(NumericsError):
         nvfp4.quantize(x.cuda())
+
+
+@pytest.mark.gpu
+@on_gpu
+def test_gpu_decode_and_output_scales_equal_torch():
+    """On CUDA too, the kernel-written 1/S_enc and output scales equal torch's eager computation."""
+    check_decode_and_output_scales("cuda")
 
 
 @pytest.mark.gpu

@@ -68,12 +68,16 @@ class Operand:
     """BF16 block values written by the quantizer (the fused kernels on CUDA), or None: computed from
     ``q`` on use."""
     decode_scale: torch.Tensor | None = None
-    """The NVFP4 tensor decode scale that goes with ``values``."""
+    """The NVFP4 tensor decode scale 1/S_enc as the fused quantizer wrote it (bit for bit
+    ``q.decode_scale``), kept with the packed codes too; None: computed from ``q.amax`` on use."""
+    output_scale: tuple[torch.Tensor, torch.Tensor] | None = None
+    """(the other operand's decode scale s, ``decode_scale · s``): the output scale of the GEMM with
+    that operand, multiplied by the fused quantizer (:func:`quantize`'s ``scale_with``)."""
 
     def packed(self) -> Operand:
         """This operand without its BF16 values: what is kept for the backward pass."""
         assert self.q is not None, "an operand quantized without codes cannot be saved"
-        return dataclasses.replace(self, values=None, decode_scale=None)
+        return dataclasses.replace(self, values=None, output_scale=None)
 
 
 def pad_to(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -123,6 +127,7 @@ def quantize(
     values: bool = False,
     name: str = "",
     amax: torch.Tensor | None = None,
+    scale_with: torch.Tensor | None = None,
 ) -> Operand:
     """Quantize the operand ``t`` (or ``tᵀ`` if ``transpose``) as ``spec`` says, padding with zeros.
 
@@ -131,6 +136,9 @@ def quantize(
     ``codes``: keep the packed tensor (to save for backward); ``values``: the operand is multiplied
     right away, so on CUDA the NVFP4 kernel writes its BF16 block values in the same pass.
     ``amax``: the NVFP4 tensor amax from :func:`shared_nvfp4_amaxes` (fused kernels only).
+    ``scale_with``: the decode scale of the NVFP4 operand this one is multiplied with (its
+    ``decode_scale``); the fused kernels then also write the GEMM's output scale
+    (:attr:`Operand.output_scale`), which saves :func:`emulated_matmul` a launch. Ignored elsewhere.
 
     On the fused (Triton) path the NaN/Inf check of an NVFP4 operand is deferred to
     ``finite_guard.raise_if_non_finite`` (no host sync per operand) unless eager checks are on.
@@ -148,18 +156,21 @@ def quantize(
         kw = dict(stochastic=spec.stochastic, generator=generator, name=name or None)
         fused_kw = dict(
             keep_codes=codes, dtype=torch.bfloat16 if values else None, amax=amax,
-            check_finite=finite_guard.eager(), **kw,
+            check_finite=finite_guard.eager(), scale_with=scale_with, **kw,
         )  # fmt: skip
         if transpose and spec.rht:
             if fused is not None:
-                return _fused_operand(fused.fake_quantize_rht_t(t, sign_t, **fused_kw), spec, name)
+                return _fused_operand(
+                    fused.fake_quantize_rht_t(t, sign_t, **fused_kw), spec, name, scale_with
+                )
             return Operand(nvfp4.quantize_rht_t(t, sign_t, **kw), spec)
         src = t.t().contiguous() if transpose else t
         if spec.rht:
             src = nvfp4.rht(src, sign_cpu)
         block_2d = spec.block == (16, 16)
         if fused is not None:
-            return _fused_operand(fused.fake_quantize(src, block_2d=block_2d, **fused_kw), spec, name)
+            bv = fused.fake_quantize(src, block_2d=block_2d, **fused_kw)
+            return _fused_operand(bv, spec, name, scale_with)
         return Operand(nvfp4.quantize(src, block_2d=block_2d, **kw), spec)
     if spec.format == "mxfp4":
         src = t.t().contiguous() if transpose else t
@@ -186,11 +197,14 @@ def quantize(
     return Operand(fp8.quantize_blockwise(src, block=spec.block, dtype=dtype, name=name, check=check), spec)
 
 
-def _fused_operand(bv, spec: OperandQuant, name: str) -> Operand:
+def _fused_operand(bv, spec: OperandQuant, name: str, scale_with: torch.Tensor | None) -> Operand:
     """An Operand from a fused NVFP4 kernel's result; its amax goes to the deferred NaN/Inf check."""
     if not finite_guard.eager():
         finite_guard.record(bv.amax, f"NVFP4 operand '{name or 'unnamed'}'")
-    return Operand(bv.quantized, spec, values=bv.values, decode_scale=bv.decode_scale)
+    output_scale = None if scale_with is None else (scale_with, bv.output_scale)
+    return Operand(
+        bv.quantized, spec, values=bv.values, decode_scale=bv.decode_scale, output_scale=output_scale
+    )
 
 
 def shared_nvfp4_amaxes(
@@ -248,7 +262,7 @@ def _values(op: Operand) -> tuple[torch.Tensor, torch.Tensor | None]:
         else:
             fused = _fused_for(op.q.codes)
             v = fused.block_values(op.q) if fused is not None else op.q.block_values(torch.bfloat16)
-            scale = op.q.decode_scale
+            scale = op.decode_scale if op.decode_scale is not None else op.q.decode_scale
     elif op.spec.format == "mxfp4":  # no tensor scale: nothing to apply to the output
         v = op.values if op.values is not None else op.q.block_values(torch.bfloat16)
         scale = None
@@ -307,11 +321,21 @@ def emulated_matmul(
         acc = acc[: size[0], : size[1]]
     if sa is None:
         return acc.to(out_dtype)
-    scale = sa * sb  # the two FP32 tensor decode scales (1/S_enc each), applied once in FP32
+    scale = _output_scale(a, sa, b, sb)  # sa · sb, applied once in FP32
     if out_dtype == torch.float32:
         return acc.mul_(scale)
     out = torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
     return torch.mul(acc, scale, out=out)
+
+
+def _output_scale(a: Operand, sa: torch.Tensor, b: Operand, sb: torch.Tensor) -> torch.Tensor:
+    """``sa · sb``, the product of the two FP32 tensor decode scales (1/S_enc each): as the quantizer
+    of one operand wrote it for this very partner (one FP32 product, commutative, so the same bits),
+    else one multiply here."""
+    for op, other in ((a, sb), (b, sa)):
+        if op.output_scale is not None and op.output_scale[0] is other:
+            return op.output_scale[1]
+    return sa * sb
 
 
 def matmul(

@@ -99,19 +99,20 @@ def _symmetric(spec: OperandQuant) -> bool:
 
 
 def _transposed_operand(
-    t, spec: OperandQuant, recipe: Recipe, generator, name: str, *, keep: bool, amax=None
+    t, spec: OperandQuant, recipe: Recipe, generator, name: str, *, keep: bool, amax=None, scale_with=None
 ):
     """The operand ``tᵀ`` (t: [contraction, rows]); symmetric blocks quantize t as stored.
 
     ``keep``: the operand is saved for backward (packed codes); otherwise it is multiplied at once.
     ``amax``: its tensor amax when already known (:func:`gemm.shared_nvfp4_amaxes`).
+    ``scale_with``: the partner operand's decode scale (see :func:`gemm.quantize`).
     """
     if _symmetric(spec) and not spec.rht:
-        op = gemm.quantize(t, spec, codes=keep, values=not keep, name=name)
+        op = gemm.quantize(t, spec, codes=keep, values=not keep, name=name, scale_with=scale_with)
         return dataclasses.replace(op, transposed=True)
     return gemm.quantize(
         t, spec, transpose=True, signs=recipe.rht_signs, generator=generator, codes=keep,
-        values=not keep, name=name, amax=amax,
+        values=not keep, name=name, amax=amax, scale_with=scale_with,
     )  # fmt: skip
 
 
@@ -134,7 +135,9 @@ def _fprop(
         return gemm.bf16_matmul(x2d, weight).to(out_dtype), None, None  # y: [M, N]
     if xq is None:  # xq: [M, K]
         xq = gemm.quantize(x2d, recipe.fprop.a, codes=keep_x, values=True, name=f"{name} x", amax=amax_x)
-    wq = gemm.quantize(weight, recipe.fprop.b, codes=keep_w, values=True, name=f"{name} W")  # [N, K]
+    wq = gemm.quantize(
+        weight, recipe.fprop.b, codes=keep_w, values=True, name=f"{name} W", scale_with=xq.decode_scale
+    )  # wq: [N, K]
     y = gemm.matmul(xq, wq, backend=recipe.backend, out_dtype=out_dtype, size=(M, N))  # y: [M, N]
     return y, xq, wq
 
@@ -226,7 +229,7 @@ class _QuantLinearFn(torch.autograd.Function):
                     else:  # multiplied at once, never saved: no 4-bit codes (FP8 operands are their bytes)
                         dyq = gemm.quantize(
                             dy, recipe.dgrad.a, generator=generator, codes=False, values=True,
-                            name=f"{name} dy", amax=amax_dy,
+                            name=f"{name} dy", amax=amax_dy, scale_with=saved["w"].decode_scale,
                         )  # fmt: skip
                     dx = gemm.matmul(dyq, saved["w"], backend=backend, out_dtype=x_dtype, size=(M, K))
             if "x" in saved:
@@ -240,8 +243,9 @@ class _QuantLinearFn(torch.autograd.Function):
                         dy_t = pair_dy[1]  # dyᵀ: [N, M], blocked along the tokens
                     else:  # Q_sr(RHT(dyᵀ)): [N, M], blocked along the tokens
                         dy_t = _transposed_operand(
-                            dy, a, recipe, generator, f"{name} dy", keep=False, amax=amax_dyt
-                        )
+                            dy, a, recipe, generator, f"{name} dy", keep=False, amax=amax_dyt,
+                            scale_with=saved["x"].decode_scale,
+                        )  # fmt: skip
                     dw = gemm.matmul(dy_t, saved["x"], backend=backend, out_dtype=torch.float32, size=(N, K))
         return dx, dw, None, None, None
 
@@ -258,6 +262,7 @@ def _stash(ctx, saved: dict) -> None:
             layout[key] = ("tensor", len(tensors))
             tensors.append(item)
             continue
+        assert item.values is None, "operands are saved packed (Operand.packed)"
         q = item.q
         fields = {}
         for f in dataclasses.fields(q):
@@ -267,7 +272,11 @@ def _stash(ctx, saved: dict) -> None:
                 tensors.append(value)
             else:
                 fields[f.name] = ("value", value)
-        layout[key] = ("operand", type(q), fields, item.spec, item.transposed)
+        decode = None  # the quantizer's decode scale, so backward does not recompute it from the amax
+        if item.decode_scale is not None:
+            decode = len(tensors)
+            tensors.append(item.decode_scale)
+        layout[key] = ("operand", type(q), fields, item.spec, item.transposed, decode)
     ctx.save_for_backward(*tensors)
     ctx.layout = layout
 
@@ -279,7 +288,8 @@ def _unstash(ctx) -> dict:
         if entry[0] == "tensor":
             out[key] = tensors[entry[1]]
             continue
-        _, cls, fields, spec, transposed = entry
+        _, cls, fields, spec, transposed, decode = entry
         kwargs = {name: tensors[v] if kind == "tensor" else v for name, (kind, v) in fields.items()}
-        out[key] = gemm.Operand(cls(**kwargs), spec, transposed)
+        decode_scale = None if decode is None else tensors[decode]
+        out[key] = gemm.Operand(cls(**kwargs), spec, transposed, decode_scale=decode_scale)
     return out

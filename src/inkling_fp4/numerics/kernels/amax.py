@@ -9,11 +9,37 @@ small.
 
 NaN would vanish in a hardware max (``max(NaN, y) = y``), so NaN is mapped to +Inf before the
 reduction: the result is non-finite whenever x is, which is what the finiteness check looks at.
+
+The atomic max needs a word that starts at zero. A ``torch.zeros(1)`` per tensor would be one more
+(fill) kernel launch per quantized operand, and an emulated NVFP4 step is bound by launches, so
+:func:`zeroed_words` hands out never-used words of a larger buffer zeroed once: one fill per
+``POOL_WORDS`` words. NOTE a word is handed out once and never recycled, so a captured CUDA graph
+that replays an amax pass would accumulate into the word it captured; these passes run eagerly.
 """
+
+import threading
 
 import torch
 import triton
 import triton.language as tl
+
+POOL_WORDS = 8192
+"""FP32 words per zero-filled buffer of :func:`zeroed_words` (32 KiB: one fill per ~2700 layers)."""
+
+_pools: dict[torch.device, tuple[torch.Tensor, int]] = {}  # device -> (buffer, first unused word)
+_pool_lock = threading.Lock()
+
+
+def zeroed_words(n: int, device: torch.device) -> torch.Tensor:
+    """``n`` FP32 zeros on ``device`` that nothing else has used or will use (a view of a shared buffer;
+    the caller may write them). Equal to ``torch.zeros(n)`` without a fill launch per call."""
+    device = torch.device(device)
+    with _pool_lock:
+        buffer, used = _pools.get(device, (None, POOL_WORDS))
+        if used + n > POOL_WORDS:
+            buffer, used = torch.zeros(max(POOL_WORDS, n), dtype=torch.float32, device=device), 0
+        _pools[device] = (buffer, used + n)
+    return buffer[used : used + n]
 
 
 @triton.jit
@@ -38,7 +64,7 @@ def abs_max(
     """``max(|x|)`` of a 2-D tensor with unit last-dim stride, as an FP32 tensor of shape [1]
     (+Inf when x holds NaN or Inf). Default tile: the fastest of an H200 sweep (16384x4096 BF16)."""
     m, n = x.shape
-    amax = torch.zeros(1, dtype=torch.float32, device=x.device)
+    amax = zeroed_words(1, x.device)
     grid = (triton.cdiv(m, block_m * steps), triton.cdiv(n, block_n))
     _abs_max_kernel[grid](
         x, amax, m, n, x.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, STEPS=steps, num_warps=num_warps

@@ -52,6 +52,17 @@ def tensor_scales(amax):
 
 
 @triton.jit
+def store_decode_scale(decode_ptr, decode_scale, partner_ptr, PARTNER: tl.constexpr):
+    """Program (0, 0) stores 1/S_enc at ``decode_ptr[0]`` and, with ``PARTNER``, the output scale of
+    a GEMM with another NVFP4 operand, ``1/S_enc · partner`` (one FP32 product, the same in either
+    order), at ``decode_ptr[1]``; ``partner_ptr`` holds that operand's decode scale."""
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        tl.store(decode_ptr, decode_scale)
+        if PARTNER:
+            tl.store(decode_ptr + 1, decode_scale * tl.load(partner_ptr))
+
+
+@triton.jit
 def bf16_round(y, NATIVE: tl.constexpr):
     """FP32 -> the nearest BF16 value (half to even), returned as FP32; NaN stays NaN.
 

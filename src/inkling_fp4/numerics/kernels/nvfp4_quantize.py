@@ -11,9 +11,10 @@ any of:
   the operand an emulated GEMM multiplies directly; the FP32 tensor scale ``1/S_enc`` stays apart.
 
 The global amax comes in through a pointer (from the first pass), so the tensor scale is derived on
-the device and nothing waits on the host. Stochastic rounding draws 16 random bytes per block from
-one Philox call keyed by (seed, block index); the seed is a kernel argument drawn from the caller's
-torch generator.
+the device and nothing waits on the host; the first program also stores the decode scale 1/S_enc
+that the GEMM applies to its output, so no eager op recomputes it. Stochastic rounding draws 16
+random bytes per block from one Philox call keyed by (seed, block index); the seed is a kernel
+argument drawn from the caller's torch generator.
 
 2-D mode (``TILE_2D``): one scale per 16x16 tile, the max over the tile's 16 rows of the 1x16 block
 maxima, stored once per row so the scale tensor keeps the 1x16 layout. BLOCK_M is a multiple of 16
@@ -24,14 +25,20 @@ import torch
 import triton
 import triton.language as tl
 
-from inkling_fp4.numerics.kernels.common import block_values, encode_blocks, packed_codes, tensor_scales
+from inkling_fp4.numerics.kernels.common import (
+    block_values,
+    encode_blocks,
+    packed_codes,
+    store_decode_scale,
+    tensor_scales,
+)
 
 
 @triton.jit(do_not_specialize=["seed"])
 def _quantize_rows_kernel(
-    x_ptr, amax_ptr, seed, codes_ptr, scales_ptr, values_ptr, M, N, stride_xm,
+    x_ptr, amax_ptr, seed, codes_ptr, scales_ptr, values_ptr, decode_ptr, partner_ptr, M, N, stride_xm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE_2D: tl.constexpr, STOCHASTIC: tl.constexpr,
-    WRITE_CODES: tl.constexpr, WRITE_VALUES: tl.constexpr,
+    WRITE_CODES: tl.constexpr, WRITE_VALUES: tl.constexpr, WRITE_DECODE: tl.constexpr, PARTNER: tl.constexpr,
 ):  # fmt: skip
     G: tl.constexpr = BLOCK_N // 16
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -49,6 +56,8 @@ def _quantize_rows_kernel(
         tile_amax = tl.max(tl.reshape(block_amax, [BLOCK_M // 16, 16, G]), axis=1)  # [BLOCK_M/16, G]
         block_amax = tl.reshape(tl.broadcast_to(tile_amax[:, None, :], [BLOCK_M // 16, 16, G]), [BLOCK_M, G])
     s_enc, decode_scale = tensor_scales(tl.load(amax_ptr))
+    if WRITE_DECODE:  # the tensor decode scale 1/S_enc for the GEMM output, written once
+        store_decode_scale(decode_ptr, decode_scale, partner_ptr, PARTNER)
     block_index = rows[:, None] * (N // 16) + blocks[None, :]
     scale_byte, scale, code_lo, code_hi, value_lo, value_hi = encode_blocks(
         lo, hi, block_amax, s_enc, decode_scale, seed, block_index, STOCHASTIC
@@ -75,6 +84,8 @@ def quantize_rows(
     codes: torch.Tensor | None,
     scales: torch.Tensor | None,
     values: torch.Tensor | None,
+    decode: torch.Tensor | None = None,
+    partner: torch.Tensor | None = None,
     block_m: int | None = None,
     block_n: int = 256,
     num_warps: int | None = None,
@@ -82,7 +93,9 @@ def quantize_rows(
     """Launch the row quantizer on x [M, N] (unit last-dim stride, N % 16 == 0) given its amax.
 
     Writes into whichever of ``codes`` (uint8 [M, N/2]) with ``scales`` (uint8 view of E4M3
-    [M, N/16]), and ``values`` ([M, N], BF16 or FP32) are given; ``seed`` (a Philox seed >= 2^32)
+    [M, N/16]), ``values`` ([M, N], BF16 or FP32) and ``decode`` (FP32 [1]: the tensor decode scale
+    1/S_enc, as ``nvfp4.tensor_scales`` computes it; FP32 [2] with ``partner``, another operand's
+    decode scale: then also ``1/S_enc · partner``) are given; ``seed`` (a Philox seed >= 2^32)
     turns on stochastic rounding. The default tile is the fastest of an H200 sweep (16384x4096
     BF16): 8 rows x 256 columns on 2 warps (1x16), 16 rows on 4 warps in 2-D mode (a whole tile).
     """
@@ -103,7 +116,10 @@ def quantize_rows(
         amax if codes is None else codes,
         amax if scales is None else scales,
         amax if values is None else values,
+        amax if decode is None else decode,
+        amax if partner is None else partner,
         m, n, x.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, TILE_2D=block_2d, STOCHASTIC=seed is not None,
-        WRITE_CODES=codes is not None, WRITE_VALUES=values is not None, num_warps=num_warps,
+        WRITE_CODES=codes is not None, WRITE_VALUES=values is not None, WRITE_DECODE=decode is not None,
+        PARTNER=partner is not None, num_warps=num_warps,
     )  # fmt: skip

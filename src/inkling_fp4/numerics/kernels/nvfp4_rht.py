@@ -35,11 +35,13 @@ import torch
 import triton
 import triton.language as tl
 
+from inkling_fp4.numerics.kernels.amax import zeroed_words
 from inkling_fp4.numerics.kernels.common import (
     bf16_round,
     block_values,
     encode_blocks,
     packed_codes,
+    store_decode_scale,
     tensor_scales,
 )
 
@@ -142,10 +144,10 @@ def _encode_pair(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc, dec
 
 @triton.jit(do_not_specialize=["seed"])
 def _rht_kernel(
-    x_ptr, amax_ptr, seed, codes_ptr, scales_ptr, values_ptr, M, N, stride_xm, stride_xn,
-    SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, AMAX_ONLY: tl.constexpr,
+    x_ptr, amax_ptr, seed, codes_ptr, scales_ptr, values_ptr, decode_ptr, partner_ptr, M, N, stride_xm,
+    stride_xn, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, AMAX_ONLY: tl.constexpr,
     NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, WRITE_CODES: tl.constexpr,
-    WRITE_VALUES: tl.constexpr, X_AMAX: tl.constexpr,
+    WRITE_VALUES: tl.constexpr, WRITE_DECODE: tl.constexpr, PARTNER: tl.constexpr, X_AMAX: tl.constexpr,
 ):  # fmt: skip
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     feature_ok = features < N
@@ -167,6 +169,8 @@ def _rht_kernel(
             tl.atomic_max(amax_ptr + 1, tl.max(tl.max(running_x, axis=1), axis=0))
     else:
         s_enc, decode_scale = tensor_scales(tl.load(amax_ptr))
+        if WRITE_DECODE:  # the tensor decode scale 1/S_enc for the GEMM output, written once
+            store_decode_scale(decode_ptr, decode_scale, partner_ptr, PARTNER)
         # GROUPS (1, 2 or 4) consecutive output blocks of each feature row are gathered in the thread
         # so that each row segment is written at once.
         group = first + tl.arange(0, 1)
@@ -240,12 +244,13 @@ def rht_t_abs_max(
     an operand that is quantized both along rows and, after the RHT, along tokens (x, dy).
     """
     m, n = _token_blocked_shape(x)
-    amax = torch.zeros(2 if with_x_amax else 1, dtype=torch.float32, device=x.device)
+    amax = zeroed_words(2 if with_x_amax else 1, x.device)
     grid = (triton.cdiv(m // 16, groups), triton.cdiv(n, block_n))
     _rht_kernel[grid](
-        x, amax, 0, amax, amax, amax, m, n, *x.stride(),
+        x, amax, 0, amax, amax, amax, amax, amax, m, n, *x.stride(),
         SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=True, NATIVE_BF16=_native_bf16(),
-        STOCHASTIC=False, WRITE_CODES=False, WRITE_VALUES=False, X_AMAX=with_x_amax, num_warps=num_warps,
+        STOCHASTIC=False, WRITE_CODES=False, WRITE_VALUES=False, WRITE_DECODE=False, PARTNER=False,
+        X_AMAX=with_x_amax, num_warps=num_warps,
     )  # fmt: skip
     return amax
 
@@ -259,15 +264,19 @@ def quantize_rht_t_tiles(
     codes: torch.Tensor | None,
     scales: torch.Tensor | None,
     values: torch.Tensor | None,
+    decode: torch.Tensor | None = None,
+    partner: torch.Tensor | None = None,
     block_n: int = 64,
     groups: int = 2,
     num_warps: int = 2,
 ) -> None:
     """Quantize rht(x.t()) for x [M, N] given its amax (from :func:`rht_t_abs_max`).
 
-    Writes into whichever of ``codes`` (uint8 [N, M/2]), ``scales`` (uint8 view of E4M3 [N, M/16])
-    and ``values`` ([N, M], BF16 or FP32) are given; ``seed`` (a Philox seed >= 2^32) turns on stochastic
-    rounding.
+    Writes into whichever of ``codes`` (uint8 [N, M/2]), ``scales`` (uint8 view of E4M3 [N, M/16]),
+    ``values`` ([N, M], BF16 or FP32) and ``decode`` (FP32 [1]: the tensor decode scale 1/S_enc,
+    as ``nvfp4.tensor_scales`` computes it; FP32 [2] with ``partner``, another operand's decode
+    scale: then also ``1/S_enc · partner``) are given; ``seed`` (a Philox seed >= 2^32) turns on
+    stochastic rounding.
     """
     if groups not in (1, 2, 4):
         raise ValueError(f"quantize_rht_t_tiles: groups={groups} must be 1, 2 or 4")
@@ -281,8 +290,10 @@ def quantize_rht_t_tiles(
         codes if write_codes else amax,
         scales if write_codes else amax,
         values if write_values else amax,
+        amax if decode is None else decode,
+        amax if partner is None else partner,
         m, n, *x.stride(),
         SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=False, NATIVE_BF16=_native_bf16(),
-        STOCHASTIC=seed is not None, WRITE_CODES=write_codes, WRITE_VALUES=write_values, X_AMAX=False,
-        num_warps=num_warps,
+        STOCHASTIC=seed is not None, WRITE_CODES=write_codes, WRITE_VALUES=write_values,
+        WRITE_DECODE=decode is not None, PARTNER=partner is not None, X_AMAX=False, num_warps=num_warps,
     )  # fmt: skip

@@ -18,6 +18,11 @@ for callers that check the amax later (``precision/finite_guard.py``).
 ``fake_quantize`` / ``fake_quantize_rht_t`` write what an emulated GEMM consumes: BF16 block values
 ``code · block_scale`` (exact) with the FP32 tensor scale ``1/S_enc`` kept apart, and optionally the
 packed codes and scales from the same pass (to save for backward).
+
+Launches are what an emulated step is bound by, so the host issues nothing but the two kernels per
+operand: the quantize pass also writes ``1/S_enc`` (the same FP32 operations as
+``nvfp4.tensor_scales``, which would be seven small eager kernels), and the amax words come zeroed
+from a pool (``amax.zeroed_words``) instead of a fill launch each.
 """
 
 from __future__ import annotations
@@ -42,9 +47,10 @@ class NVFP4BlockValues:
     """An emulated-GEMM operand: ``values · decode_scale`` is the dequantized tensor."""
 
     values: torch.Tensor  # [..., N] BF16: code · block scale, exact
-    decode_scale: torch.Tensor  # FP32 0-dim: 1/S_enc, applied to the GEMM output
+    decode_scale: torch.Tensor  # FP32 0-dim: 1/S_enc (written by the kernel), applied to the GEMM output
     amax: torch.Tensor  # FP32 0-dim
     quantized: nvfp4.NVFP4Tensor | None  # codes + scales from the same pass, when asked for
+    output_scale: torch.Tensor | None = None  # FP32 0-dim: decode_scale · scale_with, when asked for
 
 
 def _mix64(value: int) -> int:
@@ -98,15 +104,40 @@ def _rows_view(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
+def _decode_buffer(write: bool, partner: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """FP32 [1] for the decode scale, [2] for it and its product with ``partner``; None: not written."""
+    if not write:
+        return None
+    return torch.empty(1 if partner is None else 2, dtype=torch.float32, device=device)
+
+
+def _decode_scales(
+    decode: torch.Tensor | None, partner: torch.Tensor | None, launched: bool, amax: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(decode scale, its product with ``partner``) as 0-dim tensors, as the kernel wrote them; where
+    no program ran (an empty tensor) the reference's, from the amax (0, so 1)."""
+    if decode is None:
+        return None, None
+    if not launched:
+        decode = nvfp4.tensor_scales(amax.reshape(()))[1].reshape(1)
+        if partner is not None:
+            decode = torch.cat([decode, decode * partner.reshape(1)])
+    return decode[0], None if partner is None else decode[1]
+
+
 def _run_rows(
     x: torch.Tensor, block_2d: bool, stochastic: bool, generator: torch.Generator | None,
     write_codes: bool, values_dtype: torch.dtype | None, amax: torch.Tensor | None = None,
-) -> tuple[nvfp4.NVFP4Tensor | None, torch.Tensor | None, torch.Tensor]:  # fmt: skip
+    write_decode: bool = False, partner: torch.Tensor | None = None,
+) -> tuple[nvfp4.NVFP4Tensor | None, torch.Tensor | None, torch.Tensor, tuple]:  # fmt: skip
+    """(packed tensor, block values, amax, (decode scale, its product with ``partner``)), None where
+    not asked for."""
     x2 = _rows_view(x)
     m, n = x2.shape
     codes = torch.empty((m, n // 2), dtype=torch.uint8, device=x.device) if write_codes else None
     scales = torch.empty((m, n // BLOCK), dtype=torch.float8_e4m3fn, device=x.device) if write_codes else None
     values = torch.empty((m, n), dtype=values_dtype, device=x.device) if values_dtype else None
+    decode = _decode_buffer(write_decode, partner, x.device)
     if m == 0:
         amax = torch.zeros(1, dtype=torch.float32, device=x.device)
     else:
@@ -114,7 +145,8 @@ def _run_rows(
         seed = _draw_seed(generator) if stochastic else None
         quantize_rows(
             x2, amax, block_2d=block_2d, seed=seed, codes=codes,
-            scales=scales.view(torch.uint8) if write_codes else None, values=values,
+            scales=scales.view(torch.uint8) if write_codes else None, values=values, decode=decode,
+            partner=partner,
         )  # fmt: skip
     lead = x.shape[:-1]
     quantized = None
@@ -126,17 +158,21 @@ def _run_rows(
             shape=x.shape,
             block_2d=block_2d,
         )
-    return quantized, None if values is None else values.reshape(x.shape), amax.reshape(())
+    values = None if values is None else values.reshape(x.shape)
+    return quantized, values, amax.reshape(()), _decode_scales(decode, partner, m * n > 0, amax)
 
 
 def _run_rht_t(
     x: torch.Tensor, signs: torch.Tensor | None, stochastic: bool, generator: torch.Generator | None,
     write_codes: bool, values_dtype: torch.dtype | None, amax: torch.Tensor | None = None,
-) -> tuple[nvfp4.NVFP4Tensor | None, torch.Tensor | None, torch.Tensor]:  # fmt: skip
+    write_decode: bool = False, partner: torch.Tensor | None = None,
+) -> tuple[nvfp4.NVFP4Tensor | None, torch.Tensor | None, torch.Tensor, tuple]:  # fmt: skip
+    """:func:`_run_rows` for rht(x.t())."""
     m, n = x.shape
     codes = torch.empty((n, m // 2), dtype=torch.uint8, device=x.device) if write_codes else None
     scales = torch.empty((n, m // BLOCK), dtype=torch.float8_e4m3fn, device=x.device) if write_codes else None
     values = torch.empty((n, m), dtype=values_dtype, device=x.device) if values_dtype else None
+    decode = _decode_buffer(write_decode, partner, x.device)
     if m == 0 or n == 0:
         amax = torch.zeros(1, dtype=torch.float32, device=x.device)
     else:
@@ -145,14 +181,15 @@ def _run_rht_t(
         seed = _draw_seed(generator) if stochastic else None
         quantize_rht_t_tiles(
             x, bits, amax, seed=seed, codes=codes,
-            scales=scales.view(torch.uint8) if write_codes else None, values=values,
+            scales=scales.view(torch.uint8) if write_codes else None, values=values, decode=decode,
+            partner=partner,
         )  # fmt: skip
     quantized = None
     if write_codes:
         quantized = nvfp4.NVFP4Tensor(
             codes=codes, scales=scales, amax=amax.reshape(()), shape=torch.Size((n, m)), block_2d=False
         )
-    return quantized, values, amax.reshape(())
+    return quantized, values, amax.reshape(()), _decode_scales(decode, partner, m * n > 0, amax)
 
 
 def quantize(
@@ -162,7 +199,7 @@ def quantize(
     generator: torch.Generator | None = None,
 ) -> nvfp4.NVFP4Tensor:
     """NVFP4-quantize x [..., N] (N % 16 == 0; 2-D in ``block_2d`` mode) along its last dim."""
-    quantized, _, _ = _run_rows(x, block_2d, stochastic, generator, write_codes=True, values_dtype=None)
+    quantized, _, _, _ = _run_rows(x, block_2d, stochastic, generator, write_codes=True, values_dtype=None)
     return quantized
 
 
@@ -173,7 +210,7 @@ def quantize_rht_t(
     generator: torch.Generator | None = None,
 ) -> nvfp4.NVFP4Tensor:
     """The wgrad operand ``quantize(rht(x.t(), signs))`` for x [M, N] (M % 16 == 0) -> shape [N, M]."""
-    quantized, _, _ = _run_rht_t(x, signs, stochastic, generator, write_codes=True, values_dtype=None)
+    quantized, _, _, _ = _run_rht_t(x, signs, stochastic, generator, write_codes=True, values_dtype=None)
     return quantized
 
 
@@ -199,20 +236,25 @@ def fake_quantize(
     name: str | None = None,
     amax: torch.Tensor | None = None,
     check_finite: bool = True,
+    scale_with: torch.Tensor | None = None,
 ) -> NVFP4BlockValues:
     """Block values of ``quantize(x, ...)`` in one pass (plus the amax pass): ``values`` [..., N]
     equal ``quantize(x).block_values(dtype)``; ``keep_codes`` also returns the packed tensor.
 
     ``dtype=None`` writes no values (codes only, with ``keep_codes``). ``amax``: ``max |x|`` when the
     caller has it (:func:`abs_max_pair`), saving the amax pass. ``check_finite=False`` leaves the
-    NaN/Inf check of the returned ``amax`` to the caller (no host sync here).
+    NaN/Inf check of the returned ``amax`` to the caller (no host sync here). ``scale_with``: the
+    decode scale (FP32, one element) of the operand this one will be multiplied with; the result's
+    ``output_scale`` is then the product of the two, the GEMM's output scale, from the same pass.
     """
     op = "nvfp4.fake_quantize"
     checks.check_input(x, op=op, block=BLOCK, name=name, ndim=2 if block_2d else None)
-    quantized, values, amax = _run_rows(x, block_2d, stochastic, generator, keep_codes, dtype, amax)
+    quantized, values, amax, (decode, product) = _run_rows(
+        x, block_2d, stochastic, generator, keep_codes, dtype, amax, write_decode=True, partner=scale_with
+    )
     if check_finite:
         checks.check_finite(x, op=op, name=name, amax=amax)
-    return NVFP4BlockValues(values, nvfp4.tensor_scales(amax)[1], amax, quantized)
+    return NVFP4BlockValues(values, decode, amax, quantized, product)
 
 
 def fake_quantize_rht_t(
@@ -225,6 +267,7 @@ def fake_quantize_rht_t(
     name: str | None = None,
     amax: torch.Tensor | None = None,
     check_finite: bool = True,
+    scale_with: torch.Tensor | None = None,
 ) -> NVFP4BlockValues:
     """Block values [N, M] of ``quantize_rht_t(x, ...)`` for x [M, N], fused like
     :func:`fake_quantize`; ``amax`` is ``max |rht(x.t())|`` here."""
@@ -232,10 +275,12 @@ def fake_quantize_rht_t(
     checks.check_dtype(x, op=op, name=name)
     checks.check_block_shape(x, op=op, block=1, name=name, ndim=2)
     checks.check_rows(x, op=op, block=BLOCK, what="the token dim, blocked after the transpose", name=name)
-    quantized, values, amax = _run_rht_t(x, signs, stochastic, generator, keep_codes, dtype, amax)
+    quantized, values, amax, (decode, product) = _run_rht_t(
+        x, signs, stochastic, generator, keep_codes, dtype, amax, write_decode=True, partner=scale_with
+    )
     if check_finite:
         checks.check_finite(x, op=op, name=name, amax=amax)
-    return NVFP4BlockValues(values, nvfp4.tensor_scales(amax)[1], amax, quantized)
+    return NVFP4BlockValues(values, decode, amax, quantized, product)
 
 
 def block_values(t: nvfp4.NVFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
