@@ -16,8 +16,15 @@ from __future__ import annotations
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("all-reduce (NCCL)", ("nccl",)),
     (
-        "quantize (Triton)",
-        ("_quantize_rows_kernel", "_quantize_fp8_kernel", "_rht_kernel", "_abs_max_kernel", "_block_values"),
+        "quantize, GEMM epilogue (Triton)",
+        (
+            "_quantize_rows_kernel",
+            "_quantize_fp8_kernel",
+            "_rht_kernel",
+            "_abs_max_kernel",
+            "_block_values",
+            "_scale_to_bf16",
+        ),
     ),
     (
         "SSD scan (Triton)",

@@ -334,17 +334,17 @@ from inkling_fp4.precision.policy import RoundingRNG
 from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.precision.recipes import nvfp4_recipe
 
-def run():
+def run(dtype):  # BF16 x: BF16 y and dx through the GEMM epilogue kernel (scale and round in one pass)
     torch.manual_seed(0)
     m = QuantLinear(64, 48, layer_idx=0)
     m.recipe, m.rng = nvfp4_recipe(stochastic_rounding=False), RoundingRNG(0)
-    x = torch.randn(32, 64, requires_grad=True)
+    x = torch.randn(32, 64).to(dtype).requires_grad_()
     y = m(x)
     y.backward(torch.randn(32, 48).bfloat16())
     return y, x.grad, m.weight.grad
 
 assert gemm._fused_for(torch.zeros(1)) is not None
-fused = run()
+fused = run(torch.float32) + run(torch.bfloat16)
 finite_guard.raise_if_non_finite()
 # NaN on the fused path: no error (and no sync) while quantizing, a named one at the check.
 m = QuantLinear(64, 48, layer_idx=3, name="probe")
@@ -359,7 +359,7 @@ except NumericsError as e:
     assert "layers.3.probe x" in str(e), str(e)
 finite_guard.raise_if_non_finite()  # the record is cleared
 gemm._fused_for = lambda t: None
-reference = run()
+reference = run(torch.float32) + run(torch.bfloat16)
 for a, b in zip(fused, reference, strict=True):
     assert torch.equal(a, b), float((a.float() - b.float()).abs().max())
 print("ok")

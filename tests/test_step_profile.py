@@ -14,7 +14,7 @@ import step_profile  # noqa: E402
 
 KERNEL_DEF = re.compile(r"@triton\.jit[^\n]*\ndef (\w+_kernel|_conv_\w+)\(")
 EXPECTED = {
-    "numerics/kernels": "quantize (Triton)",
+    "numerics/kernels": "quantize, GEMM epilogue (Triton)",
     "model/ssd_kernels": "SSD scan (Triton)",
     "model/conv_triton.py": "conv (Triton)",
 }
@@ -58,7 +58,7 @@ def test_breakdown_is_per_step():
         types.SimpleNamespace(key="nvjet_tst_x", cuda_time_total=1200.0, device_time_total=None, count=3),
     ]
     groups = step_profile.breakdown(events, steps=3)
-    assert groups["quantize (Triton)"] == (pytest.approx(0.3), 13)
+    assert groups["quantize, GEMM epilogue (Triton)"] == (pytest.approx(0.3), 13)
     assert groups["GEMM (cuBLAS / CUTLASS)"] == (pytest.approx(0.4), 1)
     text = step_profile.format_breakdown("nvfp4", groups, wall_ms=1.0)
     assert "GPU busy" in text and "0.70 ms" in text and "GPU idle 0.30 ms" in text

@@ -324,6 +324,10 @@ def emulated_matmul(
     scale = _output_scale(a, sa, b, sb)  # sa · sb, applied once in FP32
     if out_dtype == torch.float32:
         return acc.mul_(scale)
+    if out_dtype == torch.bfloat16 and _fused_for(acc) is not None:
+        from inkling_fp4.numerics.kernels.scale_output import scale_to_bf16
+
+        return scale_to_bf16(acc, scale)  # bitwise the torch.mul below, in one vectorized pass
     out = torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
     return torch.mul(acc, scale, out=out)
 
