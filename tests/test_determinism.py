@@ -1,5 +1,5 @@
-"""Deterministic mode: the SSD kernels' fixed-config hook, the process-wide switch, the config field and
-a tiny pretraining run with ``train.deterministic=true``.
+"""Deterministic mode: the SSD and conv kernels' fixed-config hook, the process-wide switch, the config
+field and a tiny pretraining run with ``train.deterministic=true``.
 
 Bit-reproducibility itself is a GPU property (scripts/check_determinism.py checks it on CUDA); here the
 switches are checked to be set, cleared and restored, and the hook to be what triton calls.
@@ -14,6 +14,7 @@ import triton.language as tl
 
 from inkling_fp4.config import load_config
 from inkling_fp4.errors import ConfigError
+from inkling_fp4.model import conv_triton
 from inkling_fp4.model.ssd_kernels import (
     chunk_scan,
     chunk_states,
@@ -31,6 +32,8 @@ AUTOTUNED = [
     scan_grads_bc._scan_grads_bc_kernel,
     scan_grads_x._scan_grads_x_kernel,
     state_grads._state_grads_kernel,
+    conv_triton._conv_silu_pointwise,
+    conv_triton._conv_silu_bwd,
 ]
 
 
@@ -80,7 +83,7 @@ def test_hook_through_the_installed_triton_autotuner(restore_determinism):
     assert tuner.prune_configs({"EXTRA": 1}) == [configs[0]]
 
 
-def test_every_ssd_kernel_has_the_hook_and_forgets_its_choices_on_a_switch(restore_determinism):
+def test_every_autotuned_kernel_has_the_hook_and_forgets_its_choices_on_a_switch(restore_determinism):
     tuning.set_fixed_configs(False)
     for tuner in AUTOTUNED:
         assert isinstance(tuner, triton.runtime.Autotuner)
