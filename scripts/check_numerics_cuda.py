@@ -4,6 +4,8 @@ Why: the reference is the oracle for the Triton kernels and runs on the GPU in t
 torch's CUDA FP32→FP8 casts, divisions and reciprocals must round exactly like the CPU ones.
 Compares NVFP4 (1D, 2D, RHT-transposed), MXFP4 and FP8 (tensorwise, 1×128, 128×128) codes and
 scale bytes on random and adversarial inputs; prints one line per case and exits 1 on a mismatch.
+The ``fp8_*padded`` / ``fp8_t_narrow`` cases compare the FP8 kernel (CUDA) on widths that are not
+multiples of 128 with the reference (CPU) on the zero-padded input.
 The ``mxfp4*`` cases also compare the MXFP4 kernel (CUDA) with the reference (CPU): codes, scale
 bytes and the BF16 block values it writes in the same pass.
 
@@ -77,6 +79,15 @@ def main() -> int:
         "fp8_1x128_pair": lambda x: (lambda r, c: (r.data, r.scale_inv, c.data, c.scale_inv))(
             *fp8.quantize_blockwise_pair(x[:128])
         ),
+        # widths that are not 128·k (288 = 2·128 + 32, like a 6176-wide in_proj): the kernel writes the
+        # zero padding itself (CUDA) vs the references on the F.pad-ded x (CPU); strided views of x
+        "fp8_pair_padded": lambda x: (lambda r, c: (r.data, r.scale_inv, c.data, c.scale_inv))(
+            *fp8.quantize_blockwise_pair(x[:128, :288], pad=True)
+        ),
+        "fp8_1x128_padded": lambda x: (lambda t: (t.data, t.scale_inv))(
+            fp8.quantize_blockwise(x[:, :200], pad=True)
+        ),
+        "fp8_t_narrow": lambda x: (lambda t: (t.data, t.scale_inv))(fp8.quantize_blockwise_t(x[:128, :200])),
     }
     failures = 0
     for input_name, x in _inputs().items():

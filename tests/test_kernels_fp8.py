@@ -15,6 +15,7 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from interpreter import interpreted, run_interpreted
 
@@ -92,6 +93,67 @@ def test_interp_nan_gives_inf_scale_and_odd_width_tensorwise():
     _same(out["data"], ref.data, "tensorwise data, N=48")
 
 
+def _narrow_input(m: int, n: int, dtype=torch.float32) -> torch.Tensor:
+    """x [M, N] with N % 128 != 0, the adversarial cases also inside the last, partial block."""
+    x = _input(m, n).float()
+    last = n - n % 128  # first column of the partial block
+    x[4, last:] = 0.0  # a partial block of zeros: amax 0 with its padding, scale 1
+    ties = torch.arange(1, n - last + 1) / 64.0  # k/64: ties of E4M3 at scale 1, of E5M2 at 128
+    x[5, last:] = ties
+    x[5, last] = 448.0  # block amax 448: scale 1 (E4M3), 128 (E5M2), both exact
+    x[6, n - 1] = -3.0e38  # the huge value sits next to the padding
+    x[7, last:] = torch.linspace(-1e-42, 1e-42, n - last)  # FP32 subnormals
+    return x.to(dtype)
+
+
+def check_padded(x: torch.Tensor, dtype: torch.dtype) -> None:
+    """Blocked modes with ``pad_to_block`` against the reference on the zero-padded x; the transposed
+    output alone needs no padding and is checked unpadded."""
+    xp = F.pad(x, (0, -x.shape[1] % 128))
+    out = kern.quantize_fp8(x, dtype, mode=kern.MODE_BLOCKS, rows=True, cols=True, pad_to_block=True)
+    ref, ref_t = fp8.quantize_blockwise_ref(xp, (1, 128), dtype), fp8.quantize_blockwise_t_ref(xp, dtype)
+    _same(out["data"], ref.data, "padded 1x128 data")
+    _same(out["scale_inv"], ref.scale_inv, "padded 1x128 scale_inv")
+    _same(out["data_t"], ref_t.data, "padded 1x128 transposed data")
+    _same(out["scale_inv_t"], ref_t.scale_inv, "padded 1x128 transposed scale_inv")
+    n = x.shape[1]
+    assert not out["data"][:, n:].view(torch.uint8).any() and not out["data_t"][n:].view(torch.uint8).any()
+    assert bool((out["scale_inv_t"][n:] == 1.0).all())  # pad-only blocks: amax 0, scale 1
+    assert out["scale_inv"].stride() == (1, x.shape[0]) and out["scale_inv_t"].stride() == (1, xp.shape[1])
+    out = kern.quantize_fp8(x, dtype, mode=kern.MODE_BLOCKS, rows=False, cols=True)
+    ref_t = fp8.quantize_blockwise_t_ref(x, dtype)
+    _same(out["data_t"], ref_t.data, "unpadded transposed data (cols only)")
+    _same(out["scale_inv_t"], ref_t.scale_inv, "unpadded transposed scale_inv (cols only)")
+    part = x[: x.shape[0] - 37]
+    out = kern.quantize_fp8(part, dtype, mode=kern.MODE_TILE, pad_to_block=True)
+    ref = fp8.quantize_blockwise_ref(F.pad(part, (0, -n % 128)), (128, 128), dtype)
+    _same(out["data"], ref.data, "padded 128x128 data")
+    _same(out["scale_inv"], ref.scale_inv, "padded 128x128 scale_inv")
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(128, 160), (256, 200), (128, 288)], ids=str)
+def test_interp_padded_width_equals_reference_of_padded_input(shape, dtype):
+    check_padded(_narrow_input(*shape, dtype=torch.bfloat16 if shape[1] == 200 else torch.float32), dtype)
+
+
+@interpreted
+def test_interp_padded_width_nan_and_contract():
+    x = _narrow_input(128, 160)
+    x[9, 150] = float("nan")  # in the partial block, beside the padding
+    out = kern.quantize_fp8(x, torch.float8_e4m3fn, mode=kern.MODE_BLOCKS, cols=True, pad_to_block=True)
+    assert torch.isinf(out["scale_inv"][9, 1]) and torch.isinf(out["scale_inv_t"][150, 0])
+    assert torch.isfinite(out["scale_inv"][9, 0]) and torch.isfinite(out["scale_inv_t"][151:]).all()
+    for kw in (dict(mode=kern.MODE_BLOCKS), dict(mode=kern.MODE_TILE)):  # no padding asked: an error
+        with pytest.raises(ValueError, match="128-element blocks"):
+            kern.quantize_fp8(x, torch.float8_e4m3fn, **kw)
+    with pytest.raises(ValueError, match="tensorwise"):
+        kern.quantize_fp8(x, torch.float8_e4m3fn, mode=kern.MODE_TENSOR, amax=abs_max(x), pad_to_block=True)
+    with pytest.raises(ValueError, match="128-element blocks"):  # tokens blocked: M % 128 still needed
+        kern.quantize_fp8(x[:100], torch.float8_e4m3fn, mode=kern.MODE_BLOCKS, cols=True, pad_to_block=True)
+
+
 def test_under_triton_interpreter():
     """Run every ``test_interp_*`` in a child process with TRITON_INTERPRET=1."""
     run_interpreted(__file__, "-k", "interp")
@@ -103,6 +165,32 @@ def test_under_triton_interpreter():
 def test_gpu_kernels_equal_reference(dtype):
     x = _input(1024, 1536, device="cuda", dtype=torch.bfloat16)
     check_all(x, dtype)
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_padded_width_equals_reference(dtype):
+    check_padded(_narrow_input(1024, 6176 // 4, dtype=torch.bfloat16).cuda(), dtype)  # 1544 % 128 == 8
+
+
+@pytest.mark.gpu
+@on_gpu
+def test_gpu_padded_dispatch_equals_reference():
+    x = _narrow_input(512, 800, dtype=torch.bfloat16)
+    xp = F.pad(x, (0, -800 % 128))
+    rows, cols = fp8.quantize_blockwise_pair(x.cuda(), pad=True)
+    _same(rows.data, fp8.quantize_blockwise_ref(xp).data, "dispatch padded pair rows")
+    _same(cols.data, fp8.quantize_blockwise_t_ref(xp).data, "dispatch padded pair cols")
+    _same(cols.scale_inv, fp8.quantize_blockwise_t_ref(xp).scale_inv, "dispatch padded pair cols scale_inv")
+    got = fp8.quantize_blockwise_t(x.cuda())  # any width, unpadded
+    _same(got.data, fp8.quantize_blockwise_t_ref(x).data, "dispatch narrow transposed")
+    for block in ((1, 128), (128, 128)):
+        got, ref = fp8.quantize_blockwise(x.cuda(), block, pad=True), fp8.quantize_blockwise_ref(xp, block)
+        _same(got.data, ref.data, f"dispatch padded {block}")
+        _same(got.scale_inv, ref.scale_inv, f"dispatch padded {block} scale_inv")
+    got = fp8.quantize_blockwise(x.cuda().reshape(4, 128, 800), pad=True)  # leading dims kept
+    assert got.data.shape == (4, 128, 896) and got.scale_inv.shape == (4, 128, 7)
 
 
 @pytest.mark.gpu

@@ -16,7 +16,12 @@ overflows to Inf), and ``x · scale`` can exceed fp8_max by one rounding.
 
 128×128 blocks allow M not a multiple of 128: the last row tile is partial and takes the amax of
 the rows it has, so ``scale_inv`` is ``[ceil(M/128), N/128]``. The last dim must be a multiple of
-the block width. 1×bn blocks keep any leading dims (``scale_inv [..., N/bn]``); bm×bn tiles need 2-D x.
+the block width, unless the caller asks for ``pad=True``: then the result is that of x zero-padded to
+NP = ceil(N/bn)·bn columns (``data [..., NP]``, ``scale_inv [..., NP/bn]``; zeros change no block amax
+and quantize to 0), which is what the GEMM needs when its other operand is padded along the same
+contraction dim. The CUDA kernels write that padding themselves (no padded copy of x); the reference
+pads with ``F.pad``. 1×bn blocks keep any leading dims (``scale_inv [..., N/bn]``); bm×bn tiles need
+2-D x.
 
 On CUDA, ``quantize_tensorwise`` / ``quantize_blockwise`` / ``quantize_blockwise_t`` /
 ``quantize_blockwise_pair`` run the Triton
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import torch
+import torch.nn.functional as F
 
 from inkling_fp4.errors import NumericsError
 from inkling_fp4.numerics import checks
@@ -151,6 +157,12 @@ def _kernels() -> ModuleType | None:
     return fp8_quantize
 
 
+def _pad_last(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x zero-padded along its last dim to a multiple of ``block`` (x itself if it is one)."""
+    pad = -x.shape[-1] % block if x.dim() else 0
+    return F.pad(x, (0, pad)) if pad else x
+
+
 def _rows_2d(x: torch.Tensor) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
@@ -183,31 +195,39 @@ def quantize_blockwise(
     name: str | None = None,
     *,
     check: bool = True,
+    pad: bool = False,
 ) -> FP8BlockTensor:
     """Blockwise FP8 (see ``quantize_blockwise_ref``); Triton on CUDA for (1, 128) and (128, 128).
 
+    ``pad``: a last dim N that is not a multiple of the block width gives the result for x
+    zero-padded to NP = ceil(N/bn)·bn (data [..., NP]); without it such an N is an error.
     The kernel's 1×128 ``scale_inv`` is a transposed view (outer-dim major, what the GEMM reads).
     """
     kernels = _kernels() if x.is_cuda and block in ((1, 128), (128, 128)) else None
     if kernels is None:
-        return quantize_blockwise_ref(x, block=block, dtype=dtype, name=name)
+        return quantize_blockwise_ref(
+            _pad_last(x, block[1]) if pad else x, block=block, dtype=dtype, name=name
+        )
     op = "fp8.quantize_blockwise"
     _fp8_max(dtype, op)
-    checks.check_input(x, op=op, block=block[1], name=name, ndim=2 if block[0] > 1 else None)
+    checks.check_input(x, op=op, block=1 if pad else block[1], name=name, ndim=2 if block[0] > 1 else None)
     mode = kernels.MODE_TILE if block[0] > 1 else kernels.MODE_BLOCKS
-    out = kernels.quantize_fp8(_rows_2d(x), dtype, mode=mode)
+    out = kernels.quantize_fp8(_rows_2d(x), dtype, mode=mode, pad_to_block=pad)
     scale_inv = out["scale_inv"]
     if check:
         checks.check_finite(x, op=op, name=name, amax=scale_inv)
-    if block[0] == 1:
-        scale_inv = scale_inv.reshape(*x.shape[:-1], x.shape[-1] // block[1]) if x.dim() != 2 else scale_inv
-    return FP8BlockTensor(data=out["data"].view(x.shape), scale_inv=scale_inv, block=block)
+    n_padded = out["data"].shape[-1]  # N, or NP with ``pad``
+    if block[0] == 1 and x.dim() != 2:
+        scale_inv = scale_inv.reshape(*x.shape[:-1], n_padded // block[1])
+    data = out["data"].view(*x.shape[:-1], n_padded)
+    return FP8BlockTensor(data=data, scale_inv=scale_inv, block=block)
 
 
 def quantize_blockwise_t(
     x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, name: str | None = None, *, check: bool = True
 ) -> FP8BlockTensor:
-    """xᵀ [N, M] in 1×128 blocks along the tokens, for x: [M, N] (M % 128 == 0): the wgrad operands.
+    """xᵀ [N, M] in 1×128 blocks along the tokens, for x: [M, N] (M % 128 == 0, any N): the wgrad
+    operands.
 
     On CUDA one kernel reads x and writes xᵀ's codes, with no transposed copy of x.
     """
@@ -218,33 +238,46 @@ def quantize_blockwise_t(
 
 
 def quantize_blockwise_pair(
-    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, name: str | None = None, *, check: bool = True
+    x: torch.Tensor,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    name: str | None = None,
+    *,
+    check: bool = True,
+    pad: bool = False,
 ) -> tuple[FP8BlockTensor, FP8BlockTensor]:
     """(x [M, N] in 1×128 blocks along N, xᵀ [N, M] in 1×128 blocks along M) for 2-D x with M and N
     multiples of 128: an activation's fprop and wgrad operands (or a gradient's dgrad and wgrad ones).
 
+    ``pad``: N need not be a multiple of 128; the results are those of x zero-padded to
+    NP = ceil(N/128)·128 columns: x [M, NP] and xᵀ [NP, M] (pad rows: 0 codes, scale_inv 1).
     On CUDA one kernel reads x once and writes both, where :func:`quantize_blockwise` and
-    :func:`quantize_blockwise_t` would read it twice; the bits are theirs.
+    :func:`quantize_blockwise_t` would read it twice; the bits are theirs (of the padded x).
     """
-    out = _along_tokens(x, dtype, name, check, rows=True, op="fp8.quantize_blockwise_pair")
+    out = _along_tokens(x, dtype, name, check, rows=True, op="fp8.quantize_blockwise_pair", pad=pad)
     if out is None:
-        return quantize_blockwise_ref(x, (1, 128), dtype, name), quantize_blockwise_t_ref(x, dtype, name)
+        xp = _pad_last(x, 128) if pad else x
+        return quantize_blockwise_ref(xp, (1, 128), dtype, name), quantize_blockwise_t_ref(xp, dtype, name)
     return (
         FP8BlockTensor(data=out["data"], scale_inv=out["scale_inv"], block=(1, 128)),
         FP8BlockTensor(data=out["data_t"], scale_inv=out["scale_inv_t"], block=(1, 128)),
     )
 
 
-def _along_tokens(x: torch.Tensor, dtype, name, check: bool, *, rows: bool, op: str) -> dict | None:
+def _along_tokens(
+    x: torch.Tensor, dtype, name, check: bool, *, rows: bool, op: str, pad: bool = False
+) -> dict | None:
     """The kernel's outputs for xᵀ in 1×128 blocks along the tokens (and for x along its rows too if
-    ``rows``); None off CUDA, where the caller runs the reference."""
+    ``rows``), over N zero-padded to a multiple of 128 if ``pad``; None off CUDA, where the caller
+    runs the reference."""
     kernels = _kernels() if x.is_cuda else None
     if kernels is None:
         return None
     _fp8_max(dtype, op)
-    checks.check_input(x, op=op, block=128 if rows else 1, name=name, ndim=2)
+    checks.check_input(x, op=op, block=128 if rows and not pad else 1, name=name, ndim=2)
     checks.check_rows(x, op=op, block=128, what="the blocked dim of xᵀ", name=name)
-    out = kernels.quantize_fp8(_rows_2d(x), dtype, mode=kernels.MODE_BLOCKS, rows=rows, cols=True)
+    out = kernels.quantize_fp8(
+        _rows_2d(x), dtype, mode=kernels.MODE_BLOCKS, rows=rows, cols=True, pad_to_block=pad
+    )
     if check:  # every element lies in one token block: xᵀ's scales see any NaN/Inf
         checks.check_finite(x, op=op, name=name, amax=out["scale_inv_t"])
     return out

@@ -191,7 +191,7 @@ def quantize(
     if spec.block == TENSORWISE:
         src = t.t() if transpose else t
         return Operand(fp8.quantize_tensorwise(src, dtype=dtype, name=name, check=check), spec)
-    if transpose and spec.block == (1, 128) and t.shape[-1] % 128 == 0:  # xᵀ / dyᵀ along tokens, one kernel
+    if transpose and spec.block == (1, 128):  # xᵀ / dyᵀ along tokens (any width), one kernel on CUDA
         return Operand(fp8.quantize_blockwise_t(t, dtype=dtype, name=name, check=check), spec)
     src = t.t().contiguous() if transpose else t
     return Operand(fp8.quantize_blockwise(src, block=spec.block, dtype=dtype, name=name, check=check), spec)
@@ -234,7 +234,14 @@ def fp8_operand_pair(
     """Both blockwise FP8 operands of t [M, C] from one read: t in 1×128 blocks along C (fprop x,
     dgrad dy) and tᵀ in 1×128 blocks along the tokens M (wgrad xᵀ, dyᵀ), as :func:`quantize` makes
     them separately. None unless the specs are that pair (the same FP8 format, 1×128, no RHT) and
-    t needs no padding (M and C multiples of 128); then quantize each as usual.
+    M is a multiple of 128; then quantize each as usual.
+
+    A width C that is not a multiple of 128 (a Mamba in_proj's 6176) is zero-padded to
+    Cp = ceil(C/128)·128 by the quantizer itself, with no padded or transposed copy of t:
+    rows operand [M, Cp], the bits of :func:`quantize` (which pads the contraction to 128, as it does
+    for the other operand of that GEMM, W's 128×128 tiles); tokens operand [Cp, M], whose first
+    rows are those of ``quantize(t, transpose=True)`` (padded to 16 rows only) and the rest zero
+    codes: extra zero rows of the wgrad output [Cp, K], which ``matmul(..., size=...)`` crops.
 
     No finiteness check on CUDA (as :func:`quantize`): NaN/Inf shows as an Inf scale_inv and output.
     """
@@ -244,10 +251,11 @@ def fp8_operand_pair(
         row_spec is not None and row_spec == token_spec
         and row_spec.format in ("e4m3", "e5m2") and row_spec.block == (1, 128) and not row_spec.rht
     )  # fmt: skip
-    if not pair or t.dim() != 2 or t.shape[0] % 128 or t.shape[1] % 128:
+    if not pair or t.dim() != 2 or t.shape[0] % 128:
         return None
     dtype = torch.float8_e4m3fn if row_spec.format == "e4m3" else torch.float8_e5m2
-    rows, cols = fp8.quantize_blockwise_pair(t, dtype=dtype, name=name or None, check=not t.is_cuda)
+    # rows: [M, Cp]; cols: [Cp, M]
+    rows, cols = fp8.quantize_blockwise_pair(t, dtype=dtype, name=name or None, check=not t.is_cuda, pad=True)
     return Operand(rows, row_spec), Operand(cols, token_spec)
 
 

@@ -22,10 +22,21 @@ Block scales are written in the layout ``torch._scaled_mm`` consumes, so the GEM
 a 1x128 scale of logical shape [R, C/128] is stored "outer-dim major" (a contiguous [C/128, R]
 buffer, returned as its transpose view); 128x128 scales are row-major [ceil(R/128), C/128].
 
+Widths that are not a multiple of 128 (e.g. a Mamba in_proj output of 6176 = 48·128 + 32): with
+``pad_to_block`` the outputs are those of x zero-padded to NP = ceil(N/128)·128 columns, which is
+what the GEMM's other operand is padded to along the contraction. Loads stay masked by N (reading
+0 past it), stores are masked by NP, so the padding costs no copy of x (nor of xᵀ).
+
+The warp count is autotuned per (N, mode, layout) on the GPU: quantization is exact elementwise math
+and a max, so every candidate writes the same bits and the choice needs no fixing in deterministic
+runs (unlike the SSD kernels' reduction tiles).
+
 NOTE the FP8 byte is computed with integer arithmetic on the FP32 bit pattern (as in ``common.py``):
 the interpreter's float downcasts truncate, and the result must not depend on where it runs. NaN in
 x becomes an Inf amax, hence an Inf ``scale_inv``: the caller checks finiteness from the scales.
 """
+
+import os
 
 import torch
 import triton
@@ -68,9 +79,15 @@ def _fp8_bytes(
     return (byte | sign).to(tl.uint8)
 
 
+_WARPS = (8,) if os.environ.get("TRITON_INTERPRET") == "1" else (8, 4, 16)
+
+
+@triton.autotune(
+    configs=[triton.Config({}, num_warps=w) for w in _WARPS], key=["N", "BLOCK_M", "MODE", "ROWS", "COLS"]
+)
 @triton.jit
 def _quantize_fp8_kernel(
-    x_ptr, amax_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, stride_xm,
+    x_ptr, amax_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, NP, stride_xm,
     BLOCK_M: tl.constexpr, MODE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
     MANT: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
     SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr,
@@ -78,8 +95,9 @@ def _quantize_fp8_kernel(
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * 128 + tl.arange(0, 128)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
-    # x: [BLOCK_M, 128]
+    # x: [BLOCK_M, 128]; columns N..NP-1 (the zero padding) load as 0 and are stored as 0 codes
     x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+    out_mask = (rows < M)[:, None] & (cols < NP)[None, :]
     x = x.to(tl.float32)
     magnitude = tl.abs(x)
     magnitude = tl.where(magnitude == magnitude, magnitude, float("inf"))  # NaN -> Inf amax
@@ -87,18 +105,18 @@ def _quantize_fp8_kernel(
         scale, scale_inv = _scales(tl.load(amax_ptr), FP8_MAX)
         if ROWS:
             q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
-            tl.store(data_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], q, mask=mask)
+            tl.store(data_ptr + rows.to(tl.int64)[:, None] * NP + cols[None, :], q, mask=out_mask)
         if COLS:
             q = _fp8_bytes(tl.trans(x), scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)  # [128, BLOCK_M]
             t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
-            tl.store(t_ptrs, q, mask=tl.trans(mask))
+            tl.store(t_ptrs, q, mask=tl.trans(out_mask))
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
             tl.store(scale_ptr, scale_inv)
     elif MODE == 1:
         if ROWS:
             scale, scale_inv = _scales(tl.max(magnitude, axis=1), FP8_MAX)  # [BLOCK_M]
             q = _fp8_bytes(x, scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
-            tl.store(data_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], q, mask=mask)
+            tl.store(data_ptr + rows.to(tl.int64)[:, None] * NP + cols[None, :], q, mask=out_mask)
             # scale_inv [M, N/128], outer-dim major: element (r, b) at b·M + r
             tl.store(scale_ptr + tl.program_id(1) * M + rows, scale_inv, mask=rows < M)
         if COLS:
@@ -107,13 +125,13 @@ def _quantize_fp8_kernel(
                 tl.trans(x), scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL
             )  # [128, BLOCK_M]
             t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
-            tl.store(t_ptrs, q, mask=tl.trans(mask))
-            # scale_inv of data_t [N, M/128], outer-dim major: element (c, b) at b·N + c
-            tl.store(scale_t_ptr + tl.program_id(0) * N + cols, scale_inv, mask=cols < N)
+            tl.store(t_ptrs, q, mask=tl.trans(out_mask))
+            # scale_inv of data_t [NP, M/128], outer-dim major: element (c, b) at b·NP + c
+            tl.store(scale_t_ptr + tl.program_id(0) * NP + cols, scale_inv, mask=cols < NP)
     else:
         scale, scale_inv = _scales(tl.max(tl.max(magnitude, axis=1), axis=0), FP8_MAX)
         q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
-        tl.store(data_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], q, mask=mask)
+        tl.store(data_ptr + rows.to(tl.int64)[:, None] * NP + cols[None, :], q, mask=out_mask)
         tl.store(scale_ptr + tl.program_id(0) * tl.cdiv(N, 128) + tl.program_id(1), scale_inv)
 
 
@@ -125,19 +143,27 @@ def quantize_fp8(
     rows: bool = True,
     cols: bool = False,
     amax: torch.Tensor | None = None,
+    pad_to_block: bool = False,
     block_m: int | None = None,
-    num_warps: int = 8,
 ) -> dict[str, torch.Tensor]:
-    """Launch the quantizer on x [M, N] (unit last-dim stride; blockwise: N % 128 == 0, and M % 128 == 0
-    for ``cols``).
+    """Launch the quantizer on x [M, N] (unit last-dim stride).
 
-    Returns the outputs asked for: ``data`` [M, N] and ``scale_inv``, ``data_t`` [N, M] and
+    Returns the outputs asked for: ``data`` [M, NP] and ``scale_inv``, ``data_t`` [NP, M] and
     ``scale_inv_t`` (layouts in the module docstring). ``MODE_TENSOR`` needs ``amax`` (FP32 [1]).
+
+    NP is N, except with ``pad_to_block`` in a blocked mode: then NP = ceil(N/128)·128 and every
+    output is that of the zero-padded x [M, NP] (pad columns of ``data`` and pad rows of ``data_t``
+    are 0 codes; a pad-only 1×128 block of xᵀ has amax 0, hence scale_inv 1), written without a
+    padded copy of x. Without it, a blocked N must be a multiple of 128 where the blocks run along N
+    (``rows`` / ``MODE_TILE``); ``cols`` alone takes any N. ``cols`` in a blocked mode needs M % 128 == 0.
     """
     mant, bias, fp8_max = FORMATS[dtype]
     m, n = x.shape
-    blocked_n = mode != MODE_TENSOR
-    if (blocked_n and n % BLOCK) or x.stride(1) != 1 or (cols and mode != MODE_TENSOR and m % BLOCK):
+    if pad_to_block and mode == MODE_TENSOR:
+        raise ValueError("quantize_fp8: pad_to_block applies to the blocked modes; tensorwise takes any N")
+    np_ = triton.cdiv(n, BLOCK) * BLOCK if pad_to_block else n
+    blocks_along_n = mode == MODE_TILE or (mode == MODE_BLOCKS and rows)
+    if (blocks_along_n and np_ % BLOCK) or x.stride(1) != 1 or (cols and mode != MODE_TENSOR and m % BLOCK):
         raise ValueError(f"quantize_fp8: x of shape {tuple(x.shape)} does not fit 128-element blocks")
     if block_m is None:
         block_m = 128 if (cols or mode == MODE_TILE) else 32
@@ -148,33 +174,33 @@ def quantize_fp8(
         scale = torch.empty((), dtype=torch.float32, device=dev)
         out["scale_inv"] = scale
     if rows or mode == MODE_TILE:
-        data = torch.empty(m, n, dtype=torch.uint8, device=dev)
+        data = torch.empty(m, np_, dtype=torch.uint8, device=dev)
         out["data"] = data.view(dtype)
         if mode == MODE_BLOCKS:
-            scale = torch.empty(n // BLOCK, m, dtype=torch.float32, device=dev)
-            out["scale_inv"] = scale.t()  # [M, N/128], stride (1, M)
+            scale = torch.empty(np_ // BLOCK, m, dtype=torch.float32, device=dev)
+            out["scale_inv"] = scale.t()  # [M, NP/128], stride (1, M)
         elif mode == MODE_TILE:
-            scale = torch.empty(triton.cdiv(m, BLOCK), n // BLOCK, dtype=torch.float32, device=dev)
+            scale = torch.empty(triton.cdiv(m, BLOCK), np_ // BLOCK, dtype=torch.float32, device=dev)
             out["scale_inv"] = scale
     if cols:
-        data_t = torch.empty(n, m, dtype=torch.uint8, device=dev)
+        data_t = torch.empty(np_, m, dtype=torch.uint8, device=dev)
         out["data_t"] = data_t.view(dtype)
         if mode == MODE_BLOCKS:
-            scale_t = torch.empty(m // BLOCK, n, dtype=torch.float32, device=dev)
-            out["scale_inv_t"] = scale_t.t()  # [N, M/128], stride (1, N)
+            scale_t = torch.empty(m // BLOCK, np_, dtype=torch.float32, device=dev)
+            out["scale_inv_t"] = scale_t.t()  # [NP, M/128], stride (1, NP)
     if m == 0:
         if scale is not None and mode == MODE_TENSOR:
             scale.fill_(1.0)
         return out
     dummy = x
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, BLOCK))
+    grid = (triton.cdiv(m, block_m), triton.cdiv(np_, BLOCK))
     _quantize_fp8_kernel[grid](
         x, dummy if amax is None else amax,
         dummy if data is None else data, dummy if scale is None else scale,
         dummy if data_t is None else data_t, dummy if scale_t is None else scale_t,
-        m, n, x.stride(0),
+        m, n, np_, x.stride(0),
         BLOCK_M=block_m, MODE=mode, ROWS=rows, COLS=cols,
         MANT=mant, BIAS=bias, FP8_MAX=fp8_max, SUB_FACTOR=2.0 ** (bias - 1 + mant),
-        MIN_NORMAL=2.0 ** (1 - bias), num_warps=num_warps,
+        MIN_NORMAL=2.0 ** (1 - bias),
     )  # fmt: skip
     return out
