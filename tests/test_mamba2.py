@@ -74,6 +74,32 @@ def test_gated_norm_normalises_each_group():
     assert RMSNorm(8, 1e-5)(x).dtype == torch.bfloat16
 
 
+def test_norms_write_the_autocast_dtype_from_the_fp32_residual():
+    """Under autocast the block norm (FP32 residual in) and the mixer's output norm (FP32 skip sum)
+    write BF16: the normalised FP32 result rounded once; without autocast, FP32 as before."""
+    norm = RMSNorm(16, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(16) + 0.5)
+    x = torch.randn(4, 16) * torch.logspace(-3, 3, 16)
+    plain = norm(x)
+    assert plain.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        narrowed = norm(x)
+    assert narrowed.dtype == torch.bfloat16
+    assert torch.equal(narrowed, plain.to(torch.bfloat16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # a BF16 input is not widened
+        assert norm(x.to(torch.bfloat16)).dtype == torch.bfloat16
+    cfg = ModelConfig()
+    mixer = Mamba2Mixer(cfg, 0)
+    u = torch.randn(2, 8, cfg.d_model)
+    seen = []
+    mixer.out_proj.register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
+    mixer(u)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixer(u)
+    assert seen == [torch.float32, torch.bfloat16]
+
+
 def mixer_reference(m: Mamba2Mixer, u: torch.Tensor) -> torch.Tensor:
     """The mixer written out from the Mamba-2 equations, with F.conv1d and the token recurrence."""
     E, G, N, H, P = m.d_inner, m.G, m.N, m.H, m.P

@@ -24,7 +24,7 @@ from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.model.loss import chunked_cross_entropy
 from inkling_fp4.model.mamba2 import dt_softplus
 from inkling_fp4.model.mlp import squared_relu
-from inkling_fp4.model.norm import gated_rms_norm, rms_norm, skip_gated_rms_norm
+from inkling_fp4.model.norm import add_rms_norm, gated_rms_norm, rms_norm, skip_gated_rms_norm
 from inkling_fp4.model.ssd import segment_ids
 from interpreter import interpreted, run_interpreted
 
@@ -170,6 +170,11 @@ def test_glue_on_cpu_is_the_plain_formula():
     torch.testing.assert_close(
         rms_norm(z, w, 1e-5), z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + 1e-5) * w
     )
+    y16 = torch.randn(3, 5, 32).to(torch.bfloat16)
+    h, normed = add_rms_norm(z, y16, w, 1e-5, torch.bfloat16)
+    assert h.dtype == torch.float32 and normed.dtype == torch.bfloat16
+    assert torch.equal(h, z + y16.float())
+    assert torch.equal(normed, rms_norm(z + y16.float(), w, 1e-5).to(torch.bfloat16))
 
 
 # --- GPU: the compiled and Triton forms against the references, BF16 as in training ------------------
@@ -180,6 +185,12 @@ def _grads_of(fn, args, dy):
     out = fn(*args)
     out.backward(dy)
     return [out.detach()] + [a.grad for a in args if a.requires_grad]
+
+
+def _add_rms_norm_stacked(x, y, w, eps):
+    """add_rms_norm's two outputs as one tensor, for the gradient check."""
+    h, normed = add_rms_norm(x, y, w, eps, torch.bfloat16)
+    return torch.stack((h, normed.float()))
 
 
 @pytest.mark.gpu
@@ -196,6 +207,7 @@ def test_gpu_compiled_glue_matches_reference():
         (skip_gated_rms_norm, (y, x, D, z, w), (2, 1e-5)),
         (gated_rms_norm, (z, z * 0.5, w), (4, 1e-5)),
         (rms_norm, (r, w), (1e-5,)),
+        (_add_rms_norm_stacked, (r, z, w), (1e-5,)),
         (squared_relu, (z,), ()),
         (dt_softplus, (z[..., :8], D), ()),
     ]
@@ -244,3 +256,24 @@ def test_gpu_chunked_cross_entropy_under_autocast():
     want = [ref.detach()] + list(torch.autograd.grad(ref, (hidden, weight)))
     for name, g, r in zip(("loss", "dhidden", "dweight"), got, want, strict=True):
         _close(g, r, 1e-2, name)
+
+
+@pytest.mark.gpu
+@on_gpu
+def test_gpu_autocast_feeds_every_gemm_bf16():
+    """Under CUDA autocast every QuantLinear gets a BF16 input: the norms write BF16 from the FP32
+    residual, and the squared ReLU stays BF16 (autocast would run a ``pow`` in FP32). An FP32 input
+    means an extra cast pass forward and backward, and twice the bytes for the quantizers."""
+    from inkling_fp4.precision.quant_linear import QuantLinear
+
+    _seed()
+    model = HybridLM(ModelConfig(pattern="M-*-", d_model=128, ffn_dim=256)).cuda()
+    seen = {}
+    for name, module in model.named_modules():
+        if isinstance(module, QuantLinear):
+            module.register_forward_pre_hook(lambda m, args, name=name: seen.__setitem__(name, args[0].dtype))
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 128), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        model(ids, targets=ids).backward()
+    assert len(seen) == sum(isinstance(m, QuantLinear) for m in model.modules())
+    assert {n: d for n, d in seen.items() if d != torch.bfloat16} == {}

@@ -487,3 +487,28 @@ def test_cuda_layer_matches_cpu_reference_path():
         rtol = 1e-4 if label == "dW" else 2.0**-7  # one BF16 ulp for BF16 outputs
         err = ((a - b).abs() / (a.abs() + 1e-3 * a.abs().max())).max().item()
         assert err <= rtol, (label, err)
+
+
+def test_bf16_linear_fn_keeps_the_weight_gradient_in_fp32():
+    """The BF16 layer's autograd function (the CUDA path, run here on CPU): y and dx are F.linear's
+    on the BF16-rounded operands; dW is the FP32 accumulation of BF16 products, not rounded to BF16
+    (checked against an FP64 GEMM of the same BF16 values)."""
+    from inkling_fp4.precision.quant_linear import _BF16LinearFn
+
+    x = (torch.randn(3, 40, 64) * torch.logspace(-2, 2, 64)).requires_grad_(True)
+    w = torch.randn(48, 64, requires_grad=True)
+    dy = torch.randn(3, 40, 48)
+    y = _BF16LinearFn.apply(x, w)
+    y.backward(dy)
+    x16, w16, dy16 = x.detach().to(torch.bfloat16), w.detach().to(torch.bfloat16), dy.to(torch.bfloat16)
+    y_ref = (x16.double() @ w16.double().t()).to(torch.bfloat16)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), y_ref.float(), rtol=8e-3, atol=1e-6)
+    assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+    dx_ref = (dy16.double() @ w16.double()).to(torch.bfloat16)
+    torch.testing.assert_close(x.grad, dx_ref.float(), rtol=8e-3, atol=1e-6)
+    dw64 = dy16.double().reshape(-1, 48).t() @ x16.double().reshape(-1, 64)
+    rel = (w.grad.double() - dw64).norm() / dw64.norm()
+    assert rel < 1e-6, rel  # FP32 accumulation; a BF16-rounded dW would be ~1e-3 off
+    rounded = (dw64.to(torch.bfloat16).double() - dw64).norm() / dw64.norm()
+    assert rounded > 1e2 * rel

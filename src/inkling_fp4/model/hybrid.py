@@ -2,6 +2,7 @@
 
     h = embed(tokens)                            # nn.Embedding, never quantized
     h = h + mixer_i(RMSNorm(h))   for each layer i of the pattern ('M' Mamba-2, '*' attention, '-' MLP)
+                                 # (each add is fused with the next norm: Block.forward)
     logits = lm_head(RMSNorm(h))                 # untied nn.Linear, never quantized
 
 Pre-norm residual blocks, no biases, no dropout, no positional embedding (the Mamba-2 layers carry
@@ -66,8 +67,17 @@ class Block(nn.Module):
         else:
             raise ValueError(f"unknown layer type '{kind}' in the pattern")
 
-    def forward(self, x: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
-        return x + self.mixer(self.norm(x), packing)
+    def forward(
+        self, x: torch.Tensor, packing: Packing | None = None, pending: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the residual stream [B, L, D]; pending: the previous block's mixer output [B, L, D], not
+        yet added (None for the first block). Returns (x + pending, this block's mixer output): the
+        residual add happens in the same fused kernel as this block's norm, and the caller adds the
+        last block's output (:meth:`HybridLM.forward_hidden`)."""
+        if pending is None:
+            return x, self.mixer(self.norm(x), packing)
+        x, normed = self.norm.add_and_norm(x, pending)
+        return x, self.mixer(normed, packing)
 
     def prefill(self, x: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
         return x + self.mixer.prefill(self.norm(x), cache)
@@ -104,9 +114,12 @@ class HybridLM(nn.Module):
         """input_ids: [B, L] int64; doc_ids: [B, L] or None -> the final-normed hidden states [B, L, D]."""
         packing = Packing.from_doc_ids(doc_ids, attention="*" in self.cfg.pattern)
         x = self.embed(input_ids)  # [B, L, D]
+        pending = None  # each block's mixer output, added to x inside the next norm's kernel
         for block in self.layers:
-            x = block(x, packing)
-        return self.norm_f(x)
+            x, pending = block(x, packing, pending)
+        if pending is None:
+            return self.norm_f(x)
+        return self.norm_f.add_and_norm(x, pending)[1]
 
     def forward(
         self,

@@ -46,7 +46,7 @@ from inkling_fp4.model.cache import InferenceCache, MambaState
 from inkling_fp4.model.compiled import cuda_compiled
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.conv import conv_silu, fused_conv_silu
-from inkling_fp4.model.norm import GatedRMSNorm, at_least_fp32, skip_gated_rms_norm
+from inkling_fp4.model.norm import GatedRMSNorm, at_least_fp32, output_dtype, skip_gated_rms_norm
 from inkling_fp4.model.packing import Packing
 from inkling_fp4.model.ssd import ssd, ssd_step
 from inkling_fp4.precision.quant_linear import QuantLinear
@@ -131,7 +131,11 @@ class Mamba2Mixer(nn.Module):
 
     def _output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """y, x: [..., H, P]; z: [..., E] -> out_proj(norm((y + D x) * silu(z))) [..., D]."""
-        h = skip_gated_rms_norm(y, x, self.D, z, self.norm.weight, self.G, self.norm.eps)  # [..., E]
+        # out_proj's input: the skip sum's dtype (FP32, as D is) unless autocast narrows it
+        summed = torch.promote_types(torch.promote_types(y.dtype, x.dtype), self.D.dtype)
+        out_dtype = output_dtype(summed, y.device)
+        norm = self.norm
+        h = skip_gated_rms_norm(y, x, self.D, z, norm.weight, self.G, norm.eps, out_dtype)  # [..., E]
         return self.out_proj(h)
 
     def _mix(self, u: torch.Tensor, seg: torch.Tensor | None, valid: torch.Tensor | None):

@@ -19,8 +19,13 @@ from inkling_fp4.precision.quant_linear import QuantLinear
 
 @cuda_compiled
 def squared_relu(h: torch.Tensor) -> torch.Tensor:
-    """relu(h)^2 elementwise, in h's dtype (one fused kernel per direction on CUDA)."""
-    return F.relu(h).square()
+    """relu(h)^2 elementwise, in h's dtype (one fused kernel per direction on CUDA).
+
+    NOTE written as a product, not ``square()``: autocast runs ``pow`` (what square becomes) in FP32,
+    which made this [tokens, ffn] activation, and its gradient, FP32 tensors that the next GEMM then
+    casts back to BF16. The product of two BF16 numbers rounded once to BF16 is the same value."""
+    r = F.relu(h)
+    return r * r
 
 
 class MLP(nn.Module):

@@ -1,8 +1,11 @@
 """RMS normalisation: the pre-norm of every block and the gated, grouped norm inside the Mamba-2 mixer.
 
 Both normalise in FP32 (or wider) whatever the activation dtype (a BF16 mean of squares over thousands of
-channels loses the low bits that matter here) and return the input's dtype. Norm gains are 1-D, so
-the optimizer gives them no weight decay.
+channels loses the low bits that matter here). They return the autocast dtype when autocast is on
+(training on a GPU): the residual stream is FP32, but what a norm feeds is a GEMM input, which is
+rounded to BF16 (or quantized) anyway, so writing it in BF16 saves a cast pass forward and backward
+and halves what the quantizers read. Without autocast (CPU, tests) they return the input's dtype.
+Norm gains are 1-D, so the optimizer gives them no weight decay.
 
 On CUDA both run as one fused kernel per direction (:mod:`inkling_fp4.model.compiled`); the
 gated norm also takes the Mamba-2 D skip (``y + D x``), so the FP32 sum never makes its own pass.
@@ -24,14 +27,34 @@ def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+def output_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype a norm writes for a result computed in ``dtype`` on ``device``: the autocast dtype
+    of that device when autocast is on there and narrower, else ``dtype`` itself."""
+    if dtype.is_floating_point and torch.is_autocast_enabled(device.type):
+        narrow = torch.get_autocast_dtype(device.type)
+        if torch.finfo(narrow).bits < torch.finfo(dtype).bits:
+            return narrow
+    return dtype
+
+
 def _rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
 @cuda_compiled
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [..., D] -> x / rms(x) * weight in x's dtype, normalised in FP32 (or wider)."""
-    return (_rms_normalize(at_least_fp32(x), eps) * weight).to(x.dtype)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None):
+    """x: [..., D] -> x / rms(x) * weight in ``out_dtype`` (default x's), normalised in FP32 (or wider)."""
+    return (_rms_normalize(at_least_fp32(x), eps) * weight).to(out_dtype or x.dtype)
+
+
+@cuda_compiled
+def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype):
+    """The pre-norm residual step: h = x + y (x's promoted dtype, FP32 for the FP32 residual stream)
+    and rms_norm(h) in ``out_dtype``, as one fused kernel per direction on CUDA: h is written once
+    and never read back for the norm, and the backward adds the two gradients of h in the norm's
+    kernel instead of a pass of its own. x, y: [..., D] -> (h, norm(h))."""
+    h = x + y
+    return h, rms_norm.reference(h, weight, eps, out_dtype)
 
 
 @cuda_compiled
@@ -51,11 +74,14 @@ def skip_gated_rms_norm(
     weight: torch.Tensor,
     n_groups: int,
     eps: float,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Mamba-2's output: ``gated_rms_norm(y + D x, z)``. y, x: [..., H, P]; D: [H]; z: [..., H P].
-    The skip sum takes the promoted dtype of y, x and D (FP32 for the FP32 D), and so does the result."""
+    The skip sum takes the promoted dtype of y, x and D (FP32 for the FP32 D), and so does the result
+    unless ``out_dtype`` is given."""
     y = (y + x * D[:, None]).flatten(-2)  # [..., H P]
-    return gated_rms_norm.reference(y, z, weight, n_groups, eps)
+    h = gated_rms_norm.reference(y, z, weight, n_groups, eps)
+    return h if out_dtype is None else h.to(out_dtype)
 
 
 class RMSNorm(nn.Module):
@@ -67,7 +93,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., D]
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, output_dtype(x.dtype, x.device))
+
+    def add_and_norm(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y: [..., D] -> (x + y, this norm of it): a residual add fused with the next norm."""
+        h_dtype = torch.promote_types(x.dtype, y.dtype)
+        return add_rms_norm(x, y, self.weight, self.eps, output_dtype(h_dtype, x.device))
 
 
 class GatedRMSNorm(nn.Module):

@@ -77,17 +77,47 @@ class QuantLinear(nn.Module):
 
 
 def _bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """BF16 operands, FP32 accumulation, BF16 output.
+    """BF16 operands, FP32 accumulation, BF16 output; on CUDA the weight gradient stays FP32.
 
     NOTE: CPUs have no BF16 matrix units worth the name (a BF16 ``F.linear`` is ~40x slower than
     FP32 there), so on CPU the BF16-rounded operands are widened to FP32 first: products of two BF16
     values are exact in FP32, so this is the same GEMM with FP32 accumulation, only faster.
     """
     if x.device.type == "cuda":
+        if torch.is_grad_enabled() and weight.requires_grad and gemm.mm_out_dtype_supported(x.device):
+            return _BF16LinearFn.apply(x, weight)
         return F.linear(x.to(torch.bfloat16), weight.to(torch.bfloat16))
     x16 = x.to(torch.bfloat16).float()
     w16 = weight.to(torch.bfloat16).float()
     return F.linear(x16, w16).to(torch.bfloat16)  # y: [..., N]
+
+
+class _BF16LinearFn(torch.autograd.Function):
+    """``F.linear`` in BF16 whose weight gradient comes out of the GEMM in FP32.
+
+    Why: autograd through ``weight.to(bf16)`` gets dW from a BF16 GEMM (rounded to BF16), then casts
+    it back to the FP32 master's dtype in a separate pass. Here the wgrad GEMM writes its FP32
+    accumulator as is (``torch.mm(..., out_dtype=float32)``): no rounding of the gradient, no cast
+    kernel (what Megatron's fused wgrad accumulation gives). Forward and dgrad are those of F.linear.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        x16, w16 = x.to(torch.bfloat16), weight.to(torch.bfloat16)  # x16: [..., K], w16: [N, K]
+        ctx.save_for_backward(x16, w16)
+        ctx.x_dtype = x.dtype
+        return F.linear(x16, w16)  # y: [..., N]
+
+    @staticmethod
+    def backward(ctx, dy):
+        x16, w16 = ctx.saved_tensors
+        dy2 = dy.reshape(-1, w16.shape[0]).to(torch.bfloat16)  # dy2: [M, N]
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = (dy2 @ w16).reshape(x16.shape).to(ctx.x_dtype)  # dx: [M, K]
+        if ctx.needs_input_grad[1]:
+            dw = gemm.mm_fp32_out(dy2.t(), x16.reshape(-1, x16.shape[-1]))  # dW: [N, K] FP32
+        return dx, dw
 
 
 # -- the three GEMMs -----------------------------------------------------------------------------
