@@ -6,6 +6,9 @@ FP32 masked cross-entropy, gradient clipping) and reports, per recipe:
 
     tokens/s      global tokens per second over the timed steps (after --warmup untimed steps)
     step ms       wall time per optimizer step
+    host ms       CPU time to issue one step (Python, autograd, launches) before waiting for its
+                  loss; well below "step ms": the GPU is the limit; close to it: the host is, or the
+                  launch queue filled up (``--cprofile`` tells which: time in launches vs Python)
     MFU           model.flops_per_token(seq) * tokens/s / (989e12 * GPUs). The FLOPs are the model's
                   training FLOPs: 6 per GEMM weight per token (every QuantLinear and the LM head),
                   causal attention QK^T and AV, and the SSD scan, forward + backward
@@ -25,6 +28,7 @@ Examples:
     python scripts/bench_pretrain.py --out bench_1gpu.json
     python scripts/bench_pretrain.py --config peer158m --out bench_peer.json
     python scripts/bench_pretrain.py --recipes bf16,nvfp4 --profile 3      # + GPU time by kernel group
+    python scripts/bench_pretrain.py --recipes fp8 --profile 2 --sources   # + which line launched what
     torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
         --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
 """
@@ -33,8 +37,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import json
 import math
+import pstats
 import sys
 import tempfile
 import time
@@ -77,6 +83,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--compare-to", type=Path, default=None, help="a JSON of this script: scaling and losses")
     p.add_argument(
         "--profile", type=int, default=0, help="then profile this many steps: GPU time by kernel group"
+    )
+    p.add_argument(
+        "--sources", action="store_true", help="with --profile: GPU time by the package line that launched it"
+    )
+    p.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        help="then run this many steps under cProfile: host time by function",
     )
     return p.parse_args()
 
@@ -122,19 +137,29 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
     opt = build_optimizer(model, OptimConfig(lr=args.lr))
     fwd = torch.compile(model) if args.compile else model
     train_model = D.wrap_model(fwd, dist)
-    n_steps = args.warmup + args.steps + args.profile
+    n_steps = args.warmup + args.steps + args.profile + args.cprofile
     tokens_per_step = cfg.train.batch_size * args.seq
     torch.cuda.reset_peak_memory_stats(device)
-    losses, t0, elapsed, profiler = [], None, None, None
+    losses, t0, elapsed, profiler, host_s, cprof, host_top = [], None, None, None, [], None, None
     for i, step_batches in enumerate(batches(args, dist, cfg, micro, accum, n_steps)):
+        if i == args.warmup + args.steps + args.profile and args.cprofile:
+            if profiler is not None:
+                profiler.__exit__(None, None, None)
+            cprof = cProfile.Profile()
+            cprof.enable()
         if i == args.warmup:
             torch.cuda.synchronize(device)
             t0 = time.perf_counter()
         if i == args.warmup + args.steps:  # the timed steps are over: profile the rest
             torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - t0
-            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        if i == args.warmup + args.steps and args.profile:
+            activities = [torch.profiler.ProfilerActivity.CUDA]
+            if args.sources:  # CPU ops with Python stacks, so kernels can be traced to their lines
+                activities.append(torch.profiler.ProfilerActivity.CPU)
+            profiler = torch.profiler.profile(activities=activities, with_stack=args.sources)
             profiler.__enter__()
+        t_issue = time.perf_counter()
         set_lr(opt, args.lr * min(1.0, (i + 1) / 10))
         n_tok = D.all_reduce_sum(
             torch.tensor(float(sum(int(m.sum()) for *_, m in step_batches)), device=device), dist
@@ -156,16 +181,25 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append((D.all_reduce_sum(loss_sum, dist) / n_tok).item())
+        loss_now = D.all_reduce_sum(loss_sum, dist) / n_tok
+        if args.warmup <= i < args.warmup + args.steps:
+            host_s.append(time.perf_counter() - t_issue)  # issued; .item() below waits for the GPU
+        losses.append(loss_now.item())
     torch.cuda.synchronize(device)
     if elapsed is None:
         elapsed = time.perf_counter() - t0
-    groups, top = None, None
+    if cprof is not None:
+        cprof.disable()
+        host_top = _host_top(cprof, args.cprofile)
+    groups, top, sources = None, None, None
     if profiler is not None:
-        profiler.__exit__(None, None, None)
-        events = profiler.key_averages()
+        if cprof is None:
+            profiler.__exit__(None, None, None)
+        events = [e for e in profiler.key_averages() if str(e.device_type).endswith("CUDA")]
         groups = step_profile.breakdown(events, args.profile)
         top = step_profile.top_kernels(events, args.profile)
+        if args.sources:
+            sources = step_profile.top_sources(profiler.events(), args.profile)
     tok_s = tokens_per_step * args.steps / elapsed
     peak = peak_flops(device)
     result = {
@@ -173,15 +207,29 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
         "precision": described,
         "tokens_per_s": tok_s,
         "step_ms": 1e3 * elapsed / args.steps,
+        "host_ms": 1e3 * sum(host_s) / max(1, len(host_s)),
         "mfu": mfu(model.flops_per_token(args.seq), tok_s, dist.world_size, peak),
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30,
         "losses": losses[: args.warmup + args.steps],
         "profile": None if groups is None else _profile_dict(groups),
         "top_kernels": top,
+        "top_sources": sources,
+        "host_top": host_top,
     }
     del model, opt, fwd, train_model
     torch.cuda.empty_cache()
     return result
+
+
+def _host_top(prof: cProfile.Profile, steps: int, n: int = 30) -> list[tuple[str, float, float, int]]:
+    """The ``n`` functions with the most own host time: (where, own ms per step, cumulative ms per
+    step, calls per step). Why: when "host ms" is close to "step ms", this says which Python to cut."""
+    stats = pstats.Stats(prof)
+    rows = []
+    for (path, line, name), (_, calls, own, cum, _) in stats.stats.items():
+        where = f"{path.split('site-packages/')[-1].split('src/')[-1]}:{line} {name}"
+        rows.append((where, 1e3 * own / steps, 1e3 * cum / steps, round(calls / steps)))
+    return sorted(rows, key=lambda r: -r[1])[:n]
 
 
 def _profile_dict(groups: dict[str, tuple[float, int]]) -> dict:
@@ -243,13 +291,15 @@ def report(args, cfg, dist, micro, accum, results, failures) -> None:
         f"data {args.data}, compile {args.compile}, {gpu} x {dist.world_size}"
     )
     base = next((r for r in results if r["recipe"] == "bf16"), None)
-    head = f"{'recipe':<16}{'tokens/s':>12}{'step ms':>10}{'MFU':>8}{'peak GiB':>10}{'vs bf16':>9}"
+    head = (
+        f"{'recipe':<16}{'tokens/s':>12}{'step ms':>10}{'host ms':>9}{'MFU':>8}{'peak GiB':>10}{'vs bf16':>9}"
+    )
     print(f"{head}  loss first->last")
     for r in results:
         ratio = f"{r['step_ms'] / base['step_ms']:.2f}x" if base else "-"
         mfu_s = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
         print(
-            f"{r['recipe']:<16}{r['tokens_per_s']:>12,.0f}{r['step_ms']:>10.1f}{mfu_s:>8}"
+            f"{r['recipe']:<16}{r['tokens_per_s']:>12,.0f}{r['step_ms']:>10.1f}{r['host_ms']:>9.1f}{mfu_s:>8}"
             f"{r['peak_mem_gib']:>10.1f}{ratio:>9}  {r['losses'][0]:.4f}->{r['losses'][-1]:.4f}"
         )
     for r in results:
@@ -260,6 +310,13 @@ def report(args, cfg, dist, micro, accum, results, failures) -> None:
             title = f"{r['recipe']} ({args.profile} steps)"
             print(step_profile.format_breakdown(title, groups, r["step_ms"]))
             print(step_profile.format_top(r["top_kernels"]))
+            if r.get("top_sources"):
+                print(step_profile.format_sources(r["top_sources"]))
+    for r in results:
+        if r.get("host_top"):
+            print(f"{r['recipe']}: host time by function (own ms per step, cumulative ms, calls per step)")
+            for where, own, cum, calls in r["host_top"]:
+                print(f"  {own:8.2f} {cum:9.2f} {calls:6d}  {where[:140]}")
     if args.config == "peer158m" and base is not None:
         x = base["tokens_per_s"] / PEER_TOKENS_PER_S
         print(f"bf16 vs the transformers NemotronH peer (126K tokens/s): {x:.2f}x (target >= 2x)")

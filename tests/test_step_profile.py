@@ -75,3 +75,30 @@ def test_top_kernels_ranks_by_device_time_per_step():
     assert rows[0][1:] == (step_profile.OTHER, pytest.approx(0.3), 20)
     text = step_profile.format_top(rows)
     assert "0.30 ms" in text and "copy_kernel" in text and "GEMM" in text
+
+
+def _event(name, parent=None, device_us=0.0, seq=-1, device="CPU"):
+    return types.SimpleNamespace(
+        name=name, cpu_parent=parent, self_device_time_total=device_us, sequence_nr=seq,
+        device_type=f"DeviceType.{device}",
+    )  # fmt: skip
+
+
+def test_top_sources_names_the_package_function_and_the_forward_of_a_backward_node():
+    """GPU time goes to the innermost package functions around the op; an op of autograd's backward
+    (no Python caller) is named by its node and the forward op with the same sequence number."""
+    loop = _event("inkling_fp4/train/loop.py(10): step")
+    linear = _event("inkling_fp4/precision/quant_linear.py(70): forward", loop)
+    cast = _event("aten::_to_copy", linear, seq=7)
+    copy_fwd = _event("aten::copy_", cast, device_us=300.0)
+    node = _event("autograd::engine::evaluate_function: ToCopyBackward0", seq=7)
+    copy_bwd = _event("aten::copy_", _event("aten::_to_copy", node), device_us=500.0)
+    kernel = _event("void copy_kernel", device_us=999.0, device="CUDA")  # device events are not ops
+    rows = step_profile.top_sources([loop, linear, cast, copy_fwd, node, copy_bwd, kernel], steps=2)
+    where = "precision/quant_linear.py(70): forward <- train/loop.py(10): step"
+    assert rows == [
+        ("aten::copy_", f"ToCopyBackward0 of {where}", 0.25, 0),
+        ("aten::copy_", where, 0.15, 0),
+    ]
+    text = step_profile.format_sources(rows)
+    assert "ToCopyBackward0 of precision/quant_linear.py(70)" in text and "0.25 ms" in text
