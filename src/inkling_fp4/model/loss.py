@@ -9,8 +9,9 @@ its gradient). Here the tokens go through the head in chunks of ``chunk_tokens``
     dlogits = (softmax(logits) - onehot(target)) * mask
 
 and, since the loss is a plain sum, its gradients are known right there: dh = dlogits W and
-dW += dlogits^T h. Only those (the size of h and of W) are kept for the backward, which scales them by
-the incoming gradient. Peak memory is one chunk of logits, and no logit is recomputed.
+dW += dlogits^T h (that GEMM writes FP32: no chunk of dW is rounded to BF16). Only those (the size of
+h and of W) are kept for the backward, which scales them by the incoming gradient. Peak memory is one
+chunk of logits, and no logit is recomputed.
 
 The math is the trainer's ``masked_cross_entropy`` over ``lm_head(hidden)``: FP32 cross-entropy summed
 (not averaged) over the positions where ``loss_mask`` is true; the GEMMs run in the autocast dtype when
@@ -25,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from inkling_fp4.model.compiled import cuda_compiled
+from inkling_fp4.precision.gemm import mm_fp32_out
 
 DEFAULT_CHUNK_TOKENS = 4096
 
@@ -68,7 +70,7 @@ class _ChunkedCE(torch.autograd.Function):
                 if need_grad:
                     dlogits = dlogits.to(gemm_dtype)
                     dh[i : i + chunk_tokens] = dlogits @ W  # [m, V] @ [V, D] -> [m, D]
-                    dW += (dlogits.t() @ h).float()  # [V, m] @ [m, D] -> [V, D]
+                    dW += mm_fp32_out(dlogits.t(), h)  # [V, m] @ [m, D] -> [V, D], FP32 out
         ctx.save_for_backward(dh, dW)
         ctx.weight_dtype = weight.dtype
         return total
