@@ -79,6 +79,67 @@ def _fp8_bytes(
     return (byte | sign).to(tl.uint8)
 
 
+CHUNK = tl.constexpr(32)
+"""Columns per step of :func:`_blocks_with_cols`."""
+
+
+@triton.jit
+def _magnitude(x):
+    """|x| with NaN as Inf, so that a NaN makes its block's amax (and scale_inv) Inf."""
+    magnitude = tl.abs(x)
+    return tl.where(magnitude == magnitude, magnitude, float("inf"))
+
+
+@triton.jit
+def _blocks_with_cols(
+    x_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, NP, stride_xm, rows,
+    BLOCK_M: tl.constexpr, ROWS: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+    FP8_MAX: tl.constexpr, SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr,
+):  # fmt: skip
+    """1x128 blocks along the tokens (xᵀ, written transposed), and along the rows too if ``ROWS``,
+    for the tile x[rows (BLOCK_M = 128), 128 columns], CHUNK columns at a time.
+
+    Why chunks: the whole [128, 128] FP32 tile with the byte arithmetic's temporaries needs more
+    registers than a thread has at any warp count (ptxas for sm_90: 255 registers and 724 bytes of
+    spills at 8 warps, 320 bytes at 16), so the tile went through local memory. A column block needs
+    only its own chunk (all 128 tokens of it); a row block needs its whole row first, so a first
+    sweep quantizes the columns and takes the row amaxes, and a second re-reads the chunks (from L2)
+    to quantize the rows. max is exact, so the scales and codes are those of the one-shot tile.
+    """
+    row_amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+    in_rows = rows < M
+    for c0 in tl.static_range(0, 128, CHUNK):
+        cols = tl.program_id(1) * 128 + c0 + tl.arange(0, CHUNK)
+        x = tl.load(
+            x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :],
+            mask=in_rows[:, None] & (cols < N)[None, :], other=0.0,
+        ).to(tl.float32)  # x: [BLOCK_M, CHUNK]; columns N..NP-1 read as 0  # fmt: skip
+        magnitude = _magnitude(x)
+        if ROWS:
+            row_amax = tl.maximum(row_amax, tl.max(magnitude, axis=1))
+        scale, scale_inv = _scales(tl.max(magnitude, axis=0), FP8_MAX)  # [CHUNK], one per column
+        q = _fp8_bytes(tl.trans(x), scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
+        t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]  # q: [CHUNK, BLOCK_M]
+        tl.store(t_ptrs, q, mask=(cols < NP)[:, None] & in_rows[None, :])
+        # scale_inv of data_t [NP, M/128], outer-dim major: element (c, b) at b·NP + c
+        tl.store(scale_t_ptr + tl.program_id(0) * NP + cols, scale_inv, mask=cols < NP)
+    if ROWS:
+        scale, scale_inv = _scales(row_amax, FP8_MAX)  # [BLOCK_M]
+        # scale_inv [M, NP/128], outer-dim major: element (r, b) at b·M + r
+        tl.store(scale_ptr + tl.program_id(1) * M + rows, scale_inv, mask=in_rows)
+        for c0 in tl.static_range(0, 128, CHUNK):
+            cols = tl.program_id(1) * 128 + c0 + tl.arange(0, CHUNK)
+            x = tl.load(
+                x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :],
+                mask=in_rows[:, None] & (cols < N)[None, :], other=0.0,
+            ).to(tl.float32)  # fmt: skip
+            q = _fp8_bytes(x, scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
+            tl.store(
+                data_ptr + rows.to(tl.int64)[:, None] * NP + cols[None, :], q,
+                mask=in_rows[:, None] & (cols < NP)[None, :],
+            )  # fmt: skip
+
+
 _WARPS = (8,) if os.environ.get("TRITON_INTERPRET") == "1" else (8, 4, 16)
 
 
@@ -93,46 +154,42 @@ def _quantize_fp8_kernel(
     SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * 128 + tl.arange(0, 128)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    # x: [BLOCK_M, 128]; columns N..NP-1 (the zero padding) load as 0 and are stored as 0 codes
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
-    out_mask = (rows < M)[:, None] & (cols < NP)[None, :]
-    x = x.to(tl.float32)
-    magnitude = tl.abs(x)
-    magnitude = tl.where(magnitude == magnitude, magnitude, float("inf"))  # NaN -> Inf amax
-    if MODE == 0:
-        scale, scale_inv = _scales(tl.load(amax_ptr), FP8_MAX)
-        if ROWS:
+    if MODE == 1 and COLS:  # the wgrad operands (and their fprop / dgrad partners): in column chunks
+        _blocks_with_cols(
+            x_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, NP, stride_xm, rows,
+            BLOCK_M, ROWS, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL,
+        )  # fmt: skip
+    else:
+        cols = tl.program_id(1) * 128 + tl.arange(0, 128)
+        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        # x: [BLOCK_M, 128]; columns N..NP-1 (the zero padding) load as 0 and are stored as 0 codes
+        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+        out_mask = (rows < M)[:, None] & (cols < NP)[None, :]
+        x = x.to(tl.float32)
+        magnitude = _magnitude(x)
+        if MODE == 0:
+            scale, scale_inv = _scales(tl.load(amax_ptr), FP8_MAX)
+            if ROWS:
+                q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
+                tl.store(data_ptr + rows.to(tl.int64)[:, None] * NP + cols[None, :], q, mask=out_mask)
+            if COLS:  # q: [128, BLOCK_M]
+                q = _fp8_bytes(tl.trans(x), scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
+                t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
+                tl.store(t_ptrs, q, mask=tl.trans(out_mask))
+            if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+                tl.store(scale_ptr, scale_inv)
+        elif MODE == 1:
+            if ROWS:
+                scale, scale_inv = _scales(tl.max(magnitude, axis=1), FP8_MAX)  # [BLOCK_M]
+                q = _fp8_bytes(x, scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
+                tl.store(data_ptr + rows.to(tl.int64)[:, None] * NP + cols[None, :], q, mask=out_mask)
+                # scale_inv [M, N/128], outer-dim major: element (r, b) at b·M + r
+                tl.store(scale_ptr + tl.program_id(1) * M + rows, scale_inv, mask=rows < M)
+        else:
+            scale, scale_inv = _scales(tl.max(tl.max(magnitude, axis=1), axis=0), FP8_MAX)
             q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
             tl.store(data_ptr + rows.to(tl.int64)[:, None] * NP + cols[None, :], q, mask=out_mask)
-        if COLS:
-            q = _fp8_bytes(tl.trans(x), scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)  # [128, BLOCK_M]
-            t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
-            tl.store(t_ptrs, q, mask=tl.trans(out_mask))
-        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-            tl.store(scale_ptr, scale_inv)
-    elif MODE == 1:
-        if ROWS:
-            scale, scale_inv = _scales(tl.max(magnitude, axis=1), FP8_MAX)  # [BLOCK_M]
-            q = _fp8_bytes(x, scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
-            tl.store(data_ptr + rows.to(tl.int64)[:, None] * NP + cols[None, :], q, mask=out_mask)
-            # scale_inv [M, N/128], outer-dim major: element (r, b) at b·M + r
-            tl.store(scale_ptr + tl.program_id(1) * M + rows, scale_inv, mask=rows < M)
-        if COLS:
-            scale, scale_inv = _scales(tl.max(magnitude, axis=0), FP8_MAX)  # [128], one per column
-            q = _fp8_bytes(
-                tl.trans(x), scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL
-            )  # [128, BLOCK_M]
-            t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
-            tl.store(t_ptrs, q, mask=tl.trans(out_mask))
-            # scale_inv of data_t [NP, M/128], outer-dim major: element (c, b) at b·NP + c
-            tl.store(scale_t_ptr + tl.program_id(0) * NP + cols, scale_inv, mask=cols < NP)
-    else:
-        scale, scale_inv = _scales(tl.max(tl.max(magnitude, axis=1), axis=0), FP8_MAX)
-        q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
-        tl.store(data_ptr + rows.to(tl.int64)[:, None] * NP + cols[None, :], q, mask=out_mask)
-        tl.store(scale_ptr + tl.program_id(0) * tl.cdiv(N, 128) + tl.program_id(1), scale_inv)
+            tl.store(scale_ptr + tl.program_id(0) * tl.cdiv(N, 128) + tl.program_id(1), scale_inv)
 
 
 def quantize_fp8(
