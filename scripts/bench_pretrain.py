@@ -141,10 +141,10 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
     tokens_per_step = cfg.train.batch_size * args.seq
     torch.cuda.reset_peak_memory_stats(device)
     losses, t0, elapsed, profiler, host_s, cprof, host_top = [], None, None, None, [], None, None
+    profiling = contextlib.ExitStack()  # holds the torch profiler while it records
     for i, step_batches in enumerate(batches(args, dist, cfg, micro, accum, n_steps)):
         if i == args.warmup + args.steps + args.profile and args.cprofile:
-            if profiler is not None:
-                profiler.__exit__(None, None, None)
+            profiling.close()  # the torch profile is over (if any): its overhead stays out of cProfile's
             cprof = cProfile.Profile()
             cprof.enable()
         if i == args.warmup:
@@ -153,12 +153,13 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
         if i == args.warmup + args.steps:  # the timed steps are over: profile the rest
             torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - t0
-        if i == args.warmup + args.steps and args.profile:
-            activities = [torch.profiler.ProfilerActivity.CUDA]
-            if args.sources:  # CPU ops with Python stacks, so kernels can be traced to their lines
-                activities.append(torch.profiler.ProfilerActivity.CPU)
-            profiler = torch.profiler.profile(activities=activities, with_stack=args.sources)
-            profiler.__enter__()
+            if args.profile:
+                activities = [torch.profiler.ProfilerActivity.CUDA]
+                if args.sources:  # CPU ops with Python stacks, so kernels can be traced to their lines
+                    activities.append(torch.profiler.ProfilerActivity.CPU)
+                profiler = profiling.enter_context(
+                    torch.profiler.profile(activities=activities, with_stack=args.sources)
+                )
         t_issue = time.perf_counter()
         set_lr(opt, args.lr * min(1.0, (i + 1) / 10))
         n_tok = D.all_reduce_sum(
@@ -192,9 +193,8 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
         cprof.disable()
         host_top = _host_top(cprof, args.cprofile)
     groups, top, sources = None, None, None
+    profiling.close()
     if profiler is not None:
-        if cprof is None:
-            profiler.__exit__(None, None, None)
         events = [e for e in profiler.key_averages() if str(e.device_type).endswith("CUDA")]
         groups = step_profile.breakdown(events, args.profile)
         top = step_profile.top_kernels(events, args.profile)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from inkling_fp4.model.compiled import cuda_compiled
+from inkling_fp4.model.norm import output_dtype
 from inkling_fp4.precision.gemm import mm_fp32_out
 
 DEFAULT_CHUNK_TOKENS = 4096
@@ -43,11 +44,6 @@ def _ce_and_grad(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
     onehot = torch.arange(logits.shape[1], device=logits.device)[None, :] == targets[:, None]
     dlogits = (p - onehot.float()) * mask[:, None]
     return total, dlogits
-
-
-def _gemm_dtype(weight: torch.Tensor) -> torch.dtype:
-    dev = weight.device.type
-    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
 
 
 class _ChunkedCE(torch.autograd.Function):
@@ -108,4 +104,5 @@ def chunked_cross_entropy(
     else:
         mask = loss_mask.reshape(-1).to(torch.float32)
         targets = torch.where(loss_mask.reshape(-1).bool(), targets, 0)
-    return _ChunkedCE.apply(hidden, lm_head_weight, targets, mask, chunk_tokens, _gemm_dtype(lm_head_weight))
+    gemm_dtype = output_dtype(lm_head_weight.dtype, lm_head_weight.device)  # autocast's, as nn.Linear
+    return _ChunkedCE.apply(hidden, lm_head_weight, targets, mask, chunk_tokens, gemm_dtype)

@@ -28,8 +28,9 @@ def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
 
 
 def output_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The dtype a norm writes for a result computed in ``dtype`` on ``device``: the autocast dtype
-    of that device when autocast is on there and narrower, else ``dtype`` itself."""
+    """The dtype a norm writes (or a GEMM input takes) for a result computed in ``dtype`` on
+    ``device``: the autocast dtype of that device when autocast is on there and narrower, else
+    ``dtype`` itself."""
     if dtype.is_floating_point and torch.is_autocast_enabled(device.type):
         narrow = torch.get_autocast_dtype(device.type)
         if torch.finfo(narrow).bits < torch.finfo(dtype).bits:
