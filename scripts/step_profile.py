@@ -31,6 +31,10 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("_chunk_cumsum", "_chunk_scan", "_chunk_states", "_scan_grads", "_state_grads"),
     ),
     ("conv (Triton)", ("_conv_silu", "_conv_pre")),
+    (
+        "glue (our Triton)",
+        ("_norm_fwd", "_norm_bwd", "_gated_fwd", "_gated_bwd", "_squared_relu", "_dt_softplus"),
+    ),
     ("fused glue (torch.compile)", ("triton_poi", "triton_red", "triton_per")),
     ("attention", ("flash", "fmha", "attention")),
     ("GEMM (cuBLAS / CUTLASS)", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "sm90_", "sm80_")),

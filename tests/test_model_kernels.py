@@ -1,4 +1,4 @@
-"""The model's fast paths against their references: the Triton conv, the compiled glue, the chunked loss.
+"""The model's fast paths against their references: the Triton conv, the fast glue, the chunked loss.
 
 - Triton causal conv + SiLU (``test_interp_*``): values and gradients (x, weight, bias) against
   ``conv_silu`` in FP32, on a strided view of a wider tensor, with and without document resets. Run
@@ -6,7 +6,9 @@
 - Chunked LM head + cross-entropy: value and gradients against ``F.cross_entropy`` of full logits, with a
   loss mask, chunk sizes that do not divide the token count, and through ``HybridLM.loss``.
 - Glue functions: on CPU they are their plain references (no compilation) and equal the formulas; on
-  the GPU (``@pytest.mark.gpu``) the compiled forms equal the references, values and gradients.
+  the GPU (``@pytest.mark.gpu``) the fast forms (Triton kernels for five of them, ``torch.compile`` for
+  gated_rms_norm) equal the references, values and gradients. The kernels' own tests, with tight
+  tolerances, are in test_glue_kernels.py.
 """
 
 from __future__ import annotations
@@ -195,7 +197,7 @@ def _add_rms_norm_stacked(x, y, w, eps):
 
 @pytest.mark.gpu
 @on_gpu
-def test_gpu_compiled_glue_matches_reference():
+def test_gpu_fast_glue_matches_reference():
     _seed()
     dev, bf = "cuda", torch.bfloat16
     y = torch.randn(4, 256, 8, 64, device=dev, dtype=bf)

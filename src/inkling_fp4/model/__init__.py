@@ -10,6 +10,8 @@ ssd_triton.py  the Triton SSD kernel (ssd_kernels/ holds its pieces)
 attention.py   grouped-query causal attention without positional embedding
 mlp.py         squared-ReLU MLP
 norm.py        RMSNorm and the grouped, gated RMSNorm of Mamba-2
+compiled.py    how the glue functions run on CUDA: a Triton kernel (glue_kernels/) or torch.compile
+loss.py        the chunked LM head + cross-entropy (no full logits)
 packing.py     document boundaries of packed batches (segment ids, attention mask)
 cache.py       the inference cache (KV, conv window, SSM state, per-sequence lengths)
 flops.py       training FLOPs per token, for MFU

@@ -1,37 +1,56 @@
-"""The model's elementwise glue (norms, gates, squared ReLU, dt) fused by ``torch.compile`` on CUDA.
+"""The fast CUDA forms of the model's elementwise glue: hand-written Triton kernels for the five
+functions called in every block, ``torch.compile`` for the rest.
 
-Why: around its GEMMs and the scan, a layer runs chains of small elementwise ops (a gated group norm is
-some ten of them, forward and backward), each one a full pass over a [B, L, width] tensor. On the GPU
-those passes, not FLOPs, are the cost: in eager mode they doubled a Mamba-2 layer's time. Compiling
-each glue function fuses its chain into one kernel per direction with the same math.
+Why fuse at all: around its GEMMs and the scan, a layer runs chains of small elementwise ops (a gated
+group norm is some ten of them, forward and backward), each one a full pass over a [B, L, width]
+tensor. On the GPU those passes, not FLOPs, are the cost: in eager mode they doubled a Mamba-2 layer's
+time. A fused form runs each chain as one kernel per direction with the same math.
+
+Why Triton kernels for rms_norm, add_rms_norm, skip_gated_rms_norm, squared_relu and dt_softplus: they
+run in every block, some ninety calls per training step forward plus as many backward, and a
+``torch.compile``'d call costs 0.3-0.4 ms of host time (guards, the AOT-autograd runtime wrappers,
+inductor's Python launchers). Small models' steps wait on the host, not the GPU, so that overhead
+adds straight to the step time. One autograd Function around one Triton launch per direction costs
+a fraction of it (:mod:`inkling_fp4.model.glue_kernels`). The rest (the loss's per-chunk softmax, a
+few calls per step; gated_rms_norm, which the mixer's fused skip path replaces) stay compiled: there
+the host time is small and compiling is cheaper to maintain than a kernel.
 
 One definition of the math: each glue function is written once in plain PyTorch (the reference, what
-runs on CPU and in the tests) and :func:`cuda_compiled` wraps it, so the compiled form runs only on
-CUDA tensors. CPU runs never pay for compilation. Inside a model that is itself being compiled the
-plain function is traced into the enclosing graph instead. :func:`reference_glue` switches the
-compiled forms off (the benchmark's and the tests' fast-versus-reference checks).
+runs on CPU and in the tests) and a decorator picks its fast form on CUDA tensors only:
+:func:`cuda_kernel` names the Triton function, imported on first use (triton is optional and CPU runs
+never import it), and :func:`cuda_compiled` compiles the reference itself. CPU runs never pay for
+either. Inside a model that is itself being compiled, the plain function is traced into the
+enclosing graph instead. :func:`reference_glue` switches the fast forms off (the benchmark's and the
+tests' fast-versus-reference checks); ``fn.reference`` is the plain function of a decorated ``fn``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 from collections.abc import Callable, Iterator
 
 import torch
 
 _ENABLED = [True]
+_KERNEL_PACKAGE = "inkling_fp4.model.glue_kernels"
 
 
 @contextlib.contextmanager
 def reference_glue() -> Iterator[None]:
-    """Within this context every :func:`cuda_compiled` function runs its plain PyTorch form."""
+    """Within this context every :func:`cuda_compiled` and :func:`cuda_kernel` function runs its
+    plain PyTorch form."""
     previous = _ENABLED[0]
     _ENABLED[0] = False
     try:
         yield
     finally:
         _ENABLED[0] = previous
+
+
+def _use_fast_form(first: torch.Tensor) -> bool:
+    return _ENABLED[0] and first.is_cuda and not torch.compiler.is_compiling()
 
 
 def cuda_compiled(fn: Callable) -> Callable:
@@ -42,7 +61,7 @@ def cuda_compiled(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def dispatch(*args):
         nonlocal compiled
-        if not (_ENABLED[0] and args[0].is_cuda) or torch.compiler.is_compiling():
+        if not _use_fast_form(args[0]):
             return fn(*args)
         if compiled is None:
             compiled = torch.compile(fn)
@@ -50,3 +69,31 @@ def cuda_compiled(fn: Callable) -> Callable:
 
     dispatch.reference = fn
     return dispatch
+
+
+def cuda_kernel(name: str) -> Callable[[Callable], Callable]:
+    """Decorate a reference function so that, on CUDA tensors (judged by the first argument), it runs
+    the Triton function ``name`` = "module.function" of :mod:`inkling_fp4.model.glue_kernels` with the
+    same arguments; that module is imported on first use. The kernel function must take the
+    reference's arguments and return what it returns."""
+    module_name, _, function_name = name.rpartition(".")
+    if not module_name:
+        raise ValueError(f"cuda_kernel takes 'module.function', got {name!r}")
+
+    def decorate(fn: Callable) -> Callable:
+        kernel = None
+
+        @functools.wraps(fn)
+        def dispatch(*args):
+            nonlocal kernel
+            if not _use_fast_form(args[0]):
+                return fn(*args)
+            if kernel is None:
+                module = importlib.import_module(f"{_KERNEL_PACKAGE}.{module_name}")
+                kernel = getattr(module, function_name)
+            return kernel(*args)
+
+        dispatch.reference = fn
+        return dispatch
+
+    return decorate

@@ -23,8 +23,8 @@ every head towards the same decay rate.
 
 Fast paths on CUDA, each beside its reference: the conv + SiLU is a Triton kernel
 (:mod:`~inkling_fp4.model.conv_triton`) that reads x||B||C as a strided view of in_proj's output; the dt
-path, and the D skip with the gated norm, are fused by ``torch.compile``
-(:mod:`~inkling_fp4.model.compiled`); x, B and C reach the scan as views of the conv output, no copies.
+path, and the D skip with the gated norm, are one Triton kernel each per direction
+(:mod:`~inkling_fp4.model.glue_kernels`); x, B and C reach the scan as views of the conv output, no copies.
 
 Packed documents: at a document boundary both states restart. The SSD handles its state itself
 (``doc_ids``); the conv zeroes each tap that would reach back into a previous document (see
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inkling_fp4.model.cache import InferenceCache, MambaState
-from inkling_fp4.model.compiled import cuda_compiled
+from inkling_fp4.model.compiled import cuda_kernel
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.conv import conv_silu, fused_conv_silu
 from inkling_fp4.model.norm import GatedRMSNorm, at_least_fp32, output_dtype, skip_gated_rms_norm
@@ -52,7 +52,7 @@ from inkling_fp4.model.ssd import ssd, ssd_step
 from inkling_fp4.precision.quant_linear import QuantLinear
 
 
-@cuda_compiled
+@cuda_kernel("pointwise_kernels.dt_softplus")
 def dt_softplus(dt_raw: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
     """dt_raw: [..., H] (any dtype, a strided view is fine); dt_bias: [H] -> softplus(dt_raw + dt_bias)
     in FP32 (or wider)."""

@@ -12,14 +12,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inkling_fp4.model.compiled import cuda_compiled
+from inkling_fp4.model.compiled import cuda_kernel
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.precision.quant_linear import QuantLinear
 
 
-@cuda_compiled
+@cuda_kernel("pointwise_kernels.squared_relu")
 def squared_relu(h: torch.Tensor) -> torch.Tensor:
-    """relu(h)^2 elementwise, in h's dtype (one fused kernel per direction on CUDA).
+    """relu(h)^2 elementwise, in h's dtype (one Triton kernel per direction on CUDA).
 
     NOTE written as a product, not ``square()``: autocast runs ``pow`` (what square becomes) in FP32,
     which made this [tokens, ffn] activation, and its gradient, FP32 tensors that the next GEMM then

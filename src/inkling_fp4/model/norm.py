@@ -7,8 +7,11 @@ rounded to BF16 (or quantized) anyway, so writing it in BF16 saves a cast pass f
 and halves what the quantizers read. Without autocast (CPU, tests) they return the input's dtype.
 Norm gains are 1-D, so the optimizer gives them no weight decay.
 
-On CUDA both run as one fused kernel per direction (:mod:`inkling_fp4.model.compiled`); the
-gated norm also takes the Mamba-2 D skip (``y + D x``), so the FP32 sum never makes its own pass.
+On CUDA each runs as one fused kernel per direction (:mod:`inkling_fp4.model.compiled`): rms_norm,
+add_rms_norm and skip_gated_rms_norm as hand-written Triton kernels
+(:mod:`inkling_fp4.model.glue_kernels`), gated_rms_norm through ``torch.compile``. The functions here
+are the references those are tested against. The Mamba-2 output norm also takes the D skip
+(``y + D x``), so the FP32 sum never makes its own pass.
 
 Shape letters: D normalised width, G groups, H heads, P head dim.
 """
@@ -19,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inkling_fp4.model.compiled import cuda_compiled
+from inkling_fp4.model.compiled import cuda_compiled, cuda_kernel
 
 
 def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -42,18 +45,18 @@ def _rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-@cuda_compiled
+@cuda_kernel("norm_kernels.rms_norm")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None):
     """x: [..., D] -> x / rms(x) * weight in ``out_dtype`` (default x's), normalised in FP32 (or wider)."""
     return (_rms_normalize(at_least_fp32(x), eps) * weight).to(out_dtype or x.dtype)
 
 
-@cuda_compiled
+@cuda_kernel("norm_kernels.add_rms_norm")
 def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype):
     """The pre-norm residual step: h = x + y (x's promoted dtype, FP32 for the FP32 residual stream)
-    and rms_norm(h) in ``out_dtype``, as one fused kernel per direction on CUDA: h is written once
+    and rms_norm(h) in ``out_dtype``, as one Triton kernel per direction on CUDA: h is written once
     and never read back for the norm, and the backward adds the two gradients of h in the norm's
-    kernel instead of a pass of its own. x, y: [..., D] -> (h, norm(h))."""
+    kernel instead of a pass of its own. x, y: [..., D] (one shape) -> (h, norm(h))."""
     h = x + y
     return h, rms_norm.reference(h, weight, eps, out_dtype)
 
@@ -66,7 +69,7 @@ def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, n_gro
     return (h * weight).to(y.dtype)
 
 
-@cuda_compiled
+@cuda_kernel("gated_norm_kernels.skip_gated_rms_norm")
 def skip_gated_rms_norm(
     y: torch.Tensor,
     x: torch.Tensor,

@@ -1,0 +1,166 @@
+"""What every glue kernel shares: the numerics contract, FP32 helpers that behave the same on the GPU
+and under the interpreter, the tile choice and the launch plumbing.
+
+Numerics. All math in FP32 whatever the input dtypes (BF16, FP16 or FP32; FP64 is refused), each
+output rounded once to its dtype, to nearest even. Forward kernels compile without FMA contraction
+(``enable_fp_fusion=False``), so ``x + y`` and ``y + x D`` round like the eager reference's separate
+ops: whatever the reference computes elementwise before a reduction is bit-exact. What is not: a
+norm's sum over its width runs in another order (last FP32 bits of its r, hence at most one BF16 ulp
+where an output sits at a rounding midpoint), and transcendental functions are libm-dependent in
+their last bit. On the GPU rsqrt, exp and log1p are libdevice's, the functions inductor emits for the
+compiled references. Backward kernels also run in FP32 and round each gradient once (the reference
+rounds some intermediates, e.g. the BF16 h of an all-BF16 add), so gradients agree closely, not
+bitwise; they may contract multiply-adds.
+
+Parameter gradients (norm weights, D, dt_bias) are summed per program over a fixed chunk of rows into
+an FP32 buffer [programs, width] that PyTorch then reduces: deterministic, no atomics, and the
+summation order does not depend on the launch configuration's timing.
+
+Strides: rows are the flattened leading dims, read with a row stride; only the last dim must be
+contiguous, so the model's views cost no copy (dt_raw, a column slice of in_proj's output; the gated
+norm's x [.., H, P] and z, views of the conv and in_proj outputs; y, the scan's output). A tensor
+whose leading dims do not collapse to one stride is copied (``reshape``).
+
+Under ``TRITON_INTERPRET=1`` (the CPU tests) the interpreter runs the kernels as numpy: it lacks
+libdevice, and its FP32 <-> BF16 casts truncate and mangle subnormals. The helpers below substitute
+numpy math (log1p in FP64) and convert BF16 through its bits, rounding to nearest even, so the
+interpreter reads and stores the same BF16 values as the GPU.
+
+Tiles: a program covers a [BLOCK_R, BLOCK_W] tile of rows by (a power of two covering) the whole
+normalised width, so a row's reduction never leaves the program. The sizes below were chosen on an
+H200 (sm_90) for register pressure and occupancy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
+
+CHUNK_ROWS = 64  # rows per backward program: one row of the parameter-gradient partial sums
+TILE_FWD = 4096  # elements of a forward program's [BLOCK_R, BLOCK_W] tile (BLOCK_R = TILE // BLOCK_W)
+TILE_BWD = 1024  # the backward's: it holds more tensors live per element
+PER_THREAD = 4  # tile elements per thread: at 8 the gated backward took 217-243 registers (sm_90)
+
+TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+if INTERPRET:
+    # Plain functions, not @triton.jit: the interpreter re-patches triton.language per jit call.
+    # NOTE the interpreter's FP32 <-> BF16 casts truncate and mangle subnormals, so BF16 is converted
+    # here through its bits: a BF16 number is the top half of the FP32 number with the same value.
+
+    def to_f32(v):
+        """v in FP32 (exact)."""
+        if v.dtype != tl.bfloat16:
+            return v.to(tl.float32)
+        return (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+    def load_f32(ptrs, mask):
+        """tl.load(ptrs, mask, other=0) in FP32."""
+        return to_f32(tl.load(ptrs, mask=mask, other=0.0))
+
+    def round_to(v, DTYPE):
+        """FP32 v rounded to DTYPE, to nearest even (for BF16: add half an ulp minus one plus the parity
+        bit, keep the top half; a NaN stays a NaN)."""
+        if DTYPE != tl.bfloat16:
+            return v.to(DTYPE)
+        bits = v.to(tl.uint32, bitcast=True)
+        top = tl.where(v != v, (bits >> 16) | 0x40, (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
+        return top.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+    def rsqrt(v):
+        return 1.0 / tl.sqrt(v)
+
+    def exp(v):
+        return tl.exp(v)
+
+    def log1p(v):
+        """log(1 + v) for FP32 v >= 0: Goldberg's log(w) v / (w - 1), w = 1 + v, in FP64."""
+        v64 = v.to(tl.float64)
+        w = 1.0 + v64
+        ratio = v64 / tl.where(w == 1.0, 1.0, w - 1.0)
+        return tl.where(w == 1.0, v64, tl.log(w) * ratio).to(tl.float32)
+
+else:
+    from triton.language.extra import libdevice
+
+    @triton.jit
+    def to_f32(v):
+        return v.to(tl.float32)
+
+    @triton.jit
+    def load_f32(ptrs, mask):
+        return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def round_to(v, DTYPE: tl.constexpr):
+        return v.to(DTYPE)  # round to nearest even
+
+    @triton.jit
+    def rsqrt(v):
+        return libdevice.rsqrt(v)
+
+    @triton.jit
+    def exp(v):
+        return libdevice.exp(v)
+
+    @triton.jit
+    def log1p(v):
+        return libdevice.log1p(v)
+
+
+def check_inputs(*tensors: torch.Tensor) -> None:
+    """Refuse dtypes the kernels do not take, and non-CUDA tensors outside the interpreter."""
+    for t in tensors:
+        if t.dtype not in TL_DTYPES:
+            raise ValueError(
+                f"the Triton glue kernels take float32, bfloat16 or float16 tensors, not {t.dtype}"
+            )
+    if not (tensors[0].is_cuda or INTERPRET):
+        raise ValueError(
+            f"the Triton glue kernels need CUDA tensors (got {tensors[0].device}); on CPU use the references"
+        )
+
+
+def on_device(t: torch.Tensor):
+    """The context that launches on t's GPU (nothing under the interpreter)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def as_rows(t: torch.Tensor, width: int) -> torch.Tensor:
+    """t [..., width] as [R, width] with unit column stride: a view when the leading dims collapse."""
+    t = t.reshape(-1, width)
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.cache
+def _tile(width: int, elems: int, per_thread: int) -> tuple[int, int, int]:
+    """(BLOCK_W, BLOCK_R, num_warps) of a [BLOCK_R, BLOCK_W] tile of about ``elems`` elements, at
+    about ``per_thread`` elements per thread (4 to 16 warps).
+
+    NOTE plain Python on purpose, and cached: ``triton.next_power_of_2`` and ``triton.cdiv`` are jit
+    functions in triton 3.9, a few microseconds of host time per call from Python."""
+    block_w = 1 << (width - 1).bit_length()
+    block_r = max(1, elems // block_w)
+    return block_w, block_r, max(4, min(16, block_r * block_w // (32 * per_thread)))
+
+
+def forward_tile(width: int) -> tuple[int, int, int]:
+    """(BLOCK_W, BLOCK_R, num_warps) of a forward program over rows of ``width`` elements."""
+    return _tile(width, TILE_FWD, PER_THREAD)
+
+
+def backward_tile(width: int) -> tuple[int, int, int, int]:
+    """(BLOCK_W, BLOCK_R, num_warps, CHUNK) of a backward program that walks CHUNK rows (a multiple of
+    BLOCK_R) tile by tile, summing its parameter gradients."""
+    block_w, block_r, warps = _tile(width, TILE_BWD, PER_THREAD)
+    return block_w, block_r, warps, max(CHUNK_ROWS, block_r)

@@ -1,0 +1,184 @@
+"""Mamba-2's output, the D skip and the gated group RMS norm, as Triton kernels behind an autograd
+Function. The math of :func:`inkling_fp4.model.norm.skip_gated_rms_norm`, per row and group of
+GW = E/G channels (channel c = h P + p):
+
+    s  = y + x D_h          (rounded like the reference: x D_h, then the sum, each to the skip dtype)
+    u  = s silu(z),   r = (mean_GW u^2 + eps)^-1/2,   u^ = u r,   out = u^ w
+    backward, g = dout w:
+    du = r (g - u^ mean_GW(g u^));   ds = du silu(z);   dz = du s silu'(z)
+    dy = ds;   dx = ds D_h;   dD_h = sum_{rows, p} ds x;   dw = sum_rows dout u^
+
+with silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z))). Neither s nor u is saved: the backward recomputes
+them from y, x, z (three reads it makes anyway for the gradients), so the forward saves only r [R, G].
+One program handles one group of BLOCK_R rows, so a group's statistics never leave it. Numerics:
+:mod:`.common`.
+
+Shape letters: R rows (the flattened leading dims), E d_inner (= H P), G groups, GW = E/G, H heads,
+P head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inkling_fp4.model.glue_kernels.common import (
+    TL_DTYPES,
+    as_rows,
+    backward_tile,
+    cdiv,
+    check_inputs,
+    forward_tile,
+    load_f32,
+    on_device,
+    round_to,
+    rsqrt,
+    to_f32,
+)
+from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
+
+
+def _skip_gate_math(
+    y_ptr, x_ptr, D_ptr, z_ptr, rows, cols, col_ok, mask, sy, sx, sz, P: tl.constexpr, S_DTYPE: tl.constexpr
+):
+    """s = y + x D_h (rounded to the skip sum's dtype, op by op as the reference), z, x and D_h in FP32."""
+    y = load_f32(y_ptr + rows[:, None] * sy + cols[None, :], mask)
+    x = load_f32(x_ptr + rows[:, None] * sx + cols[None, :], mask)
+    d = load_f32(D_ptr + cols // P, col_ok)  # D_h of channel h P + p
+    s = to_f32(round_to(y + to_f32(round_to(x * d[None, :], S_DTYPE)), S_DTYPE))
+    z = load_f32(z_ptr + rows[:, None] * sz + cols[None, :], mask)
+    return s, z, x, d
+
+
+# a plain function under the interpreter, which re-patches triton.language on every jit call
+_skip_gate = _skip_gate_math if INTERPRET else triton.jit(_skip_gate_math)
+
+
+@triton.jit
+def _gated_fwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, out_ptr, rstd_ptr, R, E, GW, sy, sx, sz, eps,
+               P: tl.constexpr, S_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr,
+               BLOCK_C: tl.constexpr):  # fmt: skip
+    """Group program_id(1) of BLOCK_R rows: out = (u r) w, u = (y + x D) silu(z)."""
+    grp = tl.program_id(1)
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    lane = tl.arange(0, BLOCK_C)
+    cols = grp * GW + lane
+    mask = (rows < R)[:, None] & (lane < GW)[None, :]
+    s, z, x, d = _skip_gate(y_ptr, x_ptr, D_ptr, z_ptr, rows, cols, lane < GW, mask, sy, sx, sz, P, S_DTYPE)
+    u = s * (z * tl.sigmoid(z))
+    rstd = rsqrt(tl.div_rn(tl.sum(u * u, 1), (GW * 1.0)) + eps)  # [BLOCK_R]
+    w = load_f32(w_ptr + cols, lane < GW)
+    out = (u * rstd[:, None]) * w[None, :]
+    tl.store(out_ptr + rows[:, None] * E + cols[None, :], round_to(out, out_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + rows * tl.num_programs(1) + grp, rstd, mask=rows < R)
+
+
+@triton.jit
+def _gated_bwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, rstd_ptr, dout_ptr, dy_ptr, dx_ptr, dz_ptr, part_ptr,
+               R, E, GW, sy, sx, sz, sdo, P: tl.constexpr, S_DTYPE: tl.constexpr, CHUNK: tl.constexpr,
+               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+    """dy, dx, dz of group program_id(1) over this program's CHUNK rows; its sums of dout u^ and ds x
+    go to row program_id(0) of the partial sums [programs, 2, E]."""
+    pid = tl.program_id(0)
+    grp = tl.program_id(1)
+    lane = tl.arange(0, BLOCK_C)
+    cols = grp * GW + lane
+    col_ok = lane < GW
+    w = load_f32(w_ptr + cols, col_ok)
+    dw = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    dd = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for i in range(0, CHUNK, BLOCK_R):
+        rows = (pid * CHUNK + i + tl.arange(0, BLOCK_R)).to(tl.int64)
+        mask = (rows < R)[:, None] & col_ok[None, :]
+        s, z, x, d = _skip_gate(
+            y_ptr, x_ptr, D_ptr, z_ptr, rows, cols, lane < GW, mask, sy, sx, sz, P, S_DTYPE
+        )
+        rstd = tl.load(rstd_ptr + rows * tl.num_programs(1) + grp, mask=rows < R, other=0.0)
+        dout = load_f32(dout_ptr + rows[:, None] * sdo + cols[None, :], mask)
+        sig = tl.sigmoid(z)
+        silu = z * sig
+        u_hat = (s * silu) * rstd[:, None]
+        dw += tl.sum(dout * u_hat, 0)
+        g = dout * w[None, :]
+        mean_gu = tl.div_rn(tl.sum(g * u_hat, 1), (GW * 1.0))
+        du = rstd[:, None] * (g - u_hat * mean_gu[:, None])
+        ds = du * silu
+        dz = du * s * (sig * (1.0 + z * (1.0 - sig)))
+        dd += tl.sum(ds * x, 0)
+        out_at = rows[:, None] * E + cols[None, :]
+        tl.store(dy_ptr + out_at, round_to(ds, dy_ptr.dtype.element_ty), mask=mask)
+        tl.store(dx_ptr + out_at, round_to(ds * d[None, :], dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dz_ptr + out_at, round_to(dz, dz_ptr.dtype.element_ty), mask=mask)
+    tl.store(part_ptr + (pid * 2) * E + cols, dw, mask=col_ok)
+    tl.store(part_ptr + (pid * 2 + 1) * E + cols, dd, mask=col_ok)
+
+
+class _SkipGatedRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, x, D, z, weight, n_groups, eps, out_dtype):
+        H, P = y.shape[-2:]
+        E = H * P
+        s_dtype = torch.promote_types(torch.promote_types(y.dtype, x.dtype), D.dtype)
+        y2, x2, z2 = as_rows(y, E), as_rows(x, E), as_rows(z, E)
+        R, GW = y2.shape[0], E // n_groups
+        out = torch.empty(z.shape, device=z.device, dtype=out_dtype or s_dtype)
+        rstd = torch.empty(R, n_groups, device=z.device, dtype=torch.float32)
+        block_c, block_r, warps = forward_tile(GW)
+        with on_device(z):
+            _gated_fwd[(max(1, cdiv(R, block_r)), n_groups)](
+                y2, x2, D, z2, weight, out, rstd, R, E, GW, y2.stride(0), x2.stride(0), z2.stride(0), eps,
+                P=P, S_DTYPE=TL_DTYPES[s_dtype], BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
+                enable_fp_fusion=False,
+            )  # fmt: skip
+        ctx.save_for_backward(y, x, D, z, weight, rstd)
+        ctx.s_dtype = s_dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        y, x, D, z, weight, rstd = ctx.saved_tensors
+        H, P = y.shape[-2:]
+        E = H * P
+        y2, x2, z2, dout2 = as_rows(y, E), as_rows(x, E), as_rows(z, E), as_rows(dout, E)
+        R, G = rstd.shape
+        dy = torch.empty(y.shape, device=y.device, dtype=y.dtype)
+        dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+        dz = torch.empty(z.shape, device=z.device, dtype=z.dtype)
+        block_c, block_r, warps, chunk = backward_tile(E // G)
+        n_prog = max(1, cdiv(R, chunk))
+        part = torch.empty(n_prog, 2, E, device=z.device, dtype=torch.float32)  # dweight, dD partial sums
+        with on_device(z):
+            _gated_bwd[(n_prog, G)](
+                y2, x2, D, z2, weight, rstd, dout2, dy, dx, dz, part, R, E, E // G,
+                y2.stride(0), x2.stride(0), z2.stride(0), dout2.stride(0),
+                P=P, S_DTYPE=TL_DTYPES[ctx.s_dtype], CHUNK=chunk, BLOCK_R=block_r, BLOCK_C=block_c,
+                num_warps=warps, enable_fp_fusion=True,
+            )  # fmt: skip
+        sums = part.sum(0)  # [2, E]
+        dD = sums[1].view(H, P).sum(1).to(D.dtype)  # [H]
+        return dy, dx, dD, dz, sums[0].to(weight.dtype), None, None, None
+
+
+def skip_gated_rms_norm(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    D: torch.Tensor,
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    n_groups: int,
+    eps: float,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Mamba-2's output ``gated_rms_norm(y + D x, z)``. y, x: [..., H, P] (x may be a view with strided
+    rows); D: [H]; z: [..., H P]; weight: [H P] -> [..., H P] in ``out_dtype``, default the skip sum's
+    dtype (the promoted dtype of y, x and D)."""
+    check_inputs(y, x, D, z, weight)
+    H, P = y.shape[-2:]
+    if x.shape != y.shape or z.shape != y.shape[:-2] + (H * P,) or D.shape != (H,) or (H * P) % n_groups:
+        raise ValueError(
+            "skip_gated_rms_norm takes y, x [..., H, P], D [H], z [..., H*P] with H*P divisible by "
+            f"n_groups; got y {tuple(y.shape)}, x {tuple(x.shape)}, D {tuple(D.shape)}, z {tuple(z.shape)}, "
+            f"n_groups {n_groups}"
+        )
+    return _SkipGatedRMSNorm.apply(y, x, D, z, weight, n_groups, eps, out_dtype)

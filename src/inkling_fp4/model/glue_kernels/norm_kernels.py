@@ -1,0 +1,175 @@
+"""RMS norm, and the residual add fused with the next RMS norm, as Triton kernels behind autograd
+Functions. The math of :func:`inkling_fp4.model.norm.rms_norm` and ``add_rms_norm``, per row of D:
+
+    rms_norm       out = (x r) w,   r = (mean_D x^2 + eps)^-1/2,   x^ = x r,   g = dout w
+                   dx = r (g - x^ mean_D(g x^)),   dw = sum_rows dout x^
+    add_rms_norm   h = x + y (rounded once to h's dtype), normed = rms_norm(h); the backward is one
+                   kernel: dh_total = dh + the norm's dx, returned as dx (x's dtype) and dy (y's dtype)
+
+The forward saves r [R] (FP32) for the backward, which therefore reads h, dout (and dh) once and never
+recomputes the sum of squares. add_rms_norm writes h once and normalises the value it wrote, so the
+norm sees exactly the h that the residual stream keeps. Numerics: :mod:`.common`.
+
+Shape letters: R rows (the flattened leading dims), D normalised width.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inkling_fp4.model.glue_kernels.common import (
+    as_rows,
+    backward_tile,
+    cdiv,
+    check_inputs,
+    forward_tile,
+    load_f32,
+    on_device,
+    round_to,
+    rsqrt,
+    to_f32,
+)
+
+
+@triton.jit
+def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
+              ADD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """rms_norm of BLOCK_R rows: out = (h r) w, h = x, or with ADD h = x + y (also stored)."""
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows < R)[:, None] & (cols < D)[None, :]
+    h = load_f32(x_ptr + rows[:, None] * sx + cols[None, :], mask)
+    if ADD:
+        h += load_f32(y_ptr + rows[:, None] * sy + cols[None, :], mask)
+        h = round_to(h, h_ptr.dtype.element_ty)  # the norm reads h as stored
+        tl.store(h_ptr + rows[:, None] * D + cols[None, :], h, mask=mask)
+        h = to_f32(h)
+    rstd = rsqrt(tl.div_rn(tl.sum(h * h, 1), (D * 1.0)) + eps)  # [BLOCK_R]
+    w = load_f32(w_ptr + cols, cols < D)
+    out = (h * rstd[:, None]) * w[None, :]
+    tl.store(out_ptr + rows[:, None] * D + cols[None, :], round_to(out, out_ptr.dtype.element_ty), mask=mask)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < R)
+
+
+@triton.jit
+def _norm_bwd(h_ptr, w_ptr, rstd_ptr, dout_ptr, dh_ptr, dx_ptr, dy_ptr, dw_ptr, R, D, sh, sdo, sdh,
+              HAS_DH: tl.constexpr, TWO: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
+              BLOCK_D: tl.constexpr):  # fmt: skip
+    """dx (= dh + the norm's gradient when HAS_DH; also stored as dy, in its dtype, when TWO) of this
+    program's CHUNK rows, and their sum of dout h^ (this program's row of the dweight partial sums)."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < D
+    w = load_f32(w_ptr + cols, col_ok)
+    dw = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for i in range(0, CHUNK, BLOCK_R):
+        rows = (pid * CHUNK + i + tl.arange(0, BLOCK_R)).to(tl.int64)
+        mask = (rows < R)[:, None] & col_ok[None, :]
+        h = load_f32(h_ptr + rows[:, None] * sh + cols[None, :], mask)
+        rstd = tl.load(rstd_ptr + rows, mask=rows < R, other=0.0)
+        dout = load_f32(dout_ptr + rows[:, None] * sdo + cols[None, :], mask)
+        h_hat = h * rstd[:, None]
+        dw += tl.sum(dout * h_hat, 0)
+        g = dout * w[None, :]
+        mean_gh = tl.div_rn(tl.sum(g * h_hat, 1), (D * 1.0))
+        dx = rstd[:, None] * (g - h_hat * mean_gh[:, None])
+        if HAS_DH:
+            dx += load_f32(dh_ptr + rows[:, None] * sdh + cols[None, :], mask)
+        tl.store(dx_ptr + rows[:, None] * D + cols[None, :], round_to(dx, dx_ptr.dtype.element_ty), mask=mask)
+        if TWO:
+            tl.store(
+                dy_ptr + rows[:, None] * D + cols[None, :], round_to(dx, dy_ptr.dtype.element_ty), mask=mask
+            )
+    tl.store(dw_ptr + pid * D + cols, dw, mask=col_ok)
+
+
+def _norm_forward(x, y, weight, eps, out_dtype, h):
+    """Launch the (add +) rms_norm forward (h: the buffer for x + y, or None); returns (normed, rstd [R])."""
+    D = x.shape[-1]
+    x2 = as_rows(x, D)
+    y2 = x2 if y is None else as_rows(y, D)
+    R = x2.shape[0]
+    out = torch.empty(x.shape, device=x.device, dtype=out_dtype)
+    rstd = torch.empty(R, device=x.device, dtype=torch.float32)
+    block_d, block_r, warps = forward_tile(D)
+    with on_device(x):
+        _norm_fwd[(max(1, cdiv(R, block_r)),)](
+            x2, y2, weight, out if h is None else h, out, rstd, R, D, x2.stride(0), y2.stride(0), eps,
+            ADD=y is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, enable_fp_fusion=False,
+        )  # fmt: skip
+    return out, rstd
+
+
+def _norm_backward(h, weight, rstd, dout, dh, dx_dtype, dy_dtype):
+    """The (add +) rms_norm backward: dx, dy (dx itself when the dtypes agree) and dweight."""
+    D = h.shape[-1]
+    h2, dout2 = as_rows(h, D), as_rows(dout, D)
+    dh2 = None if dh is None else as_rows(dh, D)
+    R = h2.shape[0]
+    dx = torch.empty(h.shape, device=h.device, dtype=dx_dtype)
+    two = dy_dtype is not None and dy_dtype != dx_dtype
+    dy = torch.empty(h.shape, device=h.device, dtype=dy_dtype) if two else dx
+    block_d, block_r, warps, chunk = backward_tile(D)
+    n_prog = max(1, cdiv(R, chunk))
+    part = torch.empty(n_prog, D, device=h.device, dtype=torch.float32)  # dweight partial sums
+    with on_device(h):
+        _norm_bwd[(n_prog,)](
+            h2, weight, rstd, dout2, dout2 if dh2 is None else dh2, dx, dy, part, R, D,
+            h2.stride(0), dout2.stride(0), 0 if dh2 is None else dh2.stride(0),
+            HAS_DH=dh2 is not None, TWO=two, CHUNK=chunk, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps,
+            enable_fp_fusion=True,
+        )  # fmt: skip
+    return dx, dy, part.sum(0).to(weight.dtype)
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, out_dtype):
+        out, rstd = _norm_forward(x, None, weight, eps, out_dtype, None)
+        ctx.save_for_backward(x, weight, rstd)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, rstd = ctx.saved_tensors
+        dx, _, dweight = _norm_backward(x, weight, rstd, dout, None, x.dtype, None)
+        return dx, dweight, None, None
+
+
+class _AddRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, weight, eps, out_dtype):
+        ctx.set_materialize_grads(False)  # h is often dropped (the final norm): no zeros to add
+        h = torch.empty(x.shape, device=x.device, dtype=torch.promote_types(x.dtype, y.dtype))
+        out, rstd = _norm_forward(x, y, weight, eps, out_dtype, h)
+        ctx.save_for_backward(h, weight, rstd)
+        ctx.dtypes = (x.dtype, y.dtype)
+        return h, out
+
+    @staticmethod
+    def backward(ctx, dh, dnormed):
+        h, weight, rstd = ctx.saved_tensors
+        x_dtype, y_dtype = ctx.dtypes
+        if dnormed is None:  # only h was used: its gradient passes straight through the add
+            return (None,) * 5 if dh is None else (dh.to(x_dtype), dh.to(y_dtype), None, None, None)
+        dx, dy, dweight = _norm_backward(h, weight, rstd, dnormed, dh, x_dtype, y_dtype)
+        return dx, dy, dweight, None, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None):
+    """x: [..., D]; weight: [D] -> x / rms(x) * weight in ``out_dtype`` (default x's)."""
+    check_inputs(x, weight)
+    return _RMSNorm.apply(x, weight, eps, out_dtype or x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype):
+    """x, y: [..., D] (same shape) -> (h = x + y in the promoted dtype, rms_norm(h) in ``out_dtype``);
+    the backward returns dh + the norm's gradient as dx and dy."""
+    check_inputs(x, y, weight)
+    if x.shape != y.shape:
+        raise ValueError(
+            f"add_rms_norm takes x and y of one shape (no broadcasting), got {x.shape} and {y.shape}"
+        )
+    return _AddRMSNorm.apply(x, y, weight, eps, out_dtype)

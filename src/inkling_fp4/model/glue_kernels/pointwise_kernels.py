@@ -1,0 +1,148 @@
+"""The two elementwise glue functions without a reduction, as Triton kernels behind autograd Functions:
+the MLP's squared ReLU (:func:`inkling_fp4.model.mlp.squared_relu`) and Mamba-2's step size
+(:func:`inkling_fp4.model.mamba2.dt_softplus`):
+
+    squared_relu   out = r r,  r = relu(h);          dh = 2 dout h where h > 0, else 0
+    dt_softplus    v = dt + bias;  out = v if v > 20 else log1p(exp(v)) (FP32);
+                   dv = dout e / (e + 1), e = exp(v) (dout above the threshold);  ddt_bias = sum_rows dv
+
+squared_relu is exact forward and backward: the product of two BF16 (or FP16) numbers is exact in
+FP32, so it rounds once as the reference's does, and ``2 dout h`` is the reference's ``dout r + dout r``
+for normal numbers. dt_softplus reads dt_raw as the strided column slice of in_proj's output that it
+is, and saves only its inputs (the backward recomputes exp). Numerics: :mod:`.common`.
+
+Shape letters: R rows (B L tokens), H heads.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inkling_fp4.model.glue_kernels.common import (
+    as_rows,
+    cdiv,
+    check_inputs,
+    exp,
+    forward_tile,
+    load_f32,
+    log1p,
+    on_device,
+    round_to,
+)
+
+SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # F.softplus's default: above it softplus(v) = v
+SQUARED_RELU_BLOCK = 4096  # elements per program of the flat squared ReLU
+SQUARED_RELU_WARPS = 8
+
+
+@triton.jit
+def _squared_relu(h_ptr, dout_ptr, out_ptr, n, GRAD: tl.constexpr, BLOCK: tl.constexpr):
+    """out = relu(h)^2, or with GRAD out = dh = 2 dout h where h > 0 (else 0); flat, in h's dtype."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    h = load_f32(h_ptr + offs, mask)
+    r = tl.where(h < 0.0, 0.0, h)  # NOTE not tl.maximum: it drops NaN, relu keeps it
+    if GRAD:
+        dout = load_f32(dout_ptr + offs, mask)
+        out = tl.where(h <= 0.0, 0.0, (dout * h) * 2.0)  # the reference's dout r + dout r, rounded once
+    else:
+        out = r * r  # exact in FP32 for BF16/FP16 h: rounded once, as the reference's product
+    tl.store(out_ptr + offs, round_to(out, out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _dt_softplus(dt_ptr, bias_ptr, dout_ptr, out_ptr, part_ptr, R, H, sdt, sdo,
+                 GRAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+    """out = softplus(dt + bias) in FP32, or with GRAD out = d dt (dt's dtype) and this tile's sum of
+    it, row program_id(0) of the dt_bias partial sums [programs, H]."""
+    pid = tl.program_id(0)
+    rows = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    mask = (rows < R)[:, None] & (cols < H)[None, :]
+    v = load_f32(dt_ptr + rows[:, None] * sdt + cols[None, :], mask)
+    v += load_f32(bias_ptr + cols, cols < H)[None, :]
+    e = exp(v)
+    if GRAD:
+        dout = load_f32(dout_ptr + rows[:, None] * sdo + cols[None, :], mask)
+        dv = tl.where(v > SOFTPLUS_THRESHOLD, dout, tl.div_rn(dout * e, e + 1.0))
+        dv = tl.where(mask, dv, 0.0)
+        out_at = rows[:, None] * H + cols[None, :]
+        tl.store(out_ptr + out_at, round_to(dv, out_ptr.dtype.element_ty), mask=mask)
+        tl.store(part_ptr + pid * H + cols, tl.sum(dv, 0), mask=cols < H)
+    else:
+        out = tl.where(v > SOFTPLUS_THRESHOLD, v, log1p(e))
+        tl.store(out_ptr + rows[:, None] * H + cols[None, :], out, mask=mask)
+
+
+class _SquaredReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h):
+        h = h.contiguous()
+        out = torch.empty_like(h)
+        with on_device(h):
+            _squared_relu[(max(1, cdiv(h.numel(), SQUARED_RELU_BLOCK)),)](
+                h, h, out, h.numel(), GRAD=False, BLOCK=SQUARED_RELU_BLOCK, num_warps=SQUARED_RELU_WARPS,
+                enable_fp_fusion=False,
+            )  # fmt: skip
+        ctx.save_for_backward(h)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        (h,) = ctx.saved_tensors
+        dout = dout.contiguous()
+        dh = torch.empty_like(h)
+        with on_device(h):
+            _squared_relu[(max(1, cdiv(h.numel(), SQUARED_RELU_BLOCK)),)](
+                h, dout, dh, h.numel(), GRAD=True, BLOCK=SQUARED_RELU_BLOCK, num_warps=SQUARED_RELU_WARPS,
+                enable_fp_fusion=True,
+            )  # fmt: skip
+        return dh
+
+
+class _DtSoftplus(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, dt_raw, dt_bias):
+        H = dt_raw.shape[-1]
+        dt2 = as_rows(dt_raw, H)
+        R = dt2.shape[0]
+        out = torch.empty(dt_raw.shape, device=dt_raw.device, dtype=torch.float32)
+        block_h, block_r, warps = forward_tile(H)
+        with on_device(dt_raw):
+            _dt_softplus[(max(1, cdiv(R, block_r)),)](
+                dt2, dt_bias, dt2, out, out, R, H, dt2.stride(0), 0,
+                GRAD=False, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=warps, enable_fp_fusion=False,
+            )  # fmt: skip
+        ctx.save_for_backward(dt_raw, dt_bias)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        dt_raw, dt_bias = ctx.saved_tensors
+        H = dt_raw.shape[-1]
+        dt2, dout2 = as_rows(dt_raw, H), as_rows(dout, H)
+        R = dt2.shape[0]
+        block_h, block_r, warps = forward_tile(H)  # one tile of rows per program, as the forward
+        n_prog = max(1, cdiv(R, block_r))
+        ddt = torch.empty(dt_raw.shape, device=dt_raw.device, dtype=dt_raw.dtype)
+        part = torch.empty(n_prog, H, device=dt_raw.device, dtype=torch.float32)  # dt_bias partial sums
+        with on_device(dt_raw):
+            _dt_softplus[(n_prog,)](
+                dt2, dt_bias, dout2, ddt, part, R, H, dt2.stride(0), dout2.stride(0),
+                GRAD=True, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=warps, enable_fp_fusion=True,
+            )  # fmt: skip
+        return ddt, part.sum(0).to(dt_bias.dtype)
+
+
+def squared_relu(h: torch.Tensor) -> torch.Tensor:
+    """relu(h)^2 elementwise in h's dtype (any shape; a non-contiguous h is copied)."""
+    check_inputs(h)
+    return _SquaredReLU.apply(h)
+
+
+def dt_softplus(dt_raw: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """dt_raw: [..., H] (a strided view is fine); dt_bias: [H] -> softplus(dt_raw + dt_bias) in FP32."""
+    check_inputs(dt_raw, dt_bias)
+    return _DtSoftplus.apply(dt_raw, dt_bias)
