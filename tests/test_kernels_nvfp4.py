@@ -370,6 +370,44 @@ def test_interp_decode_and_output_scales_equal_the_reference():
 
 
 @interpreted
+def test_interp_device_seed_equals_the_host_seed():
+    """Inside a CUDA graph the quantizers derive their seed on the device from (base word, delta); it
+    must be the eager formula's seed bit for bit, for generator seeds whose products wrap mod 2^64:
+    the same codes, rows and RHT tiles, NVFP4 and MXFP4."""
+    from inkling_fp4.numerics.kernels import mxfp4_quantize, seeds
+
+    rng = random.Random(_seed())
+    x = normal((32, 64), torch.float32, rng.randrange(2**31))
+    bits = sign_bits(rht_signs("fixed"))
+    for _ in range(3):
+        initial, first, draw = rng.randrange(2**64), rng.randrange(0, 2**40, 4), rng.randrange(0, 400, 4)
+        host = seeds.SEED_FLOOR + seeds.mix64((initial * seeds.PHI + first + draw) % 2**64) % seeds.SEED_SPAN
+        base = (initial * seeds.PHI + first) % 2**64
+        device = seeds.DeviceSeed(
+            torch.tensor([base - 2**64 if base >= 2**63 else base]), seeds.SEED_FLOOR + draw
+        )
+        outs = []
+        for seed in (host, device):
+            amax = triton_nvfp4.abs_max(x)
+            codes, scales = torch.empty(32, 32, dtype=torch.uint8), torch.empty(32, 4, dtype=torch.uint8)
+            quantize_rows(x, amax, block_2d=False, seed=seed, codes=codes, scales=scales, values=None)
+            t_codes, t_scales = torch.empty(64, 16, dtype=torch.uint8), torch.empty(64, 2, dtype=torch.uint8)
+            amax_t = rht_t_abs_max(x, bits)
+            quantize_rht_t_tiles(x, bits, amax_t, seed=seed, codes=t_codes, scales=t_scales, values=None)
+            mx_codes, mx_scales = (
+                torch.empty(32, 32, dtype=torch.uint8),
+                torch.empty(32, 2, dtype=torch.uint8),
+            )
+            mxfp4_quantize.quantize_rows(x, mx_codes, mx_scales, seed=seed)
+            outs.append((codes, t_codes, mx_codes))
+        for a, b in zip(*outs, strict=True):
+            assert torch.equal(a, b), (initial, first, draw)
+    with pytest.raises(RuntimeError, match="CUDA generator"):
+        with seeds.capturing(seeds.GraphSeeds(torch.device("cpu"))):
+            triton_nvfp4.quantize(x, stochastic=True, generator=torch.Generator().manual_seed(1))
+
+
+@interpreted
 def test_interp_amax_words_are_fresh_zeros(monkeypatch):
     """Each amax pass gets zeroed words nobody else uses, across refills of the pool: a word that was
     reused would keep an earlier, larger maximum."""
@@ -474,8 +512,27 @@ def test_gpu_decode_and_output_scales_equal_torch():
 def test_gpu_seed_follows_cuda_generator_state():
     """Seeds from a CUDA generator come from its host-side (seed, offset): fresh per draw, replayed
     after ``manual_seed``, no device read."""
+    from inkling_fp4.numerics.kernels import seeds
+
     gen = torch.Generator(device="cuda").manual_seed(5)
-    first = [triton_nvfp4._draw_seed(gen) for _ in range(3)]
+    first = [seeds.draw_seed(gen) for _ in range(3)]
     assert len(set(first)) == 3 and all(2**32 <= s < 2**62 for s in first)
     gen.manual_seed(5)
-    assert [triton_nvfp4._draw_seed(gen) for _ in range(3)] == first
+    assert [seeds.draw_seed(gen) for _ in range(3)] == first
+    # captured draws: device seeds whose replays give the same seeds and leave the same generator state
+    gen.manual_seed(5)
+    graph_seeds = seeds.GraphSeeds(torch.device("cuda"))
+    with seeds.capturing(graph_seeds):
+        captured = [seeds.draw_seed(gen) for _ in range(3)]
+    assert gen.get_offset() == 0, "a capture does not move the generator: its replays do"
+    assert [d.delta for d in captured] == [2**32, 2**32 + 4, 2**32 + 8]
+    for replay in range(2):
+        graph_seeds.before_replay()
+        assert gen.get_offset() == 12 * (replay + 1)
+        base = graph_seeds.base.item() % 2**64
+        want = [seeds.seed_at(gen, 12 * replay + 4 * i) for i in range(3)]
+        got = [
+            seeds.SEED_FLOOR + seeds.mix64((base + d.delta - 2**32) % 2**64) % seeds.SEED_SPAN
+            for d in captured
+        ]
+        assert got == want

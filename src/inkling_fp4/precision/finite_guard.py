@@ -15,6 +15,10 @@ per optimizer step, and when a step's loss is not finite), and on its own after 
 layers late. A NaN that slips past a quantizer until then only makes that step's loss NaN, which the
 step's own check reports.
 
+Inside a CUDA graph capture (:func:`capturing`) records go to the capture instead: their amaxes are
+the graph's own buffers, which every replay rewrites, so after each replay :func:`record_replay`
+copies them out (one device copy) for the next check.
+
 Debug mode: ``eager_checks(True)`` (or ``FP4TRAIN_EAGER_FINITE_CHECKS=1`` in the environment) checks
 every operand when it is quantized and reports the first bad element's index, at the cost of the
 syncs.
@@ -22,7 +26,9 @@ syncs.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -31,7 +37,8 @@ from inkling_fp4.errors import NumericsError
 MAX_PENDING = 512
 """Recorded operands after which the check runs by itself (one host sync per this many)."""
 
-_pending: list[tuple[torch.Tensor, str]] = []
+_pending: list[tuple[torch.Tensor, list[str]]] = []  # (amaxes [k], their k labels)
+_captures: list[list[tuple[torch.Tensor, str]]] = []
 _eager = os.environ.get("FP4TRAIN_EAGER_FINITE_CHECKS", "0") not in ("", "0")
 
 
@@ -48,7 +55,32 @@ def eager() -> bool:
 
 def record(amax: torch.Tensor, label: str) -> None:
     """Remember a quantized operand's amax (+Inf/NaN when it was not finite) for the next check."""
-    _pending.append((amax.reshape(1), label))
+    if _captures:
+        _captures[-1].append((amax.reshape(1), label))
+        return
+    _pending.append((amax.reshape(1), [label]))
+    if len(_pending) >= MAX_PENDING:
+        raise_if_non_finite()
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[list[tuple[torch.Tensor, str]]]:
+    """Within this context (a CUDA graph capture) records go to the returned list, and no check runs
+    (a check reads the device, which a capture forbids)."""
+    records: list[tuple[torch.Tensor, str]] = []
+    _captures.append(records)
+    try:
+        yield records
+    finally:
+        _captures.pop()
+
+
+def record_replay(records: list[tuple[torch.Tensor, str]]) -> None:
+    """After a replay of a graph whose capture made ``records``: keep a copy of their amaxes (the next
+    replay overwrites the graph's) for the next check."""
+    if not records:
+        return
+    _pending.append((torch.cat([a for a, _ in records]), [label for _, label in records]))
     if len(_pending) >= MAX_PENDING:
         raise_if_non_finite()
 
@@ -65,8 +97,9 @@ def raise_if_non_finite() -> None:
         return
     first = int(bad.nonzero()[0, 0])
     count = int(bad.sum())
+    labels = [label for _, entry in pending for label in entry]
     raise NumericsError(
-        f"{pending[first][1]} contains non-finite values (NaN/Inf): {count} quantized operand(s) since the "
+        f"{labels[first]} contains non-finite values (NaN/Inf): {count} quantized operand(s) since the "
         "last check were not finite, this one first; NaN/Inf cannot be quantized - look at what produced "
         "it (a diverged loss, too high a learning rate, an overflow); set FP4TRAIN_EAGER_FINITE_CHECKS=1 "
         "to stop at the exact element"

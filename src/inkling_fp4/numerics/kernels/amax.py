@@ -13,8 +13,10 @@ reduction: the result is non-finite whenever x is, which is what the finiteness 
 The atomic max needs a word that starts at zero. A ``torch.zeros(1)`` per tensor would be one more
 (fill) kernel launch per quantized operand, and an emulated NVFP4 step is bound by launches, so
 :func:`zeroed_words` hands out never-used words of a larger buffer zeroed once: one fill per
-``POOL_WORDS`` words. NOTE a word is handed out once and never recycled, so a captured CUDA graph
-that replays an amax pass would accumulate into the word it captured; these passes run eagerly.
+``POOL_WORDS`` words. A word is handed out once and never recycled, so a CUDA graph that replays an
+amax pass must zero its words on every replay: a capture calls :func:`start_new_pool` first, so its
+first word comes from a buffer allocated, and zero-filled, inside the capture (the fill is replayed
+too), and again at its end, so that eager code never gets a word that replays rewrite.
 """
 
 import threading
@@ -40,6 +42,12 @@ def zeroed_words(n: int, device: torch.device) -> torch.Tensor:
             buffer, used = torch.zeros(max(POOL_WORDS, n), dtype=torch.float32, device=device), 0
         _pools[device] = (buffer, used + n)
     return buffer[used : used + n]
+
+
+def start_new_pool(device: torch.device) -> None:
+    """Take the next words of ``device`` from a new buffer, zero-filled when the next word is asked for."""
+    with _pool_lock:
+        _pools.pop(torch.device(device), None)
 
 
 @triton.jit

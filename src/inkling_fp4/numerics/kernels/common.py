@@ -205,6 +205,19 @@ def half_block_bytes(word_a, word_b):
 
 
 @triton.jit
+def replay_seed(seed_ptr, delta):
+    """The eager seed formula of ``seeds.seed_at`` on the device, for a quantizer replayed by a CUDA
+    graph: ``2^32 + mix64(base + delta - 2^32) mod (2^62 - 2^32)`` with ``base`` read from
+    ``seed_ptr`` (int64 [1]: the generator's initial_seed · φ + offset, mod 2^64). uint64 products
+    wrap mod 2^64, as the host's ``% 2**64``."""
+    v = tl.load(seed_ptr).to(tl.uint64, bitcast=True) + (delta - 4294967296).to(tl.uint64, bitcast=True)
+    v = (v ^ (v >> 30)) * 0xBF58476D1CE4E5B9
+    v = (v ^ (v >> 27)) * 0x94D049BB133111EB
+    v = v ^ (v >> 31)
+    return (v % 4611686014132420608 + 4294967296).to(tl.int64, bitcast=True)
+
+
+@triton.jit
 def encode_blocks(lo, hi, block_amax, s_enc, decode_scale, seed, block_index, STOCHASTIC: tl.constexpr):
     """Encode 16-element blocks given as halves ``lo`` / ``hi`` [R, G, 8] (elements 0-7 / 8-15).
 

@@ -38,14 +38,16 @@ import triton
 import triton.language as tl
 
 from inkling_fp4.numerics import mxfp4
+from inkling_fp4.numerics.kernels import seeds
 from inkling_fp4.numerics.kernels.common import (
     PHILOX_ROUNDS,
     concat_last,
     e2m1_nearest,
     e2m1_stochastic,
     half_block_bytes,
+    replay_seed,
 )
-from inkling_fp4.numerics.kernels.triton_nvfp4 import _draw_seed
+from inkling_fp4.numerics.kernels.seeds import draw_seed
 
 BLOCK = 32
 E8M0_NAN = tl.constexpr(255)
@@ -95,10 +97,12 @@ def _store_values(ptrs, values, mask):
 
 @triton.jit(do_not_specialize=["seed"])
 def _quantize_rows_kernel(
-    x_ptr, seed, codes_ptr, scales_ptr, values_ptr, M, N, stride_xm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STOCHASTIC: tl.constexpr,
+    x_ptr, seed, seed_ptr, codes_ptr, scales_ptr, values_ptr, M, N, stride_xm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STOCHASTIC: tl.constexpr, SEED_PTR: tl.constexpr,
     WRITE_CODES: tl.constexpr, WRITE_VALUES: tl.constexpr,
 ):  # fmt: skip
+    if SEED_PTR:  # replayed by a CUDA graph: the seed from the device word (see seeds.py)
+        seed = replay_seed(seed_ptr, seed)
     G: tl.constexpr = BLOCK_N // 32
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     blocks = tl.program_id(1) * G + tl.arange(0, G)
@@ -137,7 +141,7 @@ def quantize_rows(
     codes: torch.Tensor | None,
     scales: torch.Tensor | None,
     *,
-    seed: int | None,
+    seed: int | seeds.DeviceSeed | None,
     values: torch.Tensor | None = None,
     block_m: int = 8,
     block_n: int = 256,
@@ -157,11 +161,12 @@ def quantize_rows(
     if values is not None and (values.dtype not in VALUE_DTYPES or not values.is_contiguous()):
         raise ValueError(f"mxfp4 quantize_rows: values must be contiguous BF16 or FP32, got {values.dtype}")
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    seed_arg, seed_ptr, from_ptr = seeds.launch_args(seed, x)
     _quantize_rows_kernel[grid](
-        x, 0 if seed is None else seed,
+        x, seed_arg, seed_ptr,
         x if codes is None else codes, x if scales is None else scales, x if values is None else values,
         m, n, x.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, STOCHASTIC=seed is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, STOCHASTIC=seed is not None, SEED_PTR=from_ptr,
         WRITE_CODES=codes is not None, WRITE_VALUES=values is not None, num_warps=num_warps,
     )  # fmt: skip
 
@@ -197,7 +202,7 @@ def quantize_with_values(
     if values_dtype is not None:
         values = torch.empty((m, n), dtype=values_dtype, device=x.device)
     if m and n and (keep_codes or values is not None):
-        seed = _draw_seed(generator) if stochastic else None
+        seed = draw_seed(generator) if stochastic else None
         quantize_rows(x2, codes, scales, seed=seed, values=values)
     lead = x.shape[:-1]
     quantized = None

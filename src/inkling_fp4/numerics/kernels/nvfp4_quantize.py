@@ -25,10 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
+from inkling_fp4.numerics.kernels import seeds
 from inkling_fp4.numerics.kernels.common import (
     block_values,
     encode_blocks,
     packed_codes,
+    replay_seed,
     store_decode_scale,
     tensor_scales,
 )
@@ -36,10 +38,13 @@ from inkling_fp4.numerics.kernels.common import (
 
 @triton.jit(do_not_specialize=["seed"])
 def _quantize_rows_kernel(
-    x_ptr, amax_ptr, seed, codes_ptr, scales_ptr, values_ptr, decode_ptr, partner_ptr, M, N, stride_xm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE_2D: tl.constexpr, STOCHASTIC: tl.constexpr,
-    WRITE_CODES: tl.constexpr, WRITE_VALUES: tl.constexpr, WRITE_DECODE: tl.constexpr, PARTNER: tl.constexpr,
+    x_ptr, amax_ptr, seed, seed_ptr, codes_ptr, scales_ptr, values_ptr, decode_ptr, partner_ptr, M, N,
+    stride_xm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE_2D: tl.constexpr, STOCHASTIC: tl.constexpr,
+    SEED_PTR: tl.constexpr, WRITE_CODES: tl.constexpr, WRITE_VALUES: tl.constexpr, WRITE_DECODE: tl.constexpr,
+    PARTNER: tl.constexpr,
 ):  # fmt: skip
+    if SEED_PTR:  # replayed by a CUDA graph: the seed from the device word (see seeds.py)
+        seed = replay_seed(seed_ptr, seed)
     G: tl.constexpr = BLOCK_N // 16
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     blocks = tl.program_id(1) * G + tl.arange(0, G)
@@ -80,7 +85,7 @@ def quantize_rows(
     amax: torch.Tensor,
     *,
     block_2d: bool,
-    seed: int | None,
+    seed: int | seeds.DeviceSeed | None,
     codes: torch.Tensor | None,
     scales: torch.Tensor | None,
     values: torch.Tensor | None,
@@ -95,9 +100,10 @@ def quantize_rows(
     Writes into whichever of ``codes`` (uint8 [M, N/2]) with ``scales`` (uint8 view of E4M3
     [M, N/16]), ``values`` ([M, N], BF16 or FP32) and ``decode`` (FP32 [1]: the tensor decode scale
     1/S_enc, as ``nvfp4.tensor_scales`` computes it; FP32 [2] with ``partner``, another operand's
-    decode scale: then also ``1/S_enc · partner``) are given; ``seed`` (a Philox seed >= 2^32)
-    turns on stochastic rounding. The default tile is the fastest of an H200 sweep (16384x4096
-    BF16): 8 rows x 256 columns on 2 warps (1x16), 16 rows on 4 warps in 2-D mode (a whole tile).
+    decode scale: then also ``1/S_enc · partner``) are given; ``seed`` (a Philox seed >= 2^32, or
+    a device seed inside a CUDA graph capture) turns on stochastic rounding. The default tile is the
+    fastest of an H200 sweep (16384x4096 BF16): 8 rows x 256 columns on 2 warps (1x16), 16 rows on 4
+    warps in 2-D mode (a whole tile).
     """
     if block_m is None:
         block_m = 16 if block_2d else 8
@@ -111,15 +117,16 @@ def quantize_rows(
             f"quantize_rows: x of shape {tuple(x.shape)} needs unit-stride rows of 16·k elements"
         )
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    seed_arg, seed_ptr, from_ptr = seeds.launch_args(seed, amax)
     _quantize_rows_kernel[grid](
-        x, amax, 0 if seed is None else seed,
+        x, amax, seed_arg, seed_ptr,
         amax if codes is None else codes,
         amax if scales is None else scales,
         amax if values is None else values,
         amax if decode is None else decode,
         amax if partner is None else partner,
         m, n, x.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, TILE_2D=block_2d, STOCHASTIC=seed is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, TILE_2D=block_2d, STOCHASTIC=seed is not None, SEED_PTR=from_ptr,
         WRITE_CODES=codes is not None, WRITE_VALUES=values is not None, WRITE_DECODE=decode is not None,
         PARTNER=partner is not None, num_warps=num_warps,
     )  # fmt: skip

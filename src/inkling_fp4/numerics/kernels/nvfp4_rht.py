@@ -35,12 +35,14 @@ import torch
 import triton
 import triton.language as tl
 
+from inkling_fp4.numerics.kernels import seeds
 from inkling_fp4.numerics.kernels.amax import zeroed_words
 from inkling_fp4.numerics.kernels.common import (
     bf16_round,
     block_values,
     encode_blocks,
     packed_codes,
+    replay_seed,
     store_decode_scale,
     tensor_scales,
 )
@@ -144,11 +146,14 @@ def _encode_pair(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc, dec
 
 @triton.jit(do_not_specialize=["seed"])
 def _rht_kernel(
-    x_ptr, amax_ptr, seed, codes_ptr, scales_ptr, values_ptr, decode_ptr, partner_ptr, M, N, stride_xm,
-    stride_xn, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, AMAX_ONLY: tl.constexpr,
-    NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, WRITE_CODES: tl.constexpr,
-    WRITE_VALUES: tl.constexpr, WRITE_DECODE: tl.constexpr, PARTNER: tl.constexpr, X_AMAX: tl.constexpr,
+    x_ptr, amax_ptr, seed, seed_ptr, codes_ptr, scales_ptr, values_ptr, decode_ptr, partner_ptr, M, N,
+    stride_xm, stride_xn, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+    AMAX_ONLY: tl.constexpr, NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, SEED_PTR: tl.constexpr,
+    WRITE_CODES: tl.constexpr, WRITE_VALUES: tl.constexpr, WRITE_DECODE: tl.constexpr, PARTNER: tl.constexpr,
+    X_AMAX: tl.constexpr,
 ):  # fmt: skip
+    if SEED_PTR:  # replayed by a CUDA graph: the seed from the device word (see seeds.py)
+        seed = replay_seed(seed_ptr, seed)
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     feature_ok = features < N
     col_ptrs = x_ptr + features.to(tl.int64) * stride_xn
@@ -247,10 +252,10 @@ def rht_t_abs_max(
     amax = zeroed_words(2 if with_x_amax else 1, x.device)
     grid = (triton.cdiv(m // 16, groups), triton.cdiv(n, block_n))
     _rht_kernel[grid](
-        x, amax, 0, amax, amax, amax, amax, amax, m, n, *x.stride(),
+        x, amax, 0, amax, amax, amax, amax, amax, amax, m, n, *x.stride(),
         SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=True, NATIVE_BF16=_native_bf16(),
-        STOCHASTIC=False, WRITE_CODES=False, WRITE_VALUES=False, WRITE_DECODE=False, PARTNER=False,
-        X_AMAX=with_x_amax, num_warps=num_warps,
+        STOCHASTIC=False, SEED_PTR=False, WRITE_CODES=False, WRITE_VALUES=False, WRITE_DECODE=False,
+        PARTNER=False, X_AMAX=with_x_amax, num_warps=num_warps,
     )  # fmt: skip
     return amax
 
@@ -260,7 +265,7 @@ def quantize_rht_t_tiles(
     signs: int,
     amax: torch.Tensor,
     *,
-    seed: int | None,
+    seed: int | seeds.DeviceSeed | None,
     codes: torch.Tensor | None,
     scales: torch.Tensor | None,
     values: torch.Tensor | None,
@@ -275,8 +280,8 @@ def quantize_rht_t_tiles(
     Writes into whichever of ``codes`` (uint8 [N, M/2]), ``scales`` (uint8 view of E4M3 [N, M/16]),
     ``values`` ([N, M], BF16 or FP32) and ``decode`` (FP32 [1]: the tensor decode scale 1/S_enc,
     as ``nvfp4.tensor_scales`` computes it; FP32 [2] with ``partner``, another operand's decode
-    scale: then also ``1/S_enc · partner``) are given; ``seed`` (a Philox seed >= 2^32) turns on
-    stochastic rounding.
+    scale: then also ``1/S_enc · partner``) are given; ``seed`` (a Philox seed >= 2^32, or a device
+    seed inside a CUDA graph capture) turns on stochastic rounding.
     """
     if groups not in (1, 2, 4):
         raise ValueError(f"quantize_rht_t_tiles: groups={groups} must be 1, 2 or 4")
@@ -284,9 +289,9 @@ def quantize_rht_t_tiles(
     write_codes = codes is not None
     write_values = values is not None
     grid = (triton.cdiv(m // 16, groups), triton.cdiv(n, block_n))
+    seed_arg, seed_ptr, from_ptr = seeds.launch_args(seed, amax)
     _rht_kernel[grid](
-        x, amax,
-        0 if seed is None else seed,
+        x, amax, seed_arg, seed_ptr,
         codes if write_codes else amax,
         scales if write_codes else amax,
         values if write_values else amax,
@@ -294,6 +299,6 @@ def quantize_rht_t_tiles(
         amax if partner is None else partner,
         m, n, *x.stride(),
         SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=False, NATIVE_BF16=_native_bf16(),
-        STOCHASTIC=seed is not None, WRITE_CODES=write_codes, WRITE_VALUES=write_values,
+        STOCHASTIC=seed is not None, SEED_PTR=from_ptr, WRITE_CODES=write_codes, WRITE_VALUES=write_values,
         WRITE_DECODE=decode is not None, PARTNER=partner is not None, X_AMAX=False, num_warps=num_warps,
     )  # fmt: skip

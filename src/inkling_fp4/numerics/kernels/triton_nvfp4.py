@@ -10,7 +10,8 @@ then the quantize pass, which derives S_enc from that amax on the device. A tens
 along rows and, after the RHT, along tokens (x and dy of a linear layer) gets both amaxes from one
 read (:func:`abs_max_pair`), passed to the quantizers as ``amax=``. Nothing here waits on the host:
 a stochastic-rounding seed comes from the generator's host-side state (a CUDA generator's offset is
-advanced, no number is drawn on the device), a device sign vector is read once per tensor.
+advanced, no number is drawn on the device; inside a CUDA graph the kernel derives the same seed
+from a device word, ``seeds.py``), a device sign vector is read once per tensor.
 Finiteness is the caller's check on the returned ``amax`` (+Inf when x holds NaN or Inf); the
 ``fake_quantize*`` entry points check it themselves (one host sync) unless ``check_finite=False``,
 for callers that check the amax later (``precision/finite_guard.py``).
@@ -38,6 +39,7 @@ from inkling_fp4.numerics.kernels.amax import abs_max
 from inkling_fp4.numerics.kernels.nvfp4_block_values import block_values_from_codes
 from inkling_fp4.numerics.kernels.nvfp4_quantize import quantize_rows
 from inkling_fp4.numerics.kernels.nvfp4_rht import quantize_rht_t_tiles, rht_t_abs_max, sign_bits
+from inkling_fp4.numerics.kernels.seeds import draw_seed
 
 BLOCK = 16
 
@@ -51,30 +53,6 @@ class NVFP4BlockValues:
     amax: torch.Tensor  # FP32 0-dim
     quantized: nvfp4.NVFP4Tensor | None  # codes + scales from the same pass, when asked for
     output_scale: torch.Tensor | None = None  # FP32 0-dim: decode_scale · scale_with, when asked for
-
-
-def _mix64(value: int) -> int:
-    """splitmix64's finalizer: a bijection of 64-bit words that spreads every input bit."""
-    value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
-    value = (value ^ (value >> 27)) * 0x94D049BB133111EB % 2**64
-    return value ^ (value >> 31)
-
-
-def _draw_seed(generator: torch.Generator | None) -> int:
-    """A Philox seed from ``generator`` (torch's default CPU generator when None), always in
-    [2^32, 2^62) so the kernel argument keeps one type.
-
-    A CUDA generator keeps its state (seed, offset) on the host: the seed is a hash of both and the
-    offset advances by 4 (its unit), so consecutive draws differ, the draws follow the generator's
-    saved state, and nothing waits for the device (a number drawn on the device would).
-    """
-    if generator is not None and generator.device.type == "cuda" and hasattr(generator, "get_offset"):
-        offset = generator.get_offset()
-        generator.set_offset(offset + 4)
-        mixed = _mix64((generator.initial_seed() * 0x9E3779B97F4A7C15 + offset) % 2**64)
-        return 2**32 + mixed % (2**62 - 2**32)
-    device = generator.device if generator is not None else "cpu"
-    return int(torch.randint(2**32, 2**62, (1,), generator=generator, device=device, dtype=torch.int64))
 
 
 _FIXED_SIGN_BITS = sign_bits(rht_signs("fixed"))
@@ -142,7 +120,7 @@ def _run_rows(
         amax = torch.zeros(1, dtype=torch.float32, device=x.device)
     else:
         amax = abs_max(x2) if amax is None else amax.reshape(1)
-        seed = _draw_seed(generator) if stochastic else None
+        seed = draw_seed(generator) if stochastic else None
         quantize_rows(
             x2, amax, block_2d=block_2d, seed=seed, codes=codes,
             scales=scales.view(torch.uint8) if write_codes else None, values=values, decode=decode,
@@ -178,7 +156,7 @@ def _run_rht_t(
     else:
         bits = _sign_bits(signs)
         amax = rht_t_abs_max(x, bits) if amax is None else amax.reshape(1)
-        seed = _draw_seed(generator) if stochastic else None
+        seed = draw_seed(generator) if stochastic else None
         quantize_rht_t_tiles(
             x, bits, amax, seed=seed, codes=codes,
             scales=scales.view(torch.uint8) if write_codes else None, values=values, decode=decode,

@@ -1,0 +1,122 @@
+"""Stochastic-rounding seeds for the Triton quantizers: from the host, or from a device word when the
+launches are replayed by a CUDA graph.
+
+Eager launches take the seed as a kernel argument, derived from the caller's CUDA generator without
+touching the device: ``seed = 2^32 + mix64(initial_seed · φ + offset) mod (2^62 - 2^32)``, where
+``offset`` is the generator's Philox offset, advanced by 4 per draw (φ = 0x9E3779B97F4A7C15, mix64
+splitmix64's finalizer). Consecutive draws differ, they follow the generator's saved state (so a
+resumed run draws the same seeds), and nothing waits for the GPU.
+
+A CUDA graph freezes kernel arguments, so a captured quantizer would reuse one seed on every replay:
+the same rounding decisions every step, a bias that no longer averages out. Inside
+:func:`capturing` the draws return a :class:`DeviceSeed` instead: the kernel reads a device word
+``base = initial_seed · φ + offset_0`` (mod 2^64) and adds the draw's distance from the first draw,
+``4 i``, then applies the same mix on the device (``common.replay_seed``). Before each replay
+:meth:`GraphSeeds.before_replay` writes ``base`` from the generator's current offset and advances
+the offset by what the graph draws, so a replayed step computes the very seeds, and leaves the
+generator in the very state, of the same step run eagerly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+PHI = 0x9E3779B97F4A7C15
+SEED_FLOOR = 2**32
+"""Seeds lie in [2^32, 2^62): the kernel argument keeps one type (int64), so one compiled kernel."""
+SEED_SPAN = 2**62 - 2**32
+OFFSET_STEP = 4
+"""Philox offsets a draw advances a CUDA generator by (its unit)."""
+
+
+def mix64(value: int) -> int:
+    """splitmix64's finalizer: a bijection of 64-bit words that spreads every input bit."""
+    value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+    value = (value ^ (value >> 27)) * 0x94D049BB133111EB % 2**64
+    return value ^ (value >> 31)
+
+
+def seed_at(generator: torch.Generator, offset: int) -> int:
+    """The seed of the draw at Philox ``offset`` of a CUDA ``generator``."""
+    return SEED_FLOOR + mix64((generator.initial_seed() * PHI + offset) % 2**64) % SEED_SPAN
+
+
+@dataclass(frozen=True)
+class DeviceSeed:
+    """A draw inside a CUDA graph capture: the kernel reads ``base`` and adds ``delta - 2^32``."""
+
+    base: torch.Tensor  # int64 [1] on the device: (initial_seed · φ + offset_0) mod 2^64, as int64 bits
+    delta: int  # 2^32 + OFFSET_STEP · (draws before this one in the graph): an int64 like a seed
+
+
+class GraphSeeds:
+    """The stochastic-rounding draws of one captured CUDA graph: their generator, how far they
+    advance it per replay, and the device word their kernels read."""
+
+    def __init__(self, device: torch.device):
+        self.base = torch.zeros(1, dtype=torch.int64, device=device)
+        self.generator: torch.Generator | None = None
+        self.used = 0  # offsets one replay consumes
+
+    def draw(self, generator: torch.Generator | None) -> DeviceSeed:
+        """The next draw of the capture. NOTE a capture may not read or move a CUDA generator's offset
+        (torch forbids it), so the draws are counted here and the generator moves in ``before_replay``."""
+        if generator is None or generator.device.type != "cuda" or not hasattr(generator, "get_offset"):
+            raise RuntimeError(
+                "a stochastic-rounding draw inside a CUDA graph capture needs the layer's CUDA generator "
+                "(its seeds are replayed from the generator's offset); got "
+                + ("no generator" if generator is None else f"a {generator.device} generator")
+            )
+        if self.generator is None:
+            self.generator = generator
+        elif generator is not self.generator:
+            raise RuntimeError("stochastic-rounding draws from two generators inside one CUDA graph capture")
+        seed = DeviceSeed(self.base, SEED_FLOOR + self.used)
+        self.used += OFFSET_STEP
+        return seed
+
+    def before_replay(self) -> None:
+        """Point the graph's kernels at the generator's current offset and advance it past their draws."""
+        if self.generator is None:
+            return
+        offset = self.generator.get_offset()
+        base = (self.generator.initial_seed() * PHI + offset) % 2**64
+        self.base.fill_(base - 2**64 if base >= 2**63 else base)  # the same 64 bits as an int64
+        self.generator.set_offset(offset + self.used)
+
+
+_capture: list[GraphSeeds] = []
+
+
+@contextlib.contextmanager
+def capturing(seeds: GraphSeeds) -> Iterator[GraphSeeds]:
+    """Within this context (a CUDA graph capture) every draw is a :class:`DeviceSeed` of ``seeds``."""
+    _capture.append(seeds)
+    try:
+        yield seeds
+    finally:
+        _capture.pop()
+
+
+def draw_seed(generator: torch.Generator | None) -> int | DeviceSeed:
+    """The next stochastic-rounding seed of ``generator`` (torch's default CPU generator when None):
+    an int in [2^32, 2^62) eagerly, a :class:`DeviceSeed` inside :func:`capturing`."""
+    if _capture:
+        return _capture[-1].draw(generator)
+    if generator is not None and generator.device.type == "cuda" and hasattr(generator, "get_offset"):
+        offset = generator.get_offset()
+        generator.set_offset(offset + OFFSET_STEP)
+        return seed_at(generator, offset)
+    device = generator.device if generator is not None else "cpu"
+    return int(torch.randint(SEED_FLOOR, 2**62, (1,), generator=generator, device=device, dtype=torch.int64))
+
+
+def launch_args(seed: int | DeviceSeed | None, dummy: torch.Tensor) -> tuple[int, torch.Tensor, bool]:
+    """(seed argument, seed pointer, SEED_PTR) of a quantizer launch; ``dummy`` fills the unused pointer."""
+    if isinstance(seed, DeviceSeed):
+        return seed.delta, seed.base, True
+    return (0 if seed is None else seed), dummy, False
