@@ -28,6 +28,7 @@ Examples:
     python scripts/bench_pretrain.py --out bench_1gpu.json
     python scripts/bench_pretrain.py --config peer158m --out bench_peer.json
     python scripts/bench_pretrain.py --recipes bf16,nvfp4 --profile 3      # + GPU time by kernel group
+    python scripts/bench_pretrain.py --config peer158m --cuda-graph        # bf16/fp8 steps as CUDA graphs
     python scripts/bench_pretrain.py --recipes fp8 --profile 2 --sources   # + which line launched what
     torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
         --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
@@ -44,6 +45,7 @@ import pstats
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -57,6 +59,7 @@ from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.train import distributed as D
 from inkling_fp4.train.config import OptimConfig
 from inkling_fp4.train.flops import mfu, peak_flops
+from inkling_fp4.train.graphed_step import GraphedMicroStep, graph_blocker
 from inkling_fp4.train.optimizer import build_optimizer, set_lr
 
 CONFIGS = {"hybrid-350m": (dict(preset="hybrid-350m"), 16), "peer158m": (dict(preset="peer158m"), 8)}
@@ -78,6 +81,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--data", choices=["builtin", "random"], default="builtin")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="replay each micro-batch's forward + backward as a CUDA graph (recipes without stochastic "
+        "rounding)",
+    )
     p.add_argument("--ssd-impl", default="auto", choices=["auto", "triton", "reference"])
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     p.add_argument("--compare-to", type=Path, default=None, help="a JSON of this script: scaling and losses")
@@ -137,6 +146,18 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
     opt = build_optimizer(model, OptimConfig(lr=args.lr))
     fwd = torch.compile(model) if args.compile else model
     train_model = D.wrap_model(fwd, dist)
+    graphed, graph_note = None, None
+    if args.cuda_graph:
+        graph_note = graph_blocker(model, dist.world_size, device)
+        if graph_note is None:
+
+            def loss_fn(ids, docs, tgt, mask, net=train_model):
+                with torch.autocast("cuda", dtype=torch.bfloat16):  # inside: only this is captured
+                    return net(ids, doc_ids=docs, targets=tgt, loss_mask=mask)
+
+            graphed = GraphedMicroStep(model, loss_fn)
+            graph_note = "forward + backward replayed as a CUDA graph"
+        described += f"; {graph_note}"
     n_steps = args.warmup + args.steps + args.profile + args.cprofile
     tokens_per_step = cfg.train.batch_size * args.seq
     torch.cuda.reset_peak_memory_stats(device)
@@ -173,6 +194,9 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
                 mask.to(device),
             )
             docs = docs.to(device) if docs is not None else None
+            if graphed is not None:
+                loss_sum += graphed(ids, docs, tgt, mask, dist.world_size / n_tok)
+                continue
             sync = j == accum - 1
             with train_model.no_sync() if dist.active and not sync else contextlib.nullcontext():
                 with torch.autocast("cuda", dtype=torch.bfloat16):  # chunked CE, as the trainer does
@@ -181,7 +205,10 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
             loss_sum += part.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        if graphed is not None:
+            graphed.zero_grad()  # in place: the graph adds into these tensors
+        else:
+            opt.zero_grad(set_to_none=True)
         loss_now = D.all_reduce_sum(loss_sum, dist) / n_tok
         if args.warmup <= i < args.warmup + args.steps:
             host_s.append(time.perf_counter() - t_issue)  # issued; .item() below waits for the GPU
@@ -216,7 +243,7 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
         "top_sources": sources,
         "host_top": host_top,
     }
-    del model, opt, fwd, train_model
+    del model, opt, fwd, train_model, graphed
     torch.cuda.empty_cache()
     return result
 
@@ -258,8 +285,15 @@ def main() -> int:
         },
     )
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    results = [bench_recipe(r, args, dist, cfg, micro, accum) for r in recipes]
-    failures = check(results)
+    results, crashed = [], []
+    for r in recipes:  # one recipe's crash must not lose the others' numbers
+        try:
+            results.append(bench_recipe(r, args, dist, cfg, micro, accum))
+        except Exception as err:
+            traceback.print_exc()
+            crashed.append(f"{r}: crashed: {type(err).__name__}: {err}")
+            torch.cuda.empty_cache()
+    failures = check(results) + crashed
     if dist.is_main:
         report(args, cfg, dist, micro, accum, results, failures)
     D.shutdown(dist)

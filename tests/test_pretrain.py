@@ -237,3 +237,32 @@ def test_cli_pretrain_prints_the_run_directory(tmp_path, data_cache, monkeypatch
         assert e.code in (0, None)
     out = capsys.readouterr().out
     assert f"run directory: {run_dir}" in out and "step 3/3" in out and "precision: nvfp4" in out
+
+
+def test_cuda_graph_off_on_cpu_says_why(train):
+    _, steps, events, _ = train("graph_cpu", "train.cuda_graph=true", "train.steps=4", "eval.every=0")
+    graph = [e for e in events if e["event"] == "cuda_graph"]
+    assert (
+        len(graph) == 1
+        and graph[0]["step"] == 0
+        and "off: CUDA graphs need a CUDA device" in graph[0]["message"]
+    )
+    assert len(steps) == 4 and all(math.isfinite(r["loss"]) for r in steps)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_cuda_graph_trains_as_eager(train):
+    """nvfp4 with stochastic rounding, then the switch to BF16 (a new capture): the graphed run's
+    losses are the eager run's. Not bit for bit: on packed rows of one document the eager forward
+    takes the unmasked attention path, the graph always the masked one (bit-exact replays of the
+    same kernels: test_graphed_step.py)."""
+    common = ("train.device=cuda", "precision.switch_to_bf16=decay", "eval.every=0")
+    _, eager, _, _ = train("eager", *common)
+    _, graphed, events, _ = train("graphed", *common, "train.cuda_graph=true")
+    graph = [(e["step"], e["message"]) for e in events if e["event"] == "cuda_graph"]
+    assert len(graph) == 1 and graph[0][0] == 0 and "on:" in graph[0][1]
+    assert [r["precision"] for r in graphed][-1] == "bf16"
+    for a, b in zip(eager, graphed, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=2e-3), a["step"]
+    assert graphed[-1]["loss"] < graphed[0]["loss"] - 0.3

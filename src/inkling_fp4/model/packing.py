@@ -14,11 +14,28 @@ Shape letters: B batch, L length.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from inkling_fp4.model.ssd import segment_ids
+
+_ALWAYS_MASKED = [False]
+
+
+@contextlib.contextmanager
+def always_masked() -> Iterator[None]:
+    """Within this context every batch with ``doc_ids`` takes the masked path, with no host sync to
+    choose: what a CUDA graph capture needs (it may not read the device, and its kernels must serve
+    every later batch), and what its eager warm-up needs, so that it autotunes those same kernels."""
+    previous = _ALWAYS_MASKED[0]
+    _ALWAYS_MASKED[0] = True
+    try:
+        yield
+    finally:
+        _ALWAYS_MASKED[0] = previous
 
 
 @dataclass
@@ -32,12 +49,13 @@ class Packing:
     @staticmethod
     def from_doc_ids(doc_ids: torch.Tensor | None, attention: bool = True) -> Packing | None:
         """None when there is nothing to mask (no doc_ids, or one document per row): the fast paths
-        (``is_causal`` attention, unmasked scan) then run. One host sync decides that per forward.
-        ``attention=False`` skips the B·L² mask for models without attention layers."""
+        (``is_causal`` attention, unmasked scan) then run. One host sync decides that per forward,
+        except within :func:`always_masked` (the masked path gives the same outputs for one
+        document). ``attention=False`` skips the B·L² mask for models without attention layers."""
         if doc_ids is None:
             return None
         seg = segment_ids(doc_ids)
-        if not bool(seg[:, -1].any()):
+        if not _ALWAYS_MASKED[0] and not bool(seg[:, -1].any()):
             return None
         if not attention:
             return Packing(seg=seg, attn_mask=None)

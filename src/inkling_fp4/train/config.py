@@ -30,6 +30,11 @@ class TrainConfig:
     """auto | cpu | cuda | cuda:N (under torchrun, auto picks cuda:LOCAL_RANK)."""
     compile: bool = False
     """torch.compile the model."""
+    cuda_graph: bool = False
+    """Replay each micro-batch's forward + backward as a CUDA graph (train/graphed_step.py): the host
+    cost of a step no longer grows with its ~1,500 kernel launches, which sets the step time of small
+    models. Every recipe (stochastic rounding replays the eager seeds); one GPU; captured anew after
+    each precision change. Logged when it turns on or off."""
     parallel: str = "ddp"
     """Several GPUs (torchrun): ddp (a replica per GPU) or fsdp (FSDP2: weights, gradients and Adam
     states sharded across the GPUs, for models whose replica does not fit one)."""

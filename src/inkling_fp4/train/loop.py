@@ -56,6 +56,7 @@ from inkling_fp4.train.checkpoint import (
 )
 from inkling_fp4.train.evaluate import all_gemms_in_bf16, evaluate
 from inkling_fp4.train.flops import mfu, peak_flops
+from inkling_fp4.train.graphed_step import GraphedMicroStep, graph_blocker
 from inkling_fp4.train.interrupt import StopSignal
 from inkling_fp4.train.metrics import MetricsLogger, format_duration
 from inkling_fp4.train.monitor import NoiseMonitor
@@ -147,6 +148,12 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
     fwd_model = torch.compile(model) if cfg.train.compile else model
     train_model = fwd_model if sharded else D.wrap_model(fwd_model, dist)
     autocast = _autocast(device)
+
+    def micro_loss(ids, doc_ids, targets, loss_mask):  # summed FP32 cross-entropy, chunked: no full logits
+        with autocast:
+            return train_model(ids, doc_ids=doc_ids, targets=targets, loss_mask=loss_mask)
+
+    graphed = GraphedMicroStep(model, micro_loss) if cfg.train.cuda_graph else None
     flops_per_token = model.flops_per_token(seq_len)
     peak = peak_flops(device, cfg.log.peak_flops)
     log = MetricsLogger(
@@ -178,6 +185,7 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
         log.info(f"the run is already complete ({step} of {cfg.train.steps} steps); nothing to do")
     # throughput counts training time only: evaluation and checkpoint time goes to `paused`
     timer_t0, timer_steps, paused, session_time, session_steps = time.perf_counter(), 0, 0.0, 0.0, 0
+    use_graph = _graph_on(graphed, model, dist, log, step, None)
     try:
         while step < cfg.train.steps:
             step += 1
@@ -185,11 +193,13 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                 policy.switch_to_bf16(model, cfg.precision.switch_scope)
                 _set_precision(model, policy, monitor)
                 log.event(step, "precision_switch", f"precision: step {step}: {policy.describe(model)}")
+                use_graph = _graph_on(graphed, model, dist, log, step, use_graph)
             if monitor.fallback_ends_at(step):
                 _set_precision(model, policy, monitor)
                 log.event(
                     step, "monitor_fallback_end", f"monitor: step {step}: back to {policy.describe(model)}"
                 )
+                use_graph = _graph_on(graphed, model, dist, log, step, use_graph)
             lr = cfg.optim.lr * wsd.lr_ratio(step)
             set_lr(optimizer, lr)
 
@@ -200,20 +210,23 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                 torch.tensor(float(sum(b.num_tokens for b in batches)), device=device), dist
             )
             loss_sum, fault = torch.zeros((), device=device), None
+            grad_scale = dist.world_size / n_tokens  # DDP averages over ranks
             for i, b in enumerate(batches):
+                micro_batch = (b.input_ids, b.doc_ids, b.targets, b.loss_mask)
+                if use_graph:  # forward + backward in one replay; a NaN loss skips the step below
+                    part = graphed(*micro_batch, grad_scale)
+                    loss_sum += part
+                    continue
                 with _gradient_sync(train_model, model, i == accum - 1):
                     try:
-                        with autocast:  # summed FP32 cross-entropy, chunked: no full logits
-                            part = train_model(
-                                b.input_ids, doc_ids=b.doc_ids, targets=b.targets, loss_mask=b.loss_mask
-                            )
+                        part = micro_loss(*micro_batch)
                         fault = None if torch.isfinite(part) else f"non-finite loss {part.item()}"
                     except NumericsError as e:  # a quantizer met NaN/Inf in the forward pass
                         fault = _nonfinite_or_raise(e)
                     if D.any_rank(fault is not None, dist):
                         break
                     try:
-                        (part * (dist.world_size / n_tokens)).backward()  # DDP averages over ranks
+                        (part * grad_scale).backward()
                     except NumericsError as e:  # ... or in a gradient (single process only: NOTE
                         fault = _nonfinite_or_raise(e)  # under DDP the other ranks would wait)
                         break
@@ -228,6 +241,8 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                 fault = "non-finite values on another rank"
             if fault is None:
                 loss = (D.all_reduce_sum(loss_sum, dist) / n_tokens).item()
+                if use_graph and not math.isfinite(loss):
+                    fault = f"non-finite loss {loss}"
                 clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
                 grad_norm = local_value(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)).item()
             else:
@@ -239,10 +254,14 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                 log.event(step, verdict.reason, verdict.message + detail, loss=loss, grad_norm=grad_norm)
             else:
                 optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            if graphed is not None:
+                graphed.zero_grad()  # in place once captured: the graph adds into these tensors
+            else:
+                optimizer.zero_grad(set_to_none=True)
             if verdict.start_fallback:
                 _set_precision(model, policy, monitor)
                 log.event(step, "monitor_fallback", f"monitor: step {step}: all GEMMs in BF16 (fallback)")
+                use_graph = _graph_on(graphed, model, dist, log, step, use_graph)
             timer_steps += 1
             log.advance(step)
 
@@ -326,6 +345,21 @@ def _set_precision(model: nn.Module, policy: PrecisionPolicy, monitor: NoiseMoni
         for m in model.modules():
             if isinstance(m, QuantLinear):
                 m.recipe = None
+
+
+def _graph_on(
+    graphed: GraphedMicroStep | None, model: nn.Module, dist, log: MetricsLogger, step: int, was: bool | None
+) -> bool:
+    """After a precision change: whether micro-steps run as a CUDA graph now (logged when that
+    changes). The old graph replays the old layers' kernels, so it is dropped either way."""
+    if graphed is None:
+        return False
+    graphed.reset()
+    blocker = graph_blocker(model, dist.world_size, dist.device)
+    if (blocker is None) != was:
+        message = "on: forward + backward replayed" if blocker is None else f"off: {blocker}"
+        log.event(step, "cuda_graph", f"cuda graph: step {step}: {message}")
+    return blocker is None
 
 
 def _precision_label(cfg: RunConfig, policy: PrecisionPolicy, monitor: NoiseMonitor) -> str:
