@@ -76,30 +76,28 @@ def _dt_softplus(dt_ptr, bias_ptr, dout_ptr, out_ptr, part_ptr, R, H, sdt, sdo,
         tl.store(out_ptr + rows[:, None] * H + cols[None, :], out, mask=mask)
 
 
+def _squared_relu_pass(h: torch.Tensor, dout: torch.Tensor | None) -> torch.Tensor:
+    """relu(h)^2, or with ``dout`` the gradient dh; h and dout contiguous, the result in h's dtype."""
+    out = torch.empty_like(h)
+    with on_device(h):
+        _squared_relu[(max(1, cdiv(h.numel(), SQUARED_RELU_BLOCK)),)](
+            h, h if dout is None else dout, out, h.numel(), GRAD=dout is not None, BLOCK=SQUARED_RELU_BLOCK,
+            num_warps=SQUARED_RELU_WARPS, enable_fp_fusion=dout is not None,
+        )  # fmt: skip
+    return out
+
+
 class _SquaredReLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h):
         h = h.contiguous()
-        out = torch.empty_like(h)
-        with on_device(h):
-            _squared_relu[(max(1, cdiv(h.numel(), SQUARED_RELU_BLOCK)),)](
-                h, h, out, h.numel(), GRAD=False, BLOCK=SQUARED_RELU_BLOCK, num_warps=SQUARED_RELU_WARPS,
-                enable_fp_fusion=False,
-            )  # fmt: skip
         ctx.save_for_backward(h)
-        return out
+        return _squared_relu_pass(h, None)
 
     @staticmethod
     def backward(ctx, dout):
         (h,) = ctx.saved_tensors
-        dout = dout.contiguous()
-        dh = torch.empty_like(h)
-        with on_device(h):
-            _squared_relu[(max(1, cdiv(h.numel(), SQUARED_RELU_BLOCK)),)](
-                h, dout, dh, h.numel(), GRAD=True, BLOCK=SQUARED_RELU_BLOCK, num_warps=SQUARED_RELU_WARPS,
-                enable_fp_fusion=True,
-            )  # fmt: skip
-        return dh
+        return _squared_relu_pass(h, dout.contiguous())
 
 
 class _DtSoftplus(torch.autograd.Function):
