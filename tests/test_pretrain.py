@@ -9,6 +9,7 @@ import json
 import math
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -266,3 +267,15 @@ def test_gpu_cuda_graph_trains_as_eager(train):
     for a, b in zip(eager, graphed, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=2e-3), a["step"]
     assert graphed[-1]["loss"] < graphed[0]["loss"] - 0.3
+
+
+def test_pretrain_runs_without_triton(tmp_path, data_cache):
+    """The README's first command installs no triton (only the ``gpu`` extra does): the CPU pretrain
+    path must never import it."""
+    argv = ["fp4train", "pretrain", "--run-dir", str(tmp_path / "run"), *SMALL]
+    argv += [f"data.cache_dir={data_cache}", "train.steps=2", "eval.every=0"]
+    code = "import sys\nsys.modules['triton'] = None  # as if not installed\n"
+    code += f"sys.argv = {argv!r}\nfrom inkling_fp4.cli import main\nmain()\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert (tmp_path / "run" / "checkpoints" / "step_2").is_dir()

@@ -31,12 +31,11 @@ replaced so a caller that runs something else afterwards can restore them.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 
 import torch
-
-from inkling_fp4.model.ssd_kernels import tuning
 
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
 """Eight cuBLAS workspaces of 4 MiB per stream: the larger of the two settings cuBLAS documents as
@@ -53,12 +52,23 @@ class DeterminismSettings:
     fixed_kernel_configs: bool
 
 
+def _kernel_tuning():
+    """The SSD kernels' tuning module, or None where triton is not installed (a CPU install without the
+    ``gpu`` extra: then no kernel autotunes, and there is nothing to fix)."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    from inkling_fp4.model.ssd_kernels import tuning
+
+    return tuning
+
+
 def current_settings() -> DeterminismSettings:
+    tuning = _kernel_tuning()
     return DeterminismSettings(
         algorithms=torch.are_deterministic_algorithms_enabled(),
         warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
         cublas_workspace=os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-        fixed_kernel_configs=tuning.fixed_configs(),
+        fixed_kernel_configs=tuning is not None and tuning.fixed_configs(),
     )
 
 
@@ -69,7 +79,9 @@ def restore_settings(settings: DeterminismSettings) -> None:
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
     else:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = settings.cublas_workspace
-    tuning.set_fixed_configs(settings.fixed_kernel_configs)
+    tuning = _kernel_tuning()
+    if tuning is not None:
+        tuning.set_fixed_configs(settings.fixed_kernel_configs)
 
 
 def enable_determinism() -> DeterminismSettings:
@@ -79,7 +91,9 @@ def enable_determinism() -> DeterminismSettings:
     before = current_settings()
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
     torch.use_deterministic_algorithms(True, warn_only=False)
-    tuning.set_fixed_configs(True)
+    tuning = _kernel_tuning()
+    if tuning is not None:
+        tuning.set_fixed_configs(True)
     return before
 
 
