@@ -422,6 +422,10 @@ def test_interp_amax_words_are_fresh_zeros(monkeypatch):
         (w.untyped_storage().data_ptr(), w.storage_offset() + i) for w in words for i in range(w.numel())
     }
     assert len(spans) == 15, "zeroed words must never overlap"
+    before = amax_module.zeroed_words(1, torch.device("cpu"))
+    amax_module.start_new_pool(torch.device("cpu"))  # what a CUDA graph capture does first and last
+    after = amax_module.zeroed_words(1, torch.device("cpu"))
+    assert after.untyped_storage().data_ptr() != before.untyped_storage().data_ptr() and not after.any()
     x = normal((32, 64), torch.bfloat16, seed)
     for scale in (1e6, 1.0, 0.0):
         xs = x * scale

@@ -326,6 +326,27 @@ def test_deferred_finite_check_names_the_first_bad_operand(monkeypatch):
         finite_guard.eager_checks(False)
 
 
+def test_captured_records_are_checked_after_each_replay():
+    """Inside a graph capture records are kept apart (no check: it would read the device); after each
+    replay their amaxes, as the replay left them, join the record, labels in order."""
+    finite_guard.discard()
+    amax_a, amax_b = torch.tensor([1.0]), torch.tensor([2.0])  # the graph's buffers
+    with finite_guard.capturing() as records:
+        finite_guard.record(amax_a, "operand 'a'")
+        finite_guard.record(amax_b, "operand 'b'")
+    assert [label for _, label in records] == ["operand 'a'", "operand 'b'"]
+    finite_guard.raise_if_non_finite()  # nothing pending: the capture's records are not eager ones
+    finite_guard.record_replay(records)  # replay 1: finite
+    amax_b.fill_(float("nan"))  # replay 2 writes a NaN into the same buffer ...
+    finite_guard.record_replay(records)
+    amax_b.fill_(5.0)  # ... which replay 3 overwrites: the copy taken after replay 2 must still tell
+    finite_guard.record_replay(records)
+    with pytest.raises(NumericsError, match="operand 'b'.*1 quantized operand"):
+        finite_guard.raise_if_non_finite()
+    finite_guard.record_replay([])
+    finite_guard.raise_if_non_finite()
+
+
 _FUSED_CHECK = """
 import torch
 from inkling_fp4.errors import NumericsError

@@ -53,22 +53,28 @@ def _use_fast_form(first: torch.Tensor) -> bool:
     return _ENABLED[0] and first.is_cuda and not torch.compiler.is_compiling()
 
 
-def cuda_compiled(fn: Callable) -> Callable:
-    """``fn`` itself, except on CUDA tensors (judged by the first argument), where it runs through
-    ``torch.compile`` (built on first use)."""
-    compiled = None
+def _cuda_dispatch(fn: Callable, build_fast: Callable[[], Callable]) -> Callable:
+    """``fn`` itself, except where :func:`_use_fast_form` says otherwise: then the callable that
+    ``build_fast`` returns (built on first use) with the same arguments."""
+    fast = None
 
     @functools.wraps(fn)
     def dispatch(*args):
-        nonlocal compiled
+        nonlocal fast
         if not _use_fast_form(args[0]):
             return fn(*args)
-        if compiled is None:
-            compiled = torch.compile(fn)
-        return compiled(*args)
+        if fast is None:
+            fast = build_fast()
+        return fast(*args)
 
     dispatch.reference = fn
     return dispatch
+
+
+def cuda_compiled(fn: Callable) -> Callable:
+    """``fn`` itself, except on CUDA tensors (judged by the first argument), where it runs through
+    ``torch.compile`` (built on first use)."""
+    return _cuda_dispatch(fn, lambda: torch.compile(fn))
 
 
 def cuda_kernel(name: str) -> Callable[[Callable], Callable]:
@@ -80,20 +86,7 @@ def cuda_kernel(name: str) -> Callable[[Callable], Callable]:
     if not module_name:
         raise ValueError(f"cuda_kernel takes 'module.function', got {name!r}")
 
-    def decorate(fn: Callable) -> Callable:
-        kernel = None
+    def load_kernel() -> Callable:
+        return getattr(importlib.import_module(f"{_KERNEL_PACKAGE}.{module_name}"), function_name)
 
-        @functools.wraps(fn)
-        def dispatch(*args):
-            nonlocal kernel
-            if not _use_fast_form(args[0]):
-                return fn(*args)
-            if kernel is None:
-                module = importlib.import_module(f"{_KERNEL_PACKAGE}.{module_name}")
-                kernel = getattr(module, function_name)
-            return kernel(*args)
-
-        dispatch.reference = fn
-        return dispatch
-
-    return decorate
+    return lambda fn: _cuda_dispatch(fn, load_kernel)

@@ -40,9 +40,19 @@ def mix64(value: int) -> int:
     return value ^ (value >> 31)
 
 
+def _is_cuda_generator(generator: torch.Generator | None) -> bool:
+    """A generator whose (seed, offset) state lives on the host: a CUDA one."""
+    return generator is not None and generator.device.type == "cuda" and hasattr(generator, "get_offset")
+
+
+def _base(generator: torch.Generator, offset: int) -> int:
+    """The 64-bit word a draw at Philox ``offset`` mixes: initial_seed · φ + offset, mod 2^64."""
+    return (generator.initial_seed() * PHI + offset) % 2**64
+
+
 def seed_at(generator: torch.Generator, offset: int) -> int:
     """The seed of the draw at Philox ``offset`` of a CUDA ``generator``."""
-    return SEED_FLOOR + mix64((generator.initial_seed() * PHI + offset) % 2**64) % SEED_SPAN
+    return SEED_FLOOR + mix64(_base(generator, offset)) % SEED_SPAN
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,7 @@ class GraphSeeds:
     def draw(self, generator: torch.Generator | None) -> DeviceSeed:
         """The next draw of the capture. NOTE a capture may not read or move a CUDA generator's offset
         (torch forbids it), so the draws are counted here and the generator moves in ``before_replay``."""
-        if generator is None or generator.device.type != "cuda" or not hasattr(generator, "get_offset"):
+        if not _is_cuda_generator(generator):
             raise RuntimeError(
                 "a stochastic-rounding draw inside a CUDA graph capture needs the layer's CUDA generator "
                 "(its seeds are replayed from the generator's offset); got "
@@ -84,7 +94,7 @@ class GraphSeeds:
         if self.generator is None:
             return
         offset = self.generator.get_offset()
-        base = (self.generator.initial_seed() * PHI + offset) % 2**64
+        base = _base(self.generator, offset)
         self.base.fill_(base - 2**64 if base >= 2**63 else base)  # the same 64 bits as an int64
         self.generator.set_offset(offset + self.used)
 
@@ -107,7 +117,7 @@ def draw_seed(generator: torch.Generator | None) -> int | DeviceSeed:
     an int in [2^32, 2^62) eagerly, a :class:`DeviceSeed` inside :func:`capturing`."""
     if _capture:
         return _capture[-1].draw(generator)
-    if generator is not None and generator.device.type == "cuda" and hasattr(generator, "get_offset"):
+    if _is_cuda_generator(generator):
         offset = generator.get_offset()
         generator.set_offset(offset + OFFSET_STEP)
         return seed_at(generator, offset)
