@@ -181,24 +181,33 @@ def _forward_ok(rule: str, got: torch.Tensor, ref: torch.Tensor) -> bool:
     return one_ulp and (got != ref).double().mean().item() <= 0.01
 
 
-def check(case: Case) -> tuple[bool, float, float, float]:
-    """(ok, % of forward outputs bit-equal to the compiled reference, worst gradient relative error of
-    the compiled reference and of the kernels against FP64)."""
+def check(case: Case) -> tuple[list[str], float, float, float]:
+    """(what failed, empty when every check passes; % of forward outputs bit-equal to the compiled
+    reference; worst gradient relative error of the compiled reference and of the kernels against
+    FP64)."""
     douts = case.douts
     with torch.no_grad():
         fast = _outs(case.fast(*case.leaves))
         ref = _outs(case.ref(*case.leaves))
     rules = ["exact", "norm"] if case.name == "add_rms_norm" else [case.rule]
-    ok = all(_forward_ok(r, f, w) for r, f, w in zip(rules, fast, ref, strict=True))
+    problems = [
+        f"output {i} ({rule})"
+        for i, (rule, f, w) in enumerate(zip(rules, fast, ref, strict=True))
+        if not _forward_ok(rule, f, w)
+    ]
     eq = sum((f == w).sum().item() for f, w in zip(fast, ref, strict=True)) / sum(f.numel() for f in fast)
     g_fast = _grads(case.fast, _leaves(case), douts)
     g_ref = _grads(case.ref, _leaves(case), douts)
     g64 = _grads(case.ref64, _leaves(case, wide=True), [d.double() for d in douts])
     err_fast = max(_rel(a, b) for a, b in zip(g_fast, g64, strict=True))
     err_ref = max(_rel(a, b) for a, b in zip(g_ref, g64, strict=True))
-    for leaf, g, r in zip(case.leaves, g_fast, g64, strict=True):
-        ok = ok and g.dtype == leaf.dtype and g.shape == leaf.shape and _rel(g, r) < GRAD_RTOL[g.dtype]
-    return ok, 100.0 * eq, err_ref, err_fast
+    for i, (leaf, g, gr, r) in enumerate(zip(case.leaves, g_fast, g_ref, g64, strict=True)):
+        if g.dtype != leaf.dtype or g.shape != leaf.shape:
+            problems.append(f"grad {i}: {g.dtype} {tuple(g.shape)}, leaf {leaf.dtype} {tuple(leaf.shape)}")
+        elif _rel(g, r) >= GRAD_RTOL[g.dtype]:
+            err, tol, err_c = _rel(g, r), GRAD_RTOL[g.dtype], _rel(gr, r)
+            problems.append(f"grad {i} ({g.dtype}): error {err:.1e} >= {tol:.1e}, compiled {err_c:.1e}")
+    return problems, 100.0 * eq, err_ref, err_fast
 
 
 def gpu_us(fn, case: Case) -> tuple[float, str]:
@@ -288,7 +297,8 @@ def main() -> int:
         saved_us = 0.0
         counts = calls_per_step(shape)
         for case in _cases(dims):
-            ok, eq, err_ref, err_fast = check(case)
+            problems, eq, err_ref, err_fast = check(case)
+            ok = not problems
             g_ref, m_ref = gpu_us(case.ref, case)
             g_fast, m_fast = gpu_us(case.fast, case)
             hf_ref, hb_ref = host_us(case.ref, case, args.calls)
@@ -300,7 +310,7 @@ def main() -> int:
             line += f" {f'{err_ref:.1e}/{err_fast:.1e}':>18}  {'ok' if ok else 'MISMATCH'}"
             print(line)
             if not ok:
-                failed.append(f"{shape} {case.name}")
+                failed.append(f"{shape} {case.name} ({'; '.join(problems)})")
         n_calls = sum(counts.values())
         print(f"{shape}: {n_calls} calls per step (+ backward): host time saved {saved_us / 1e3:.2f} ms/step")
     if failed:

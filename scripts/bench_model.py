@@ -217,7 +217,7 @@ def bench_mamba_parts(cfg, args, device, packing) -> list[tuple[str, float, floa
     Bm = torch.randn(B, L, G, N, **bf, requires_grad=True)
     Cm = torch.randn(B, L, G, N, **bf, requires_grad=True)
     seg = None if packing is None else packing.seg
-    conv = conv_silu_for(mixer.conv_impl, xbc)
+    conv = conv_silu_for(mixer.conv_impl, xbc, mixer.conv_weight.shape[1])
     y = torch.randn(B, L, H, P, **bf, requires_grad=True)
     z = torch.randn(B, L, cfg.d_inner, **bf, requires_grad=True)
 
@@ -229,7 +229,7 @@ def bench_mamba_parts(cfg, args, device, packing) -> list[tuple[str, float, floa
         return ssd(x, dt, A, Bm, Cm, cfg.chunk_size, doc_ids=seg, impl=cfg.ssd_impl)[0]
 
     def conv_fn(xbc):
-        return conv(xbc, mixer.conv_weight, mixer.conv_bias, seg)
+        return conv(xbc, mixer.conv_weight, mixer.conv_bias, seg, [xbc.shape[-1]])[0]
 
     def gated_norm(y, x, z):
         return skip_gated_rms_norm(y, x, mixer.D, z, mixer.norm.weight, G, mixer.norm.eps)

@@ -93,6 +93,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--profile", type=int, default=0, help="then profile this many steps: GPU time by kernel group"
     )
+    p.add_argument("--top", type=int, default=20, help="with --profile: list this many kernels")
     p.add_argument(
         "--sources", action="store_true", help="with --profile: GPU time by the package line that launched it"
     )
@@ -224,7 +225,7 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
     if profiler is not None:
         events = [e for e in profiler.key_averages() if str(e.device_type).endswith("CUDA")]
         groups = step_profile.breakdown(events, args.profile)
-        top = step_profile.top_kernels(events, args.profile)
+        top = step_profile.top_kernels(events, args.profile, args.top)
         if args.sources:
             sources = step_profile.top_sources(profiler.events(), args.profile)
     tok_s = tokens_per_step * args.steps / elapsed

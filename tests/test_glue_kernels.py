@@ -388,7 +388,7 @@ def test_model_functions_route_to_their_kernels(monkeypatch):
     """Each decorated function of the model runs the autograd Function of its kernel on the device
     (under the interpreter the fast form is forced on CPU tensors), with the reference's result."""
     if DEVICE == "cpu":
-        monkeypatch.setattr(compiled, "_use_fast_form", lambda first: True)
+        monkeypatch.setattr(compiled, "fast_forms_on", lambda first: True)
     H, P, G = 4, 8, 2
     y, x = _randn(3, 5, H, P), _randn(3, 5, H, P)
     z, w = _randn(3, 5, H * P), _randn(H * P)

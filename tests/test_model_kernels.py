@@ -83,6 +83,83 @@ def test_interp_conv_silu_triton_matches_reference(packed, k, shape):
 
 
 @interpreted
+@pytest.mark.parametrize("packed", [False, True])
+def test_interp_conv_blocks_give_the_whole_outputs_gradients_bit_for_bit(packed):
+    """With ``blocks`` the output comes as column blocks (the mixer's x, B, C) whose gradients the
+    backward reads where they are: values and all gradients equal the whole output's, bit for bit, for
+    block edges inside a channel tile."""
+    from inkling_fp4.model.conv_triton import conv_silu_triton
+
+    _seed()
+    B, L, C, k = 2, 70, 150, 4
+    blocks = [70, 41, 39]
+    base = torch.randn(B, L, C + 9) * 2
+    w, bias = torch.randn(C, k), torch.randn(C)
+    seg = _random_segments(B, L) if packed else None
+    dys = [torch.randn(B, L, n) for n in blocks]
+
+    def run(split):
+        x = base.clone().requires_grad_()
+        wv, bv = w.clone().requires_grad_(), bias.clone().requires_grad_()
+        if split:
+            outs = conv_silu_triton(x[..., 4 : 4 + C], wv, bv, seg, blocks)
+            assert [o.shape[-1] for o in outs] == blocks
+            torch.autograd.backward(outs, dys)
+            out = torch.cat([o.detach() for o in outs], -1)
+        else:
+            out = conv_silu_triton(x[..., 4 : 4 + C], wv, bv, seg)
+            out.backward(torch.cat(dys, -1))
+        return out.detach(), x.grad, wv.grad, bv.grad
+
+    for name, got, want in zip(("out", "dx", "dweight", "dbias"), run(True), run(False), strict=True):
+        assert torch.equal(got, want), name
+    with pytest.raises(ValueError, match="blocks must be 1 or 3 widths summing to 150"):
+        conv_silu_triton(base[..., :C], w, bias, None, [100, 40])
+
+
+class _NoSlab:
+    def into(self, i):
+        return None  # each consumer allocates its own gradient; autograd concatenates them
+
+
+@interpreted
+@pytest.mark.parametrize("packed", [False, True])
+def test_interp_mixer_writes_in_projs_gradient_in_place(monkeypatch, packed):
+    """The Mamba-2 mixer on its fast path (the Triton conv and glue, forced on CPU tensors): the gated
+    norm, the conv and dt's softplus write their input gradients into one buffer (model/grad_slab.py)
+    and in_proj's backward gets it without a concatenation (the fallback fails the test). Every
+    gradient is bit for bit the one of the same kernels with autograd's split and concatenation."""
+    from inkling_fp4.model import compiled, grad_slab, mamba2
+    from inkling_fp4.model.packing import Packing
+
+    seed = _seed()
+    cfg = ModelConfig(
+        vocab_size=64, d_model=32, pattern="M", mamba_heads=4, mamba_head_dim=8, n_groups=2, d_state=8,
+        chunk_size=16, ssd_impl="reference", conv_impl="triton",
+    )  # fmt: skip
+    B, L = 2, 40
+    packing = Packing(seg=_random_segments(B, L), attn_mask=None) if packed else None
+    monkeypatch.setattr(compiled, "fast_forms_on", lambda first: True)
+    monkeypatch.setattr(mamba2, "fast_forms_on", lambda first: True)
+
+    def run(slab: bool):
+        torch.manual_seed(seed)
+        mixer = mamba2.Mamba2Mixer(cfg, 0)
+        u = torch.randn(B, L, cfg.d_model, requires_grad=True)
+        with monkeypatch.context() as m:
+            if slab:
+                m.setattr(grad_slab, "concatenate", lambda *a: pytest.fail("fell back to the concatenation"))
+            else:
+                m.setattr(mamba2, "split_with_grad_slab", lambda t, widths: (t.split(widths, -1), _NoSlab()))
+            out = mixer(u, packing)
+            out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
+        return [out.detach(), u.grad] + [p.grad for p in mixer.parameters()]
+
+    for i, (got, want) in enumerate(zip(run(True), run(False), strict=True)):
+        assert torch.equal(got, want), f"output/gradient {i}"
+
+
+@interpreted
 def test_interp_conv_zero_input_and_doc_per_token():
     """All-zero input gives silu(bias) everywhere; one document per token leaves only the current tap."""
     from inkling_fp4.model.conv_triton import conv_silu_triton

@@ -49,23 +49,24 @@ def reference_glue() -> Iterator[None]:
         _ENABLED[0] = previous
 
 
-def _use_fast_form(first: torch.Tensor) -> bool:
+def fast_forms_on(first: torch.Tensor) -> bool:
+    """Whether a decorated function called with ``first`` as its first argument runs its fast form."""
     return _ENABLED[0] and first.is_cuda and not torch.compiler.is_compiling()
 
 
 def _cuda_dispatch(fn: Callable, build_fast: Callable[[], Callable]) -> Callable:
-    """``fn`` itself, except where :func:`_use_fast_form` says otherwise: then the callable that
+    """``fn`` itself, except where :func:`fast_forms_on` says otherwise: then the callable that
     ``build_fast`` returns (built on first use) with the same arguments."""
     fast = None
 
     @functools.wraps(fn)
-    def dispatch(*args):
+    def dispatch(*args, **kwargs):
         nonlocal fast
-        if not _use_fast_form(args[0]):
-            return fn(*args)
+        if not fast_forms_on(args[0]):
+            return fn(*args, **kwargs)
         if fast is None:
             fast = build_fast()
-        return fast(*args)
+        return fast(*args, **kwargs)
 
     dispatch.reference = fn
     return dispatch

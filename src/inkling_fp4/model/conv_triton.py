@@ -13,19 +13,22 @@ pre-activation a.
 
 The backward is two passes. The first computes da = dout * silu'(a) once per position into an FP32
 buffer (reads x and dout, writes 4 bytes per element); the second reads da at the k shifted positions
-for dx and multiplies it with the shifted x for dweight and dbias (reads da and x, writes dx). A single
+for dx, and multiplies each with the unshifted x for dweight (reads da and x, writes dx). A single
 pass needs da at t..t+k-1 for every tile, so it recomputed a and silu' k times per element (k^2 shifted
 loads of x, k sigmoids): on the H200 at hybrid-350m's shape (16 x 2048 x 3072, BF16) that single pass
 took 1.46 ms (~410 GB/s of its 3 x B L C x 2 bytes) where the forward takes 0.18 ms (~2270 GB/s).
 
 The input may be a strided view (the x||B||C slice of in_proj's output): only its last dim must be
-contiguous, so the split of in_proj's output costs no copy.
+contiguous, so the split of in_proj's output costs no copy. The output may come as column blocks (the
+mixer's x, B and C) whose gradients the first pass reads where they are, so their concatenation (a
+full read and write of a [B, L, C] tensor per layer, the autograd backward of a split) costs nothing
+either.
 
 Backward, per position t (masks as above, [t+s < L] and [seg_{t+s} == seg_t]):
 
     da_t       = dout_t * silu'(a_t),   silu'(a) = sig(a) (1 + a (1 - sig(a)))
     dx_t       = sum_s weight[:, k-1-s] * da_{t+s}
-    dweight[:, k-1-s] = sum_{b,t} da_t * x_{t-s}        dbias = sum_{b,t} da_t
+    dweight[:, k-1-s] = sum_{b,t} da_{t+s} * x_t        dbias = sum_{b,t} da_t
 
 dweight and dbias are summed per (batch row, chunk of CHUNK_L positions) into an FP32 buffer, then
 reduced in PyTorch: deterministic, unlike atomics. Each second-pass program walks its chunk in tiles of BL
@@ -49,6 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inkling_fp4.model.glue_kernels.common import grad_buffer
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET, autotune, configs
 
 CHUNK_L = 256  # positions per backward program (one row of the dweight / dbias partial sums)
@@ -63,6 +67,21 @@ _TILES = [
     ({"BL": 64, "BC": 128}, 8),
     ({"BL": 128, "BC": 64}, 8),
     ({"BL": 16, "BC": 128}, 2),
+]
+
+
+# The backward's second pass keeps k + 1 sums per tile element in registers: smaller tiles. First the
+# fastest on an H200 at hybrid-350m's shape (16 x 2048 x 4096, BF16): forward + backward 916 us,
+# against 1139 us with the earlier second pass (per-tile sums across warps, ~250 registers a thread).
+_BWD_TILES = [
+    ({"BL": 8, "BC": 64}, 2),
+    ({"BL": 8, "BC": 128}, 4),
+    ({"BL": 16, "BC": 64}, 4),
+    ({"BL": 4, "BC": 64}, 2),
+    ({"BL": 8, "BC": 32}, 1),
+    ({"BL": 16, "BC": 64}, 2),
+    ({"BL": 8, "BC": 256}, 8),
+    ({"BL": 4, "BC": 256}, 4),
 ]
 
 
@@ -115,7 +134,7 @@ def _conv_pre(
     return acc
 
 
-@autotune(configs(_TILES), key=["C", "K", "HAS_SEG", "GRAD"])
+@autotune(configs(_TILES), key=["C", "K", "HAS_SEG", "GRAD", "BLOCKS"])
 @triton.jit
 def _conv_silu_pointwise(
     x_ptr,
@@ -123,24 +142,34 @@ def _conv_silu_pointwise(
     w_ptr,
     bias_ptr,
     dout_ptr,
+    dout1_ptr,
+    dout2_ptr,
     out_ptr,
     L,
     C,
+    C1,
+    C2,
     sxb,
     sxl,
     ssb,
     sdb,
     sdl,
+    sdb1,
+    sdl1,
+    sdb2,
+    sdl2,
     sob,
     sol,
     HAS_SEG: tl.constexpr,
     GRAD: tl.constexpr,
+    BLOCKS: tl.constexpr,
     K: tl.constexpr,
     BL: tl.constexpr,
     BC: tl.constexpr,
 ):
     """At the positions t of this tile: out = silu(a) (forward), or with GRAD the backward's first pass,
-    out = da = dout * silu'(a) in FP32."""
+    out = da = dout * silu'(a) in FP32. With BLOCKS = 3, dout comes as three column blocks, channels
+    [0, C1), [C1, C2) and [C2, C), each its own tensor (masked loads: a lane reads only its block's)."""
     b = tl.program_id(0).to(tl.int64)  # batch offsets can pass 2^31 elements
     t = tl.program_id(1) * BL + tl.arange(0, BL)
     c = tl.program_id(2) * BC + tl.arange(0, BC)
@@ -149,14 +178,34 @@ def _conv_silu_pointwise(
     a = _conv_pre(x_ptr, seg_ptr, w_ptr, bias_ptr, b, t, c, c_ok, L, sxb, sxl, ssb, HAS_SEG, K, BL, BC)
     sig = tl.sigmoid(a)
     if GRAD:
-        dout = tl.load(dout_ptr + b * sdb + t[:, None] * sdl + c[None, :], mask=mask, other=0.0)
+        if BLOCKS == 3:
+            in0 = c < C1
+            in2 = c >= C2
+            in1 = ~in0 & ~in2
+            dout = tl.load(
+                dout_ptr + b * sdb + t[:, None] * sdl + c[None, :], mask=mask & in0[None, :], other=0.0
+            ).to(tl.float32)
+            at1 = dout1_ptr + b * sdb1 + t[:, None] * sdl1 + (c - C1)[None, :]
+            dout += tl.load(at1, mask=mask & in1[None, :], other=0.0).to(tl.float32)
+            at2 = dout2_ptr + b * sdb2 + t[:, None] * sdl2 + (c - C2)[None, :]
+            dout += tl.load(at2, mask=mask & in2[None, :], other=0.0).to(tl.float32)
+        else:
+            dout = tl.load(dout_ptr + b * sdb + t[:, None] * sdl + c[None, :], mask=mask, other=0.0)
         out = dout.to(tl.float32) * sig * (1.0 + a * (1.0 - sig))
     else:
         out = a * sig
     tl.store(out_ptr + b * sob + t[:, None] * sol + c[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@autotune(configs(_TILES), key=["C", "K", "HAS_SEG"])
+@triton.jit
+def _tap_weight(w_ptr, c, c_ok, K: tl.constexpr, s: tl.constexpr):
+    """weight[:, k-1-s] at channels c in FP32 (zeros for s >= k)."""
+    if s < K:
+        return tl.load(w_ptr + c * K + (K - 1 - s), mask=c_ok, other=0.0).to(tl.float32)
+    return tl.zeros(c.shape, dtype=tl.float32)
+
+
+@autotune(configs(_BWD_TILES), key=["C", "K", "HAS_SEG"])
 @triton.jit
 def _conv_silu_bwd(
     x_ptr,
@@ -175,27 +224,40 @@ def _conv_silu_bwd(
     sdxl,
     HAS_SEG: tl.constexpr,
     K: tl.constexpr,
-    KP: tl.constexpr,
     CHUNK: tl.constexpr,
     BL: tl.constexpr,
     BC: tl.constexpr,
 ):
-    """Second pass: dx of this chunk's tiles and the chunk's dweight and dbias sums, from da."""
+    """Second pass: dx of this chunk's tiles and the chunk's dweight and dbias sums, from da (k <= 4).
+
+    Each pair (input position t, output position t + s) is visited once, by the program that owns t:
+    it loads da_{t+s} (0 where the tap is masked) for dx_t and adds da_{t+s} x_t to dweight[:, k-1-s],
+    so x is read once per tile, unshifted. The sums are kept per tile element (one [BL, BC] register
+    tile per tap, and one for dbias) and reduced over the positions once, after the loop: a reduction
+    per tile would cross warps (shared memory and barriers) on every iteration. The weights are loaded
+    once, before the loop, for the same reason."""
     b = tl.program_id(0).to(tl.int64)  # batch offsets can pass 2^31 elements
     chunk = tl.program_id(1)
     c = tl.program_id(2) * BC + tl.arange(0, BC)
     c_ok = c < C
-    taps = tl.arange(0, KP)  # row j of dw_acc is weight column j
-    dw_acc = tl.zeros((KP, BC), dtype=tl.float32)
-    db_acc = tl.zeros((BC,), dtype=tl.float32)
+    w0 = _tap_weight(w_ptr, c, c_ok, K, 0)[None, :]
+    w1 = _tap_weight(w_ptr, c, c_ok, K, 1)[None, :]
+    w2 = _tap_weight(w_ptr, c, c_ok, K, 2)[None, :]
+    w3 = _tap_weight(w_ptr, c, c_ok, K, 3)[None, :]
+    dw0 = tl.zeros((BL, BC), dtype=tl.float32)  # dw_s: the sums of weight column k-1-s
+    dw1 = tl.zeros((BL, BC), dtype=tl.float32)
+    dw2 = tl.zeros((BL, BC), dtype=tl.float32)
+    dw3 = tl.zeros((BL, BC), dtype=tl.float32)
+    db = tl.zeros((BL, BC), dtype=tl.float32)
     for i in range(0, CHUNK, BL):
         t = chunk * CHUNK + i + tl.arange(0, BL)
         t_ok = t < L
         seg_t = t  # unused without document resets
         if HAS_SEG:
             seg_t = tl.load(seg_ptr + b * ssb + t, mask=t_ok, other=-1)
+        tile = t_ok[:, None] & c_ok[None, :]
+        x_t = tl.load(x_ptr + b * sxb + t[:, None] * sxl + c[None, :], mask=tile, other=0.0).to(tl.float32)
         dx = tl.zeros((BL, BC), dtype=tl.float32)
-        da_here = tl.zeros((BL, BC), dtype=tl.float32)
         for s in tl.static_range(K):
             ts = t + s  # the output position that tap s of position t feeds
             ok = t_ok & (ts < L)
@@ -206,26 +268,31 @@ def _conv_silu_bwd(
             da = tl.load(
                 da_ptr + (b * L + ts[:, None]) * C + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0
             )
-            w = tl.load(w_ptr + c * K + (K - 1 - s), mask=c_ok, other=0.0).to(tl.float32)
-            dx += da * w[None, :]
             if s == 0:
-                da_here = da
-        tl.store(
-            dx_ptr + b * sdxb + t[:, None] * sdxl + c[None, :],
-            dx.to(dx_ptr.dtype.element_ty),
-            mask=t_ok[:, None] & c_ok[None, :],
-        )
-        db_acc += tl.sum(da_here, 0)
-        for s in tl.static_range(K):
-            xs = _x_tap(x_ptr, seg_ptr, b, t, t_ok, seg_t, s, c, c_ok, sxb, sxl, ssb, HAS_SEG)
-            part = tl.sum(da_here * xs, 0)  # [BC]
-            dw_acc += tl.where(taps[:, None] == K - 1 - s, part[None, :], 0.0)
+                dx += da * w0
+                dw0 += da * x_t
+                db += da
+            elif s == 1:
+                dx += da * w1
+                dw1 += da * x_t
+            elif s == 2:
+                dx += da * w2
+                dw2 += da * x_t
+            else:
+                dx += da * w3
+                dw3 += da * x_t
+        dx_at = dx_ptr + b * sdxb + t[:, None] * sdxl + c[None, :]
+        tl.store(dx_at, dx.to(dx_ptr.dtype.element_ty), mask=tile)
     # this chunk's partial sums: row (b, chunk) of the [B * nC, k, C] / [B * nC, C] buffers
     row = b * tl.num_programs(1) + chunk
-    tl.store(db_ptr + row * C + c, db_acc, mask=c_ok)
-    tl.store(
-        dw_ptr + (row * K + taps[:, None]) * C + c[None, :], dw_acc, mask=(taps < K)[:, None] & c_ok[None, :]
-    )
+    tl.store(db_ptr + row * C + c, tl.sum(db, 0), mask=c_ok)
+    tl.store(dw_ptr + (row * K + K - 1) * C + c, tl.sum(dw0, 0), mask=c_ok)
+    if K > 1:
+        tl.store(dw_ptr + (row * K + K - 2) * C + c, tl.sum(dw1, 0), mask=c_ok)
+    if K > 2:
+        tl.store(dw_ptr + (row * K + K - 3) * C + c, tl.sum(dw2, 0), mask=c_ok)
+    if K > 3:
+        tl.store(dw_ptr + (row * K + K - 4) * C + c, tl.sum(dw3, 0), mask=c_ok)
 
 
 def _device(t: torch.Tensor):
@@ -236,53 +303,75 @@ def _row_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _pointwise(x, weight, bias, seg, dout, out) -> None:
-    """Launch :func:`_conv_silu_pointwise`: out = silu(a) when dout is None, else da (FP32)."""
+def _pointwise(x, weight, bias, seg, douts, out) -> None:
+    """Launch :func:`_conv_silu_pointwise`: out = silu(a) when douts is None, else da (FP32) from dout
+    given as one [B, L, C] tensor or as column blocks [B, L, C_i] (each with its last dim contiguous)."""
     Bsz, L, C = x.shape
     grid = lambda meta: (Bsz, triton.cdiv(L, meta["BL"]), triton.cdiv(C, meta["BC"]))  # noqa: E731
-    grad = dout is not None
-    dout_arg = dout if grad else out
+    grad = douts is not None
+    d = list(douts) if grad else [out]
+    bounds = [0]
+    for t in d:
+        bounds.append(bounds[-1] + t.shape[-1])
+    if len(d) not in (1, 3) or bounds[-1] != C:
+        raise ValueError(f"the conv's output gradient comes whole or in 3 column blocks of width {C} in all")
+    d3 = d if len(d) == 3 else d * 3  # unused pointers and strides when whole
     with _device(x):
         _conv_silu_pointwise[grid](
             x,
             seg if seg is not None else x,
             weight,
             bias,
-            dout_arg,
+            d3[0],
+            d3[1],
+            d3[2],
             out,
             L,
             C,
+            bounds[1],
+            bounds[2] if len(d) == 3 else C,
             x.stride(0),
             x.stride(1),
             seg.stride(0) if seg is not None else 0,
-            dout_arg.stride(0),
-            dout_arg.stride(1),
+            d3[0].stride(0),
+            d3[0].stride(1),
+            d3[1].stride(0),
+            d3[1].stride(1),
+            d3[2].stride(0),
+            d3[2].stride(1),
             out.stride(0),
             out.stride(1),
             HAS_SEG=seg is not None,
             GRAD=grad,
+            BLOCKS=len(d),
             K=weight.shape[1],
         )
 
 
 class _ConvSiLU(torch.autograd.Function):
+    """The conv + SiLU; with ``blocks`` (column widths) its output comes as those column blocks, views
+    of one buffer, and their gradients reach the backward separately: no concatenation of them."""
+
     @staticmethod
-    def forward(ctx, x, weight, bias, seg):
+    def forward(ctx, x, weight, bias, seg, blocks, dx_into):
+        ctx.dx_into = dx_into
         out = torch.empty(x.shape, device=x.device, dtype=x.dtype)  # out: [B, L, C]
         _pointwise(x, weight, bias, seg, None, out)
         ctx.save_for_backward(x, weight, bias, seg)
-        return out
+        return out if blocks is None else tuple(out.split(blocks, -1))
 
     @staticmethod
-    def backward(ctx, dout):
+    def backward(ctx, *douts):
         x, weight, bias, seg = ctx.saved_tensors
-        dout = _row_contiguous(dout)
         Bsz, L, C = x.shape
+        douts = [_row_contiguous(d.reshape(Bsz, L, d.shape[-1])) for d in douts]
         K = weight.shape[1]
+        if K > 4:
+            raise ValueError(f"conv_silu_triton's backward takes kernel widths up to 4, got {K}")
         n_chunks = triton.cdiv(L, CHUNK_L)
         da = torch.empty(Bsz, L, C, device=x.device, dtype=torch.float32)  # contiguous: read as such
-        _pointwise(x, weight, bias, seg, dout, da)
-        dx = torch.empty(Bsz, L, C, device=x.device, dtype=x.dtype)
+        _pointwise(x, weight, bias, seg, douts, da)
+        dx = grad_buffer(ctx.dx_into, x)  # [B, L, C]; a column block of in_proj's gradient in the mixer
         dw_part = torch.empty(Bsz * n_chunks, K, C, device=x.device, dtype=torch.float32)
         db_part = torch.empty(Bsz * n_chunks, C, device=x.device, dtype=torch.float32)
         with _device(x):
@@ -303,25 +392,42 @@ class _ConvSiLU(torch.autograd.Function):
                 dx.stride(1),
                 HAS_SEG=seg is not None,
                 K=K,
-                KP=triton.next_power_of_2(K),
                 CHUNK=CHUNK_L,
             )
         dweight = dw_part.sum(0).t().to(weight.dtype)  # [C, k]
         dbias = db_part.sum(0).to(bias.dtype)
-        return dx, dweight.contiguous(), dbias, None
+        return dx, dweight.contiguous(), dbias, None, None, None
 
 
 @torch.compiler.disable  # Triton launches and a hand-written backward: a graph break, not a trace
 def conv_silu_triton(
-    xBC: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, seg: torch.Tensor | None = None
-) -> torch.Tensor:
+    xBC: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    seg: torch.Tensor | None = None,
+    blocks: list[int] | None = None,
+    dx_into=None,
+):
     """silu(causal depthwise conv(xBC)) in xBC's dtype, as :func:`~inkling_fp4.model.conv.conv_silu`.
 
-    xBC: [B, L, C] (any strides with the last dim contiguous); weight: [C, k]; bias: [C]; seg: [B, L]
-    segment ids or None. Differentiable in xBC, weight and bias. CUDA, or TRITON_INTERPRET=1.
+    xBC: [B, L, C] (any strides with the last dim contiguous); weight: [C, k] (k <= 4); bias: [C]; seg:
+    [B, L] segment ids or None. Differentiable in xBC, weight and bias. CUDA, or TRITON_INTERPRET=1.
+    blocks: 1 or 3 column widths summing to C, or None: the output as ``out.split(blocks, -1)``, whose
+    gradients the backward reads where they are (the Mamba mixer's x, B and C: no concatenation of
+    their gradients into one [B, L, C] tensor, a full read and write of it per layer). dx_into: None,
+    or a function returning the tensor (xBC's shape and dtype) that the backward writes dxBC into
+    (:mod:`~inkling_fp4.model.grad_slab`).
     """
     if not (xBC.is_cuda or INTERPRET):
         raise ValueError(f"conv_silu_triton needs CUDA tensors (got {xBC.device}); use conv_silu on CPU")
+    if weight.shape[1] > 4:
+        raise ValueError(
+            f"conv_silu_triton takes conv kernel widths up to 4, got {weight.shape[1]}; "
+            "use model.conv_impl=compiled for wider kernels"
+        )
+    if blocks is not None and (len(blocks) not in (1, 3) or sum(blocks) != xBC.shape[-1]):
+        raise ValueError(f"blocks must be 1 or 3 widths summing to {xBC.shape[-1]}, got {blocks}")
     if seg is not None:
         seg = _row_contiguous(seg)
-    return _ConvSiLU.apply(_row_contiguous(xBC), weight.contiguous(), bias.contiguous(), seg)
+    blocks = None if blocks is None else list(blocks)
+    return _ConvSiLU.apply(_row_contiguous(xBC), weight.contiguous(), bias.contiguous(), seg, blocks, dx_into)

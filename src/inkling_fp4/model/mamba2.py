@@ -25,6 +25,10 @@ Fast paths on CUDA, each beside its reference: the conv + SiLU is a Triton kerne
 (:mod:`~inkling_fp4.model.conv_triton`) that reads x||B||C as a strided view of in_proj's output; the dt
 path, and the D skip with the gated norm, are one Triton kernel each per direction
 (:mod:`~inkling_fp4.model.glue_kernels`); x, B and C reach the scan as views of the conv output, no copies.
+The backward concatenates nothing either: the conv reads the gradients of x, B and C where they are,
+and the gated norm, the conv and dt's softplus write their input gradients into one buffer that is
+in_proj's output gradient (:mod:`~inkling_fp4.model.grad_slab`). Autograd's backward of those two
+splits was a full read and write of a [B, L, width] tensor each, per layer.
 
 Packed documents: at a document boundary both states restart. The SSD handles its state itself
 (``doc_ids``); the conv zeroes each tap that would reach back into a previous document (see
@@ -43,9 +47,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from inkling_fp4.model.cache import InferenceCache, MambaState
-from inkling_fp4.model.compiled import cuda_kernel
+from inkling_fp4.model.compiled import cuda_kernel, fast_forms_on
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.conv import conv_silu, fused_conv_silu
+from inkling_fp4.model.grad_slab import split_with_grad_slab
 from inkling_fp4.model.norm import GatedRMSNorm, at_least_fp32, output_dtype, skip_gated_rms_norm
 from inkling_fp4.model.packing import Packing
 from inkling_fp4.model.ssd import ssd, ssd_step
@@ -53,23 +58,36 @@ from inkling_fp4.precision.quant_linear import QuantLinear
 
 
 @cuda_kernel("pointwise_kernels.dt_softplus")
-def dt_softplus(dt_raw: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+def dt_softplus(dt_raw: torch.Tensor, dt_bias: torch.Tensor, ddt_into=None) -> torch.Tensor:
     """dt_raw: [..., H] (any dtype, a strided view is fine); dt_bias: [H] -> softplus(dt_raw + dt_bias)
-    in FP32 (or wider)."""
+    in FP32 (or wider). ``ddt_into`` is for the kernel (where its backward writes d dt_raw,
+    :mod:`~inkling_fp4.model.grad_slab`); autograd allocates the reference's gradients."""
     return F.softplus(at_least_fp32(dt_raw) + dt_bias)
 
 
-def conv_silu_for(impl: str, x: torch.Tensor):
-    """The conv + SiLU implementation for ``model.conv_impl`` and x's device."""
+def _split_output(conv):
+    """conv(xBC, weight, bias, seg) as fn(xBC, weight, bias, seg, blocks, dx_into) -> the output's
+    column blocks (autograd allocates dxBC: dx_into is for the Triton conv)."""
+
+    def conv_blocks(xBC, weight, bias, seg, blocks, dx_into=None):
+        return conv(xBC, weight, bias, seg).split(blocks, -1)
+
+    return conv_blocks
+
+
+def conv_silu_for(impl: str, x: torch.Tensor, k: int):
+    """The conv + SiLU for ``model.conv_impl``, x's device and kernel width k, as
+    fn(xBC, weight, bias, seg, blocks, dx_into=None) -> the output split into column blocks of these
+    widths."""
     if torch.compiler.is_compiling():  # inside a compiled model the enclosing torch.compile fuses it
-        return conv_silu
-    if impl == "triton" or (impl == "auto" and x.is_cuda):
+        return _split_output(conv_silu)
+    if impl == "triton" or (impl == "auto" and x.is_cuda and k <= 4):
         from inkling_fp4.model.conv_triton import conv_silu_triton
 
-        return conv_silu_triton
-    if impl == "compiled":
-        return fused_conv_silu()
-    return conv_silu
+        return conv_silu_triton  # the blocks' gradients reach its backward without a concatenation
+    if impl == "compiled" or (impl == "auto" and x.is_cuda):  # auto: kernels wider than the Triton one's
+        return _split_output(fused_conv_silu())
+    return _split_output(conv_silu)
 
 
 class Mamba2Mixer(nn.Module):
@@ -118,10 +136,12 @@ class Mamba2Mixer(nn.Module):
         """[..., 2E + 2GN + H] -> z [..., E], xBC [..., C], dt_raw [..., H]."""
         return zxbcdt.split([self.d_inner, self.conv_dim, self.H], -1)
 
-    def _ssm_inputs(self, xBC: torch.Tensor, dt_raw: torch.Tensor):
-        """Conv output (after SiLU) and raw dt -> x [.., H, P], B, C [.., G, N], dt [.., H] FP32."""
-        x, B, C = xBC.split([self.d_inner, self.G * self.N, self.G * self.N], -1)
-        dt = dt_softplus(dt_raw, self.dt_bias)  # [..., H]
+    def _ssm_inputs(
+        self, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor, dt_raw: torch.Tensor, ddt_into=None
+    ):
+        """The conv output's (after SiLU) x [.., E], B, C [.., G N] and raw dt -> x [.., H, P], B, C
+        [.., G, N], dt [.., H] FP32."""
+        dt = dt_softplus(dt_raw, self.dt_bias, ddt_into=ddt_into)  # [..., H]
         return (
             x.unflatten(-1, (self.H, self.P)),
             B.unflatten(-1, (self.G, self.N)),
@@ -129,27 +149,34 @@ class Mamba2Mixer(nn.Module):
             dt,
         )
 
-    def _output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    def _output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dz_into=None) -> torch.Tensor:
         """y, x: [..., H, P]; z: [..., E] -> out_proj(norm((y + D x) * silu(z))) [..., D]."""
         # out_proj's input: the skip sum's dtype (FP32, as D is) unless autocast narrows it
         summed = torch.promote_types(torch.promote_types(y.dtype, x.dtype), self.D.dtype)
         out_dtype = output_dtype(summed, y.device)
         norm = self.norm
-        h = skip_gated_rms_norm(y, x, self.D, z, norm.weight, self.G, norm.eps, out_dtype)  # [..., E]
+        h = skip_gated_rms_norm(y, x, self.D, z, norm.weight, self.G, norm.eps, out_dtype, dz_into=dz_into)
         return self.out_proj(h)
 
     def _mix(self, u: torch.Tensor, seg: torch.Tensor | None, valid: torch.Tensor | None):
         """The sequence path shared by forward and prefill. u: [B, L, D]; valid: [B, L] bool or None.
         Returns the output [B, L, D], the pre-conv inputs xBC [B, L, C] and the final SSM state."""
         zxbcdt = self.in_proj(u)  # [B, L, 2E + 2GN + H]
-        z, xBC_in, dt_raw = self._split(zxbcdt)
-        xBC = conv_silu_for(self.conv_impl, u)(xBC_in, self.conv_weight, self.conv_bias, seg)  # [B, L, C]
-        x, B, C, dt = self._ssm_inputs(xBC, dt_raw)
+        into = [None] * 3  # where the consumers of z, xBC, dt write their gradients (None: autograd's)
+        if torch.is_grad_enabled() and zxbcdt.requires_grad and fast_forms_on(zxbcdt):
+            (z, xBC_in, dt_raw), slab = split_with_grad_slab(zxbcdt, [self.d_inner, self.conv_dim, self.H])
+            into = [slab.into(i) for i in range(3)]  # in_proj's gradient: written in place, no concat
+        else:
+            z, xBC_in, dt_raw = self._split(zxbcdt)
+        conv = conv_silu_for(self.conv_impl, u, self.conv_weight.shape[1])
+        blocks = [self.d_inner, self.G * self.N, self.G * self.N]
+        x, B, C = conv(xBC_in, self.conv_weight, self.conv_bias, seg, blocks, into[1])  # the output's blocks
+        x, B, C, dt = self._ssm_inputs(x, B, C, dt_raw, into[2])
         if valid is not None:
             dt = dt * valid[..., None]  # padded positions: no decay, no input (the state is untouched)
         A = -torch.exp(self.A_log)  # [H]
         y, final = ssd(x, dt, A, B, C, self.chunk_size, doc_ids=seg, impl=self.ssd_impl)  # y: [B, L, H, P]
-        return self._output(y, x, z), xBC_in, final
+        return self._output(y, x, z, into[0]), xBC_in, final
 
     def forward(self, u: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
         """u: [B, L, D] -> [B, L, D]."""
@@ -188,7 +215,8 @@ class Mamba2Mixer(nn.Module):
         state.conv.copy_(window[..., 1:])
         conv = (at_least_fp32(window) * self.conv_weight).sum(-1) + self.conv_bias  # [B, C]
         xBC = F.silu(conv).to(xBC_in.dtype)
-        x, B, C, dt = self._ssm_inputs(xBC, dt_raw)
+        x, B, C = xBC.split([self.d_inner, self.G * self.N, self.G * self.N], -1)
+        x, B, C, dt = self._ssm_inputs(x, B, C, dt_raw)
         A = -torch.exp(self.A_log)
         y, new_ssm = ssd_step(state.ssm, x, dt, A, B, C)  # y: [B, H, P]
         state.ssm.copy_(new_ssm)

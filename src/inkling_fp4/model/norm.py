@@ -79,10 +79,12 @@ def skip_gated_rms_norm(
     n_groups: int,
     eps: float,
     out_dtype: torch.dtype | None = None,
+    dz_into=None,
 ) -> torch.Tensor:
     """Mamba-2's output: ``gated_rms_norm(y + D x, z)``. y, x: [..., H, P]; D: [H]; z: [..., H P].
     The skip sum takes the promoted dtype of y, x and D (FP32 for the FP32 D), and so does the result
-    unless ``out_dtype`` is given."""
+    unless ``out_dtype`` is given. ``dz_into`` is for the kernel (where its backward writes dz,
+    :mod:`~inkling_fp4.model.grad_slab`); autograd allocates the reference's gradients."""
     y = (y + x * D[:, None]).flatten(-2)  # [..., H P]
     h = gated_rms_norm.reference(y, z, weight, n_groups, eps)
     return h if out_dtype is None else h.to(out_dtype)

@@ -138,6 +138,30 @@ def as_rows(t: torch.Tensor, width: int) -> torch.Tensor:
     return t if t.stride(1) == 1 else t.contiguous()
 
 
+def grad_buffer(into, like: torch.Tensor) -> torch.Tensor:
+    """The tensor a backward writes the gradient of ``like`` into: ``into()`` when ``into`` is given (a
+    column block of a shared gradient buffer, :mod:`~inkling_fp4.model.grad_slab`), else a new one.
+    ``into()`` must have like's shape and dtype, unit column stride and rows of one stride."""
+    if into is None:
+        return torch.empty(like.shape, device=like.device, dtype=like.dtype)
+    out = into()
+    ok = out.shape == like.shape and out.dtype == like.dtype and out.device == like.device
+    if not ok or out.stride(-1) != 1 or not _rows_of_one_stride(out):
+        raise ValueError(
+            f"a gradient buffer must be {tuple(like.shape)} {like.dtype} on {like.device} with unit column "
+            f"stride and rows of one stride; got {tuple(out.shape)} {out.dtype} strides {out.stride()}"
+        )
+    return out
+
+
+def _rows_of_one_stride(t: torch.Tensor) -> bool:
+    try:
+        t.view(-1, t.shape[-1])
+    except RuntimeError:
+        return False
+    return True
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -159,8 +183,9 @@ def forward_tile(width: int) -> tuple[int, int, int]:
     return _tile(width, TILE_FWD, PER_THREAD)
 
 
-def backward_tile(width: int) -> tuple[int, int, int, int]:
+def backward_tile(width: int, per_thread: int | None = None, chunk_rows: int | None = None):
     """(BLOCK_W, BLOCK_R, num_warps, CHUNK) of a backward program that walks CHUNK rows (a multiple of
-    BLOCK_R) tile by tile, summing its parameter gradients."""
-    block_w, block_r, warps = _tile(width, TILE_BWD, PER_THREAD)
-    return block_w, block_r, warps, max(CHUNK_ROWS, block_r)
+    BLOCK_R) tile by tile, summing its parameter gradients; ``per_thread`` and ``chunk_rows`` override
+    PER_THREAD and CHUNK_ROWS for one kernel."""
+    block_w, block_r, warps = _tile(width, TILE_BWD, per_thread or PER_THREAD)
+    return block_w, block_r, warps, max(chunk_rows or CHUNK_ROWS, block_r)

@@ -26,6 +26,7 @@ from inkling_fp4.model.glue_kernels.common import (
     check_inputs,
     exp,
     forward_tile,
+    grad_buffer,
     load_f32,
     log1p,
     on_device,
@@ -53,7 +54,7 @@ def _squared_relu(h_ptr, dout_ptr, out_ptr, n, GRAD: tl.constexpr, BLOCK: tl.con
 
 
 @triton.jit
-def _dt_softplus(dt_ptr, bias_ptr, dout_ptr, out_ptr, part_ptr, R, H, sdt, sdo,
+def _dt_softplus(dt_ptr, bias_ptr, dout_ptr, out_ptr, part_ptr, R, H, sdt, sdo, sout,
                  GRAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
     """out = softplus(dt + bias) in FP32, or with GRAD out = d dt (dt's dtype) and this tile's sum of
     it, row program_id(0) of the dt_bias partial sums [programs, H]."""
@@ -68,12 +69,13 @@ def _dt_softplus(dt_ptr, bias_ptr, dout_ptr, out_ptr, part_ptr, R, H, sdt, sdo,
         dout = load_f32(dout_ptr + rows[:, None] * sdo + cols[None, :], mask)
         dv = tl.where(v > SOFTPLUS_THRESHOLD, dout, tl.div_rn(dout * e, e + 1.0))
         dv = tl.where(mask, dv, 0.0)
-        out_at = rows[:, None] * H + cols[None, :]
-        tl.store(out_ptr + out_at, round_to(dv, out_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            out_ptr + rows[:, None] * sout + cols[None, :], round_to(dv, out_ptr.dtype.element_ty), mask=mask
+        )
         tl.store(part_ptr + pid * H + cols, tl.sum(dv, 0), mask=cols < H)
     else:
         out = tl.where(v > SOFTPLUS_THRESHOLD, v, log1p(e))
-        tl.store(out_ptr + rows[:, None] * H + cols[None, :], out, mask=mask)
+        tl.store(out_ptr + rows[:, None] * sout + cols[None, :], out, mask=mask)
 
 
 def _squared_relu_pass(h: torch.Tensor, dout: torch.Tensor | None) -> torch.Tensor:
@@ -102,7 +104,8 @@ class _SquaredReLU(torch.autograd.Function):
 
 class _DtSoftplus(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, dt_raw, dt_bias):
+    def forward(ctx, dt_raw, dt_bias, ddt_into):
+        ctx.ddt_into = ddt_into
         H = dt_raw.shape[-1]
         dt2 = as_rows(dt_raw, H)
         R = dt2.shape[0]
@@ -110,7 +113,7 @@ class _DtSoftplus(torch.autograd.Function):
         block_h, block_r, warps = forward_tile(H)
         with on_device(dt_raw):
             _dt_softplus[(max(1, cdiv(R, block_r)),)](
-                dt2, dt_bias, dt2, out, out, R, H, dt2.stride(0), 0,
+                dt2, dt_bias, dt2, out, out, R, H, dt2.stride(0), 0, H,
                 GRAD=False, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=warps, enable_fp_fusion=False,
             )  # fmt: skip
         ctx.save_for_backward(dt_raw, dt_bias)
@@ -124,14 +127,15 @@ class _DtSoftplus(torch.autograd.Function):
         R = dt2.shape[0]
         block_h, block_r, warps = forward_tile(H)  # one tile of rows per program, as the forward
         n_prog = max(1, cdiv(R, block_r))
-        ddt = torch.empty(dt_raw.shape, device=dt_raw.device, dtype=dt_raw.dtype)
+        ddt = grad_buffer(ctx.ddt_into, dt_raw)  # [..., H]; a column block of in_proj's gradient in the mixer
+        ddt2 = ddt.view(-1, H)
         part = torch.empty(n_prog, H, device=dt_raw.device, dtype=torch.float32)  # dt_bias partial sums
         with on_device(dt_raw):
             _dt_softplus[(n_prog,)](
-                dt2, dt_bias, dout2, ddt, part, R, H, dt2.stride(0), dout2.stride(0),
+                dt2, dt_bias, dout2, ddt2, part, R, H, dt2.stride(0), dout2.stride(0), ddt2.stride(0),
                 GRAD=True, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=warps, enable_fp_fusion=True,
             )  # fmt: skip
-        return ddt, part.sum(0).to(dt_bias.dtype)
+        return ddt, part.sum(0).to(dt_bias.dtype), None
 
 
 def squared_relu(h: torch.Tensor) -> torch.Tensor:
@@ -140,7 +144,9 @@ def squared_relu(h: torch.Tensor) -> torch.Tensor:
     return _SquaredReLU.apply(h)
 
 
-def dt_softplus(dt_raw: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
-    """dt_raw: [..., H] (a strided view is fine); dt_bias: [H] -> softplus(dt_raw + dt_bias) in FP32."""
+def dt_softplus(dt_raw: torch.Tensor, dt_bias: torch.Tensor, ddt_into=None) -> torch.Tensor:
+    """dt_raw: [..., H] (a strided view is fine); dt_bias: [H] -> softplus(dt_raw + dt_bias) in FP32.
+    ``ddt_into``: None, or a function returning the tensor (dt_raw's shape and dtype, rows of one
+    stride) that the backward writes d dt_raw into (:mod:`~inkling_fp4.model.grad_slab`)."""
     check_inputs(dt_raw, dt_bias)
-    return _DtSoftplus.apply(dt_raw, dt_bias)
+    return _DtSoftplus.apply(dt_raw, dt_bias, ddt_into)

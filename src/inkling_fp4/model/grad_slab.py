@@ -1,0 +1,96 @@
+"""One gradient buffer for a tensor split into column blocks, written in place by the blocks' consumers.
+
+The Mamba-2 mixer splits in_proj's output [B, L, E + C + H] into z, xBC and dt, each read by one
+kernel: the gated norm, the conv, dt's softplus. Autograd's backward of a split concatenates the
+blocks' gradients into a new [B, L, W] tensor: a full read and write of it, per layer. Here the
+consumers' backward kernels write their input gradients straight into column blocks of one buffer
+(each consumer takes a ``*_into`` argument, :meth:`GradSlab.into`), and the split's backward hands
+that buffer on to in_proj's backward: no copy.
+
+The buffer is allocated by the first consumer backward that asks for its block, not in the forward,
+where it would live through everything in between. The split's backward checks that each gradient it
+receives is exactly its block of the buffer. Anything else (a consumer that allocated its own, a
+block without a gradient) falls back to the concatenation, so the result is right whatever the
+consumers did; a gradient summed in place into its block by autograd (a block read twice) is right
+too.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+
+class GradSlab:
+    """The gradient buffer of one split ``t [..., sum(widths)]``; block i holds block i's gradient."""
+
+    def __init__(self, like: torch.Tensor, widths: list[int]):
+        self._shape, self._dtype, self._device = like.shape, like.dtype, like.device
+        self._bounds = [0]
+        for w in widths:
+            self._bounds.append(self._bounds[-1] + w)
+        self.buffer: torch.Tensor | None = None
+
+    def block(self, i: int) -> torch.Tensor:
+        """Block i of the buffer, a strided view [..., widths[i]] (the buffer is allocated on first use)."""
+        if self.buffer is None:
+            self.buffer = torch.empty(self._shape, dtype=self._dtype, device=self._device)
+        return self.buffer[..., self._bounds[i] : self._bounds[i + 1]]
+
+    def into(self, i: int) -> Callable[[], torch.Tensor]:
+        """What a consumer of block i takes as its ``*_into`` argument: called in its backward, it
+        returns the tensor to write the block's gradient into."""
+        return functools.partial(self.block, i)
+
+    def holds(self, grad: torch.Tensor | None, i: int) -> bool:
+        """Whether ``grad`` is exactly block i of the buffer (same memory, shape, strides, dtype)."""
+        if grad is None or self.buffer is None:
+            return False
+        b = self.block(i)
+        return (
+            grad.data_ptr() == b.data_ptr()
+            and grad.shape == b.shape
+            and grad.stride() == b.stride()
+            and grad.dtype == b.dtype
+        )
+
+
+class _SplitColumns(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, widths, slab):
+        ctx.slab, ctx.widths = slab, widths
+        ctx.set_materialize_grads(False)
+        return tuple(t.split(widths, -1))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        slab = ctx.slab
+        if all(g is None for g in grads):
+            slab.buffer = None
+            return None, None, None
+        if all(slab.holds(g, i) for i, g in enumerate(grads)):
+            dt = slab.buffer
+        else:  # a consumer did not write into its block
+            dt = concatenate(grads, ctx.widths)
+        slab.buffer = None
+        return dt, None, None
+
+
+def concatenate(grads: tuple, widths: list[int]) -> torch.Tensor:
+    """The blocks' gradients as one tensor (zeros for a block without one): autograd's backward of a
+    split, the fallback when a consumer did not write into its block."""
+    like = next(g for g in grads if g is not None)
+    parts = [
+        g if g is not None else like.new_zeros(*like.shape[:-1], w)
+        for g, w in zip(grads, widths, strict=True)
+    ]
+    return torch.cat(parts, -1)
+
+
+def split_with_grad_slab(t: torch.Tensor, widths: list[int]) -> tuple[tuple[torch.Tensor, ...], GradSlab]:
+    """``t.split(widths, -1)`` (views, differentiable) and the :class:`GradSlab` whose blocks their
+    consumers may write their gradients into."""
+    slab = GradSlab(t, list(widths))
+    return _SplitColumns.apply(t, list(widths), slab), slab
