@@ -17,6 +17,10 @@ the training shapes and dtypes (FP32 residual, BF16 activations, BF16 norm outpu
               graph: a compiled backward with donated buffers refuses ``retain_graph=True``;
   - checks:   forward against the compiled reference (exact for h, squared_relu; norms within
               NORM_RTOL (FP32) or one BF16 ulp on <= 1% of elements; dt_softplus within SOFTPLUS_ULPS),
+              for skip_gated_rms_norm against the plain reference where the compiled one is off:
+              inductor contracts y + x D into a fused multiply-add, and where the two cancel
+              (s ~ 1e-6) its output moves by several BF16 ulps (9 of 67M outputs at hybrid-350m's
+              shape; the kernel rounds x D, then the sum, as the plain reference does, and equals it),
               gradients against autograd through the reference in FP64 (relative norm < GRAD_RTOL);
               ``eq%`` is the share of forward outputs bit-equal to the compiled reference; ``grad err``
               the worst relative error of the compiled reference's and the kernels' gradients.
@@ -70,6 +74,7 @@ class Case:
     leaves: list  # inputs; floating ones get gradients
     douts: list  # output gradients
     rule: str  # forward check: "exact", "norm", "softplus"; add_rms_norm: "exact" for h, "norm" normed
+    plain: object = None  # the uncompiled reference at the working dtypes: the forward's second check
 
 
 def _cases(s: dict) -> list[Case]:
@@ -122,6 +127,7 @@ def _cases(s: dict) -> list[Case]:
             [rn(B, L, H, P, dtype=BF), x_h, D_skip, z, w_e],
             [rn(B, L, E, dtype=BF)],
             "norm",
+            lambda y, x, d, z, w: norm.skip_gated_rms_norm.reference(y, x, d, z, w, G, EPS, BF),
         ),
         Case(
             "squared_relu",
@@ -190,11 +196,15 @@ def check(case: Case) -> tuple[list[str], float, float, float]:
         fast = _outs(case.fast(*case.leaves))
         ref = _outs(case.ref(*case.leaves))
     rules = ["exact", "norm"] if case.name == "add_rms_norm" else [case.rule]
-    problems = [
-        f"output {i} ({rule})"
-        for i, (rule, f, w) in enumerate(zip(rules, fast, ref, strict=True))
-        if not _forward_ok(rule, f, w)
-    ]
+    problems = []
+    for i, (rule, f, w) in enumerate(zip(rules, fast, ref, strict=True)):
+        if _forward_ok(rule, f, w):
+            continue
+        if case.plain is not None:  # the compiled reference may contract y + x D into an FMA
+            with torch.no_grad():
+                if _forward_ok(rule, f, _outs(case.plain(*case.leaves))[i]):
+                    continue
+        problems.append(f"output {i} ({rule})")
     eq = sum((f == w).sum().item() for f, w in zip(fast, ref, strict=True)) / sum(f.numel() for f in fast)
     g_fast = _grads(case.fast, _leaves(case), douts)
     g_ref = _grads(case.ref, _leaves(case), douts)
