@@ -45,7 +45,7 @@ from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
 CHUNK_ROWS = 64  # rows per backward program: one row of the parameter-gradient partial sums
 TILE_FWD = 4096  # elements of a forward program's [BLOCK_R, BLOCK_W] tile (BLOCK_R = TILE // BLOCK_W)
 TILE_BWD = 1024  # the backward's: it holds more tensors live per element
-PER_THREAD = 4  # tile elements per thread: at 8 the gated backward took 217-243 registers (sm_90)
+PER_THREAD = 4  # tile elements per thread (the gated backward sets its own: gated_norm_kernels.py)
 
 TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 

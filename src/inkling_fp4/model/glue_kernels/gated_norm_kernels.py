@@ -39,9 +39,9 @@ from inkling_fp4.model.glue_kernels.common import (
 )
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
 
-# The backward's tile: 8 elements per thread (a 256-wide group row is one warp's, so the row sums stay
-# in the warp) and 128 rows per program. On an H200 at hybrid-350m's shape (32768 rows, 8 groups of
-# 256) forward + backward took 475 us against 552 us with the shared defaults (4 per thread, 64 rows).
+# The backward's tile: 8 elements per thread (a group row of 256 is then one warp's, so its sums stay in
+# the warp) and 128 rows per program. On an H200 at hybrid-350m's shape (32768 rows, 8 groups of 256)
+# forward + backward took 475 us against 552 us with the shared defaults (4 per thread, 64 rows).
 BWD_PER_THREAD = 8
 BWD_CHUNK_ROWS = 128
 
