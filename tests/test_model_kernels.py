@@ -115,6 +115,8 @@ def test_interp_conv_blocks_give_the_whole_outputs_gradients_bit_for_bit(packed)
         assert torch.equal(got, want), name
     with pytest.raises(ValueError, match="blocks must be 1 or 3 widths summing to 150"):
         conv_silu_triton(base[..., :C], w, bias, None, [100, 40])
+    with pytest.raises(ValueError, match="widths up to 4, got 5; use model.conv_impl=compiled"):
+        conv_silu_triton(base[..., :C], torch.randn(C, 5), bias)
 
 
 class _NoSlab:
