@@ -71,11 +71,11 @@ class _SplitColumns(torch.autograd.Function):
             slab.buffer = None
             return None, None, None
         if all(slab.holds(g, i) for i, g in enumerate(grads)):
-            dt = slab.buffer
+            grad = slab.buffer
         else:  # a consumer did not write into its block
-            dt = concatenate(grads, ctx.widths)
+            grad = concatenate(grads, ctx.widths)
         slab.buffer = None
-        return dt, None, None
+        return grad, None, None
 
 
 def concatenate(grads: tuple, widths: list[int]) -> torch.Tensor:

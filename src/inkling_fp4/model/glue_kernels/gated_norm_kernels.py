@@ -162,7 +162,7 @@ class _SkipGatedRMSNorm(torch.autograd.Function):
         part = torch.empty(n_prog, 2, E, device=z.device, dtype=torch.float32)  # dweight, dD partial sums
         with on_device(z):
             _gated_bwd[(n_prog, G)](
-                y2, x2, D, z2, weight, rstd, dout2, dy, dx, dz, part, R, E, E // G,
+                y2, x2, D, z2, weight, rstd, dout2, dy, dx, dz2, part, R, E, E // G,
                 y2.stride(0), x2.stride(0), z2.stride(0), dout2.stride(0), dz2.stride(0),
                 P=P, S_DTYPE=TL_DTYPES[ctx.s_dtype], CHUNK=chunk, BLOCK_R=block_r, BLOCK_C=block_c,
                 num_warps=warps, enable_fp_fusion=True,
