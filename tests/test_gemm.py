@@ -268,17 +268,34 @@ def test_fp8_operand_pair_equals_separate_quantization():
     assert cols.q.data.shape == (384, 256)
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fp8_operand_pair_tensorwise_is_t_and_its_transpose(fmt):
+    """Tensorwise: t's and tᵀ's operands from one pass (any M, any width) carry the bits of quantizing
+    each on its own (one scale, so tᵀ's codes are t's transposed), as stored operands the GEMM reads
+    without a transposed copy."""
+    spec = OperandQuant(fmt, TENSORWISE)
+    x = _randn(200, 96) * torch.pow(10.0, torch.empty(200, 1).uniform_(-12, 12))
+    x[0] = 0.0  # a zero row
+    x[1] = torch.linspace(-1e-40, 1e-40, 96)  # FP32 subnormals
+    rows, cols = gemm.fp8_operand_pair(x, spec, spec, "x")
+    for got, ref in ((rows, gemm.quantize(x, spec)), (cols, gemm.quantize(x, spec, transpose=True))):
+        assert got.spec == ref.spec and not got.transposed
+        assert torch.equal(got.q.data.view(torch.uint8), ref.q.data.view(torch.uint8))
+        assert torch.equal(got.q.scale_inv, ref.q.scale_inv)
+    assert cols.q.data.shape == (96, 208) and cols.q.data.is_contiguous()  # M padded to 16, as quantize does
+
+
 @pytest.mark.parametrize(
     "case",
-    ["rows not 128k", "tensorwise", "nvfp4", "formats differ", "one operand"],
+    ["rows not 128k", "tensorwise and blocks", "nvfp4", "formats differ", "one operand"],
 )
 def test_fp8_operand_pair_declines_what_it_cannot_fuse(case):
     act = OperandQuant("e4m3", (1, 128))
     shape, row_spec, token_spec = (256, 256), act, act
     if case == "rows not 128k":
         shape = (200, 256)
-    elif case == "tensorwise":
-        row_spec = token_spec = OperandQuant("e4m3", TENSORWISE)
+    elif case == "tensorwise and blocks":
+        row_spec = OperandQuant("e4m3", TENSORWISE)
     elif case == "nvfp4":
         row_spec = token_spec = OperandQuant("nvfp4", (1, 16))
     elif case == "formats differ":

@@ -231,10 +231,11 @@ def shared_nvfp4_amaxes(
 def fp8_operand_pair(
     t: torch.Tensor, row_spec: OperandQuant | None, token_spec: OperandQuant | None, name: str = ""
 ) -> tuple[Operand, Operand] | None:
-    """Both blockwise FP8 operands of t [M, C] from one read: t in 1×128 blocks along C (fprop x,
-    dgrad dy) and tᵀ in 1×128 blocks along the tokens M (wgrad xᵀ, dyᵀ), as :func:`quantize` makes
-    them separately. None unless the specs are that pair (the same FP8 format, 1×128, no RHT) and
-    M is a multiple of 128; then quantize each as usual.
+    """Both FP8 operands of t [M, C] from one read: t in 1×128 blocks along C (fprop x, dgrad dy)
+    and tᵀ in 1×128 blocks along the tokens M (wgrad xᵀ, dyᵀ), as :func:`quantize` makes them
+    separately; or, for tensorwise specs, t and tᵀ with one scale (the GEMMs then need no transposed
+    copy of FP8 bytes). None unless the specs are such a pair (the same FP8 format and block, no RHT;
+    1×128 blocks also need M a multiple of 128); then quantize each as usual.
 
     A width C that is not a multiple of 128 (a Mamba in_proj's 6176) is zero-padded to
     Cp = ceil(C/128)·128 by the quantizer itself, with no padded or transposed copy of t:
@@ -248,12 +249,19 @@ def fp8_operand_pair(
     from inkling_fp4.numerics import fp8
 
     pair = (
-        row_spec is not None and row_spec == token_spec
-        and row_spec.format in ("e4m3", "e5m2") and row_spec.block == (1, 128) and not row_spec.rht
+        row_spec is not None and row_spec == token_spec and row_spec.format in ("e4m3", "e5m2")
+        and row_spec.block in ((1, 128), TENSORWISE) and not row_spec.rht and t.dim() == 2
     )  # fmt: skip
-    if not pair or t.dim() != 2 or t.shape[0] % 128:
+    if not pair:
         return None
     dtype = torch.float8_e4m3fn if row_spec.format == "e4m3" else torch.float8_e5m2
+    if row_spec.block == TENSORWISE:  # any M; tᵀ's codes are t's transposed, written by the same pass
+        mr, mc = row_spec.multiple  # both dims padded with zeros as quantize pads them (no copy if whole)
+        tp = pad_to(t, mr, mc)
+        rows, cols = fp8.quantize_tensorwise_pair(tp, dtype=dtype, name=name or None, check=not t.is_cuda)
+        return Operand(rows, row_spec), Operand(cols, token_spec)
+    if t.shape[0] % 128:
+        return None
     # rows: [M, Cp]; cols: [Cp, M]
     rows, cols = fp8.quantize_blockwise_pair(t, dtype=dtype, name=name or None, check=not t.is_cuda, pad=True)
     return Operand(rows, row_spec), Operand(cols, token_spec)

@@ -212,10 +212,10 @@ class _QuantLinearFn(torch.autograd.Function):
             if need_dw:
                 if wgrad is None:
                     saved["x"] = x2d.to(torch.bfloat16)
+                elif pair_x:
+                    saved["x"] = pair_x[1]  # xᵀ: [K, M] (blocked along the tokens, or tensorwise)
                 elif reuse_x:
                     saved["x"] = dataclasses.replace(xq.packed(), transposed=True)  # [K, M] logical
-                elif pair_x:
-                    saved["x"] = pair_x[1]  # xᵀ: [K, M], blocked along the tokens
                 else:  # Q(RHT(xᵀ)): [K, M], blocked along the tokens
                     saved["x"] = _transposed_operand(
                         x2d, wgrad.b, recipe, generator, f"{name} x", keep=True, amax=amax_xt
@@ -267,10 +267,10 @@ class _QuantLinearFn(torch.autograd.Function):
                     dw = gemm.bf16_matmul(dy.t(), saved["x"].t())  # dW: [N, K] = dyᵀ · x
                 else:
                     a = recipe.wgrad.a
-                    if dyq is not None and dyq.spec == a and a.block == TENSORWISE:
+                    if pair_dy:
+                        dy_t = pair_dy[1]  # dyᵀ: [N, M] (blocked along the tokens, or tensorwise)
+                    elif dyq is not None and dyq.spec == a and a.block == TENSORWISE:
                         dy_t = dataclasses.replace(dyq, transposed=True)
-                    elif pair_dy:
-                        dy_t = pair_dy[1]  # dyᵀ: [N, M], blocked along the tokens
                     else:  # Q_sr(RHT(dyᵀ)): [N, M], blocked along the tokens
                         dy_t = _transposed_operand(
                             dy, a, recipe, generator, f"{name} dy", keep=False, amax=amax_dyt,
