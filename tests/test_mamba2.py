@@ -59,6 +59,38 @@ def test_fused_conv_equals_the_reference_on_gpu():
         torch.testing.assert_close(fused, eager, atol=2e-2, rtol=2e-2)
 
 
+def test_conv_for_each_impl_kernel_width_and_device(monkeypatch):
+    """model.conv_impl=auto: the Triton conv on CUDA up to kernel width 4, the compiled one past it,
+    the reference on CPU; every choice returns the output's column blocks."""
+    from types import SimpleNamespace
+
+    from inkling_fp4.model import mamba2
+
+    compiled_calls = []
+
+    def compiled(xBC, weight, bias, seg):
+        compiled_calls.append(weight.shape[1])
+        return conv_silu(xBC, weight, bias, seg)
+
+    monkeypatch.setattr(mamba2, "fused_conv_silu", lambda: compiled)
+    cuda = SimpleNamespace(is_cuda=True)  # only the device is looked at
+    x, w, b = torch.randn(2, 9, 10), torch.randn(10, 5), torch.randn(10)
+    cases = [("auto", cuda, 5, True), ("compiled", x, 4, True), ("auto", x, 4, False)]
+    cases.append(("reference", cuda, 4, False))
+    for impl, like, k, is_compiled in cases:
+        compiled_calls.clear()
+        conv = mamba2.conv_silu_for(impl, like, k)
+        blocks = conv(x, w[:, :k], b, None, [4, 3, 3], None)
+        want = conv_silu(x, w[:, :k], b)
+        assert torch.equal(torch.cat(blocks, -1), want) and [t.shape[-1] for t in blocks] == [4, 3, 3]
+        assert compiled_calls == ([k] if is_compiled else []), (impl, k)
+    pytest.importorskip("triton")
+    from inkling_fp4.model.conv_triton import conv_silu_triton
+
+    assert mamba2.conv_silu_for("auto", cuda, 4) is conv_silu_triton
+    assert mamba2.conv_silu_for("triton", x, 4) is conv_silu_triton
+
+
 def test_gated_norm_normalises_each_group():
     norm = GatedRMSNorm(12, n_groups=3, eps=1e-6).double()
     with torch.no_grad():

@@ -255,26 +255,40 @@ def test_other_recipes_fprop_dgrad_match_reference(recipe):
     _assert_fp32_close(dx, gq, wtq)
 
 
-def test_fp8_paired_quantization_gives_the_unpaired_results(monkeypatch):
-    """With 128·k tokens the fp8 layer quantizes x / xᵀ and dy / dyᵀ in pairs (one read each on
-    CUDA); y, dx and dW are bitwise those of quantizing every operand on its own, and dW matches the
-    FP64 product of the dequantized wgrad operands."""
+@pytest.mark.parametrize("tensorwise", [False, True], ids=["fp8", "fp8-tensorwise"])
+def test_fp8_paired_quantization_gives_the_unpaired_results(monkeypatch, tensorwise):
+    """The fp8 layers quantize x / xᵀ and dy / dyᵀ in pairs (one read each on CUDA): with 128·k tokens
+    in 1×128 blocks, with any token count tensorwise. y, dx and dW are bitwise those of quantizing
+    every operand on its own, dW matches the FP64 product of the dequantized wgrad operands, and the
+    wgrad GEMM gets both operands as stored (no transposed copy of FP8 bytes on the GPU)."""
     from inkling_fp4.numerics import fp8
 
-    M, K, N = 256, 256, 128
+    M, K, N = (200, 96, 48) if tensorwise else (256, 256, 128)
     x, g = torch.randn(M, K) * 2.0, (torch.randn(M, N) * 1e-2).bfloat16()
-    calls = []
-    pair = gemm.fp8_operand_pair
+    calls, wgrad_transposed = [], []
+    pair, matmul = gemm.fp8_operand_pair, gemm.matmul
     monkeypatch.setattr(gemm, "fp8_operand_pair", lambda *a, **k: calls.append(pair(*a, **k)) or calls[-1])
-    m = _layer(K, N, fp8_recipe())
+
+    def recording_matmul(a, b, **kw):
+        if kw["size"] == (N, K):  # the wgrad GEMM: dW [N, K] = dyᵀ · x
+            wgrad_transposed.append((a.transposed, b.transposed))
+        return matmul(a, b, **kw)
+
+    monkeypatch.setattr(gemm, "matmul", recording_matmul)
+    m = _layer(K, N, fp8_tensorwise_recipe() if tensorwise else fp8_recipe())
     paired = _run(m, x, g)
     assert len(calls) == 2 and all(calls)  # x in forward, dy in backward: both paired
+    assert wgrad_transposed == [(False, False)]
     monkeypatch.setattr(gemm, "fp8_operand_pair", lambda *a, **k: None)
     single = _run(m, x, g)
     for label, a, b in zip(("y", "dx", "dW"), paired, single, strict=True):
         assert torch.equal(a, b), label
-    gt = fp8.quantize_blockwise_t_ref(g.float()).dequantize().double()  # dyᵀ: [N, M]
-    xt = fp8.quantize_blockwise_t_ref(x).dequantize().double()  # xᵀ: [K, M]
+    if tensorwise:
+        gt = fp8.quantize_tensorwise_ref(g.float(), torch.float8_e5m2).dequantize().double().t()
+        xt = fp8.quantize_tensorwise_ref(x).dequantize().double().t()
+    else:
+        gt = fp8.quantize_blockwise_t_ref(g.float()).dequantize().double()  # dyᵀ: [N, M]
+        xt = fp8.quantize_blockwise_t_ref(x).dequantize().double()  # xᵀ: [K, M]
     _assert_fp32_close(paired[2], gt, xt)
 
 
