@@ -52,10 +52,12 @@ def _same(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     assert len(bad) == 0, f"{what}: {len(bad)} elements differ, first at {bad[0].tolist()}"
 
 
-def check_all(x: torch.Tensor, dtype: torch.dtype) -> None:
-    """Every kernel mode against the reference on x [M, N] (M a multiple of 128 for the transposed)."""
+def check_all(x: torch.Tensor, dtype: torch.dtype, **launch) -> None:
+    """Every kernel mode against the reference on x [M, N] (M a multiple of 128 for the transposed).
+    ``launch``: ``hardware_cast`` and / or ``config`` for ``quantize_fp8``."""
+    hw = launch
     ref = fp8.quantize_blockwise_ref(x, (1, 128), dtype)
-    out = kern.quantize_fp8(x, dtype, mode=kern.MODE_BLOCKS, rows=True, cols=True)
+    out = kern.quantize_fp8(x, dtype, mode=kern.MODE_BLOCKS, rows=True, cols=True, **hw)
     _same(out["data"], ref.data, "1x128 data")
     _same(out["scale_inv"], ref.scale_inv, "1x128 scale_inv")
     ref_t = fp8.quantize_blockwise_t_ref(x, dtype)
@@ -63,11 +65,11 @@ def check_all(x: torch.Tensor, dtype: torch.dtype) -> None:
     _same(out["scale_inv_t"], ref_t.scale_inv, "1x128 transposed scale_inv")
     part = x[: x.shape[0] - 37]  # a partial last 128-row tile
     ref = fp8.quantize_blockwise_ref(part, (128, 128), dtype)
-    out = kern.quantize_fp8(part, dtype, mode=kern.MODE_TILE)
+    out = kern.quantize_fp8(part, dtype, mode=kern.MODE_TILE, **hw)
     _same(out["data"], ref.data, "128x128 data")
     _same(out["scale_inv"], ref.scale_inv, "128x128 scale_inv")
     ref = fp8.quantize_tensorwise_ref(x, dtype)
-    out = kern.quantize_fp8(x, dtype, mode=kern.MODE_TENSOR, rows=True, cols=True, amax=abs_max(x))
+    out = kern.quantize_fp8(x, dtype, mode=kern.MODE_TENSOR, rows=True, cols=True, amax=abs_max(x), **hw)
     _same(out["data"], ref.data, "tensorwise data")
     _same(out["data_t"], ref.data.t(), "tensorwise transposed data")
     _same(out["scale_inv"], ref.scale_inv, "tensorwise scale_inv")
@@ -154,6 +156,14 @@ def test_interp_padded_width_nan_and_contract():
         kern.quantize_fp8(x[:100], torch.float8_e4m3fn, mode=kern.MODE_BLOCKS, cols=True, pad_to_block=True)
 
 
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("config", [(8, 32), *kern.CANDIDATES], ids=str)
+def test_interp_every_code_and_tie(dtype, config):
+    """Each (warps, CHUNK) the GPU may pick, and the interpreter's: CHUNK 128 keeps the tile in registers."""
+    check_all(_every_code_and_tie(dtype), dtype, config=config)
+
+
 def test_under_triton_interpreter():
     """Run every ``test_interp_*`` in a child process with TRITON_INTERPRET=1."""
     run_interpreted(__file__, "-k", "interp")
@@ -165,6 +175,41 @@ def test_under_triton_interpreter():
 def test_gpu_kernels_equal_reference(dtype):
     x = _input(1024, 1536, device="cuda", dtype=torch.bfloat16)
     check_all(x, dtype)
+
+
+def _every_code_and_tie(dtype: torch.dtype) -> torch.Tensor:
+    """FP32 [256, 128]: every finite value of ``dtype``, every midpoint between neighbours (a tie) and
+    the FP32 values just above and below each midpoint, with both signs, shuffled, zero-filled. The
+    format's max is among them, so the tensorwise scale is exactly 1 and each value hits its code."""
+    values = torch.arange(256, dtype=torch.uint8).view(dtype).float()
+    grid = values[torch.isfinite(values) & (values >= 0)].unique()  # sorted, 0 .. max
+    mid = (grid[1:] + grid[:-1]) / 2  # exact in FP32
+    near = [torch.nextafter(mid, torch.tensor(float(s) * 1e9)) for s in (1, -1)]
+    v = torch.cat([grid, mid, *near])
+    v = torch.cat([v, -v])
+    x = torch.zeros(256 * 128)
+    x[: v.numel()] = v
+    return x[torch.randperm(x.numel())].reshape(256, 128)
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hardware_cast", [True, False], ids=["instruction", "integer"])
+def test_gpu_every_code_and_tie_either_conversion(dtype, hardware_cast):
+    """The conversion instruction and the integer bytes against the reference, on every code and tie,
+    for every (warps, CHUNK) the autotuner may pick."""
+    x = _every_code_and_tie(dtype)
+    assert fp8.quantize_tensorwise_ref(x, dtype).scale_inv.item() == 1.0
+    y = _input(512, 384, device="cuda", dtype=torch.bfloat16)
+    failures = []
+    for config in kern.CANDIDATES:
+        for what, inp in (("codes and ties", x.cuda()), ("random", y)):
+            try:
+                check_all(inp, dtype, hardware_cast=hardware_cast, config=config)
+            except AssertionError as e:
+                failures.append(f"(warps, CHUNK) {config}, {what}: {str(e).splitlines()[0]}")
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.gpu

@@ -31,11 +31,17 @@ The warp count is autotuned per (N, mode, layout) on the GPU: quantization is ex
 and a max, so every candidate writes the same bits and the choice needs no fixing in deterministic
 runs (unlike the SSD kernels' reduction tiles).
 
-NOTE the FP8 byte is computed with integer arithmetic on the FP32 bit pattern (as in ``common.py``):
-the interpreter's float downcasts truncate, and the result must not depend on where it runs. NaN in
+NOTE the FP8 byte: on sm_89+ GPUs the conversion instruction makes the bytes written in x's own
+layout (round to nearest even, as the reference); the bytes written transposed, all bytes elsewhere
+and under the interpreter (whose float downcasts truncate) come from integer arithmetic on the FP32
+bit pattern (as in ``common.py``; see ``_blocks_with_cols`` for why transposed bytes do). The two
+give the same byte for every input (tested on the GPU over every code, the ties between codes and
+their neighbours), and the instruction is cheaper: the integer form is about 20 integer ops per
+element, which bounded the rows quantizer to ~2.5 TB/s on an H200 (3.2-3.6 with the instruction). NaN in
 x becomes an Inf amax, hence an Inf ``scale_inv``: the caller checks finiteness from the scales.
 """
 
+import functools
 import os
 
 import torch
@@ -61,26 +67,35 @@ def _scales(amax, FP8_MAX: tl.constexpr):
 @triton.jit
 def _fp8_bytes(
     x, scale, MANT: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
-    SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr,
+    SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr, HW: tl.constexpr,
 ):  # fmt: skip
     """FP32 ``x · scale`` clamped to ±FP8_MAX -> FP8 bytes (uint8), round half to even.
 
-    Normal range: round the 23-bit mantissa to MANT bits on the bit pattern (a carry moves into the
-    exponent). Subnormal range (|v| < 2^(1-BIAS)): the value is k·2^(1-BIAS-MANT) and k is the byte.
+    ``HW``: the GPU's own conversion (``cvt.rn.satfinite`` on sm_89+, one instruction per two values).
+    Otherwise integer arithmetic on the bit pattern, exact everywhere: normal range, round the 23-bit
+    mantissa to MANT bits (a carry moves into the exponent); subnormal range (|v| < 2^(1-BIAS)), the
+    value is k·2^(1-BIAS-MANT) and k is the byte. Both round v (in [0, FP8_MAX], never NaN: the min
+    drops it) to nearest even, so they give the same byte; the sign bit is x's either way.
     """
     v = tl.minimum(tl.abs(x * scale), FP8_MAX)
-    bits = v.to(tl.int32, bitcast=True)
-    rounded = bits + ((1 << (22 - MANT)) - 1) + ((bits >> (23 - MANT)) & 1)
-    normal = (rounded >> (23 - MANT)) - ((127 - BIAS) << MANT)
-    # subnormal: k = rne(v · 2^(BIAS-1+MANT)), a power-of-two product (exact), rounded by the 2^23 add
-    k = (v * SUB_FACTOR + TWO_POW_23).to(tl.int32, bitcast=True) - TWO_POW_23_BITS
-    byte = tl.where(v < MIN_NORMAL, k, normal)
-    sign = (x.to(tl.int32, bitcast=True) >> 24) & 0x80
-    return (byte | sign).to(tl.uint8)
-
-
-CHUNK = tl.constexpr(32)
-"""Columns per step of :func:`_blocks_with_cols`."""
+    if HW:  # x's sign on v in FP32, then the conversion: no byte arithmetic after it
+        signed = (v.to(tl.int32, bitcast=True) | (x.to(tl.int32, bitcast=True) & -(2**31))).to(
+            tl.float32, bitcast=True
+        )
+        if MANT == 3:
+            q = signed.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        else:
+            q = signed.to(tl.float8e5).to(tl.uint8, bitcast=True)
+    else:
+        bits = v.to(tl.int32, bitcast=True)
+        rounded = bits + ((1 << (22 - MANT)) - 1) + ((bits >> (23 - MANT)) & 1)
+        normal = (rounded >> (23 - MANT)) - ((127 - BIAS) << MANT)
+        # subnormal: k = rne(v · 2^(BIAS-1+MANT)), a power-of-two product (exact), rounded by the 2^23 add
+        k = (v * SUB_FACTOR + TWO_POW_23).to(tl.int32, bitcast=True) - TWO_POW_23_BITS
+        byte = tl.where(v < MIN_NORMAL, k, normal)
+        sign = (x.to(tl.int32, bitcast=True) >> 24) & 0x80
+        q = (byte | sign).to(tl.uint8)
+    return q
 
 
 @triton.jit
@@ -94,17 +109,26 @@ def _magnitude(x):
 def _blocks_with_cols(
     x_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, NP, stride_xm, rows,
     BLOCK_M: tl.constexpr, ROWS: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
-    FP8_MAX: tl.constexpr, SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr,
+    FP8_MAX: tl.constexpr, SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr, HW: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):  # fmt: skip
     """1x128 blocks along the tokens (xᵀ, written transposed), and along the rows too if ``ROWS``,
     for the tile x[rows (BLOCK_M = 128), 128 columns], CHUNK columns at a time.
 
     Why chunks: the whole [128, 128] FP32 tile with the byte arithmetic's temporaries needs more
     registers than a thread has at any warp count (ptxas for sm_90: 255 registers and 724 bytes of
-    spills at 8 warps, 320 bytes at 16), so the tile went through local memory. A column block needs
-    only its own chunk (all 128 tokens of it); a row block needs its whole row first, so a first
-    sweep quantizes the columns and takes the row amaxes, and a second re-reads the chunks (from L2)
-    to quantize the rows. max is exact, so the scales and codes are those of the one-shot tile.
+    spills at 8 warps, 320 bytes at 16, with the integer bytes), so the tile went through local memory.
+    CHUNK is tuned with the warps (the bits do not depend on it). A column block needs only its own
+    chunk (all 128 tokens of it); a row block needs its whole row first, so a first sweep quantizes
+    the columns and takes the row amaxes, and a second re-reads the chunks (from L2) to quantize the
+    rows; with CHUNK = 128 the tile is still in registers and nothing is re-read. max is exact, so the
+    scales and codes are those of the one-shot tile.
+
+    The column blocks' bytes (written transposed) are always the integer ones: through the
+    conversion instruction (and an inline-asm form of it alike), Triton 3.6 on sm_90 gave wrong
+    transposed bytes at some tiles (CHUNK 32 and 128, not 64, with one scale per column; any tile for
+    FP32 input with one scale; H200 experiments, cause not found). The row bytes use the instruction,
+    checked on the GPU at every candidate tile.
     """
     row_amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     in_rows = rows < M
@@ -118,9 +142,9 @@ def _blocks_with_cols(
         if ROWS:
             row_amax = tl.maximum(row_amax, tl.max(magnitude, axis=1))
         scale, scale_inv = _scales(tl.max(magnitude, axis=0), FP8_MAX)  # [CHUNK], one per column
-        q = _fp8_bytes(tl.trans(x), scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
-        t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]  # q: [CHUNK, BLOCK_M]
-        tl.store(t_ptrs, q, mask=(cols < NP)[:, None] & in_rows[None, :])
+        q = _fp8_bytes(x, scale[None, :], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, False)
+        t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]  # qᵀ: [CHUNK, BLOCK_M]
+        tl.store(t_ptrs, tl.trans(q), mask=(cols < NP)[:, None] & in_rows[None, :])
         # scale_inv of data_t [NP, M/128], outer-dim major: element (c, b) at b·NP + c
         tl.store(scale_t_ptr + tl.program_id(0) * NP + cols, scale_inv, mask=cols < NP)
     if ROWS:
@@ -129,35 +153,79 @@ def _blocks_with_cols(
         tl.store(scale_ptr + tl.program_id(1) * M + rows, scale_inv, mask=in_rows)
         for c0 in tl.static_range(0, 128, CHUNK):
             cols = tl.program_id(1) * 128 + c0 + tl.arange(0, CHUNK)
-            x = tl.load(
-                x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :],
-                mask=in_rows[:, None] & (cols < N)[None, :], other=0.0,
-            ).to(tl.float32)  # fmt: skip
-            q = _fp8_bytes(x, scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
+            if CHUNK < 128:  # else x is the whole tile, loaded by the first sweep
+                x = tl.load(
+                    x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :],
+                    mask=in_rows[:, None] & (cols < N)[None, :], other=0.0,
+                ).to(tl.float32)  # fmt: skip
+            q = _fp8_bytes(x, scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW)
             tl.store(
                 data_ptr + rows.to(tl.int64)[:, None] * NP + cols[None, :], q,
                 mask=in_rows[:, None] & (cols < NP)[None, :],
             )  # fmt: skip
 
 
-_WARPS = (8,) if os.environ.get("TRITON_INTERPRET") == "1" else (8, 4, 16)
+@triton.jit
+def _tensor_scaled(
+    x_ptr, amax_ptr, data_ptr, scale_ptr, data_t_ptr, M, N, stride_xm, rows,
+    ROWS: tl.constexpr, COLS: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+    FP8_MAX: tl.constexpr, SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr, HW: tl.constexpr,
+    CHUNK: tl.constexpr,
+):  # fmt: skip
+    """One scale for the whole tensor: x[rows, 128 columns] -> its bytes (``ROWS``) and/or the same
+    bytes transposed (``COLS``, xᵀ's codes: one scale, so no second quantization), CHUNK columns at a
+    time. The transposed bytes are the integer ones, as in :func:`_blocks_with_cols`: the
+    instruction's bytes, transposed, came out wrong for FP32 input on an H200 (Triton 3.6)."""
+    scale, scale_inv = _scales(tl.load(amax_ptr), FP8_MAX)
+    in_rows = rows < M
+    for c0 in tl.static_range(0, 128, CHUNK):
+        cols = tl.program_id(1) * 128 + c0 + tl.arange(0, CHUNK)
+        mask = in_rows[:, None] & (cols < N)[None, :]
+        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        if COLS:  # qᵀ: [CHUNK, BLOCK_M]
+            q_int = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, False)
+            t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
+            tl.store(t_ptrs, tl.trans(q_int), mask=tl.trans(mask))
+        if ROWS:  # q: [BLOCK_M, CHUNK]
+            if COLS and not HW:
+                q = q_int
+            else:
+                q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW)
+            tl.store(data_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], q, mask=mask)
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        tl.store(scale_ptr, scale_inv)
 
 
-@triton.autotune(
-    configs=[triton.Config({}, num_warps=w) for w in _WARPS], key=["N", "BLOCK_M", "MODE", "ROWS", "COLS"]
+# CHUNK and warps: 64 or 128 columns, 4 or 8 warps were the fastest on an H200 at 32768 tokens x
+# 1024-6176 (the pair at 128 x 4 spills: ptxas, 255 registers); the bits do not depend on the choice.
+CANDIDATES = ((4, 64), (8, 64), (4, 128), (8, 128))
+"""(warps, CHUNK) pairs the GPU autotuner picks from."""
+_CONFIGS = (
+    [triton.Config({"CHUNK": 32}, num_warps=8)]
+    if os.environ.get("TRITON_INTERPRET") == "1"
+    else [triton.Config({"CHUNK": c}, num_warps=w) for w, c in CANDIDATES]
 )
+
+
+@triton.autotune(configs=_CONFIGS, key=["N", "BLOCK_M", "MODE", "ROWS", "COLS", "HW"])
 @triton.jit
 def _quantize_fp8_kernel(
     x_ptr, amax_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, NP, stride_xm,
     BLOCK_M: tl.constexpr, MODE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
     MANT: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
-    SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr,
+    SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr, HW: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    if MODE == 1 and COLS:  # the wgrad operands (and their fprop / dgrad partners): in column chunks
+    if MODE == 0:
+        _tensor_scaled(
+            x_ptr, amax_ptr, data_ptr, scale_ptr, data_t_ptr, M, N, stride_xm, rows,
+            ROWS, COLS, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW, CHUNK,
+        )  # fmt: skip
+    elif MODE == 1 and COLS:  # the wgrad operands (and their fprop / dgrad partners): in column chunks
         _blocks_with_cols(
             x_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, NP, stride_xm, rows,
-            BLOCK_M, ROWS, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL,
+            BLOCK_M, ROWS, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW, CHUNK,
         )  # fmt: skip
     else:
         cols = tl.program_id(1) * 128 + tl.arange(0, 128)
@@ -167,29 +235,25 @@ def _quantize_fp8_kernel(
         out_mask = (rows < M)[:, None] & (cols < NP)[None, :]
         x = x.to(tl.float32)
         magnitude = _magnitude(x)
-        if MODE == 0:
-            scale, scale_inv = _scales(tl.load(amax_ptr), FP8_MAX)
-            if ROWS:
-                q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
-                tl.store(data_ptr + rows.to(tl.int64)[:, None] * NP + cols[None, :], q, mask=out_mask)
-            if COLS:  # q: [128, BLOCK_M]
-                q = _fp8_bytes(tl.trans(x), scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
-                t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
-                tl.store(t_ptrs, q, mask=tl.trans(out_mask))
-            if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-                tl.store(scale_ptr, scale_inv)
-        elif MODE == 1:
+        if MODE == 1:
             if ROWS:
                 scale, scale_inv = _scales(tl.max(magnitude, axis=1), FP8_MAX)  # [BLOCK_M]
-                q = _fp8_bytes(x, scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
+                q = _fp8_bytes(x, scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW)
                 tl.store(data_ptr + rows.to(tl.int64)[:, None] * NP + cols[None, :], q, mask=out_mask)
                 # scale_inv [M, N/128], outer-dim major: element (r, b) at b·M + r
                 tl.store(scale_ptr + tl.program_id(1) * M + rows, scale_inv, mask=rows < M)
         else:
             scale, scale_inv = _scales(tl.max(tl.max(magnitude, axis=1), axis=0), FP8_MAX)
-            q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL)
+            q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW)
             tl.store(data_ptr + rows.to(tl.int64)[:, None] * NP + cols[None, :], q, mask=out_mask)
             tl.store(scale_ptr + tl.program_id(0) * tl.cdiv(N, 128) + tl.program_id(1), scale_inv)
+
+
+@functools.cache
+def _hardware_cast(device: torch.device) -> bool:
+    """Whether ``device``'s FP8 conversion instruction can make the bytes (CUDA sm_89+; the integer
+    arithmetic elsewhere, e.g. under the interpreter, whose downcasts truncate)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def quantize_fp8(
@@ -202,6 +266,8 @@ def quantize_fp8(
     amax: torch.Tensor | None = None,
     pad_to_block: bool = False,
     block_m: int | None = None,
+    hardware_cast: bool | None = None,
+    config: tuple[int, int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Launch the quantizer on x [M, N] (unit last-dim stride).
 
@@ -213,6 +279,10 @@ def quantize_fp8(
     are 0 codes; a pad-only 1×128 block of xᵀ has amax 0, hence scale_inv 1), written without a
     padded copy of x. Without it, a blocked N must be a multiple of 128 where the blocks run along N
     (``rows`` / ``MODE_TILE``); ``cols`` alone takes any N. ``cols`` in a blocked mode needs M % 128 == 0.
+
+    ``hardware_cast``: make the bytes with the FP8 conversion instruction (True) or integer arithmetic
+    (False); None picks the instruction on CUDA sm_89+. The bytes are the same; tests compare both.
+    ``config``: (warps, CHUNK) instead of the autotuned pick (the tests run every candidate).
     """
     mant, bias, fp8_max = FORMATS[dtype]
     m, n = x.shape
@@ -251,13 +321,17 @@ def quantize_fp8(
         return out
     dummy = x
     grid = (triton.cdiv(m, block_m), triton.cdiv(np_, BLOCK))
-    _quantize_fp8_kernel[grid](
+    kernel, launch = _quantize_fp8_kernel, {}
+    if config is not None:
+        kernel, launch = _quantize_fp8_kernel.fn, dict(num_warps=config[0], CHUNK=config[1])
+    kernel[grid](
         x, dummy if amax is None else amax,
         dummy if data is None else data, dummy if scale is None else scale,
         dummy if data_t is None else data_t, dummy if scale_t is None else scale_t,
         m, n, np_, x.stride(0),
         BLOCK_M=block_m, MODE=mode, ROWS=rows, COLS=cols,
         MANT=mant, BIAS=bias, FP8_MAX=fp8_max, SUB_FACTOR=2.0 ** (bias - 1 + mant),
-        MIN_NORMAL=2.0 ** (1 - bias),
+        MIN_NORMAL=2.0 ** (1 - bias), HW=_hardware_cast(x.device) if hardware_cast is None else hardware_cast,
+        **launch,
     )  # fmt: skip
     return out
