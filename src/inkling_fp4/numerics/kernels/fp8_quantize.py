@@ -27,9 +27,9 @@ Widths that are not a multiple of 128 (e.g. a Mamba in_proj output of 6176 = 48Â
 what the GEMM's other operand is padded to along the contraction. Loads stay masked by N (reading
 0 past it), stores are masked by NP, so the padding costs no copy of x (nor of xáµ€).
 
-The warp count is autotuned per (N, mode, layout) on the GPU: quantization is exact elementwise math
-and a max, so every candidate writes the same bits and the choice needs no fixing in deterministic
-runs (unlike the SSD kernels' reduction tiles).
+The warp count and the column chunk are autotuned per (N, mode, layout) on the GPU: quantization is
+exact elementwise math and a max, so every candidate writes the same bits and the choice needs no
+fixing in deterministic runs (unlike the SSD kernels' reduction tiles).
 
 NOTE the FP8 byte: on sm_89+ GPUs the conversion instruction makes the bytes written in x's own
 layout (round to nearest even, as the reference); the bytes written transposed, all bytes elsewhere
@@ -37,8 +37,9 @@ and under the interpreter (whose float downcasts truncate) come from integer ari
 bit pattern (as in ``common.py``; see ``_blocks_with_cols`` for why transposed bytes do). The two
 give the same byte for every input (tested on the GPU over every code, the ties between codes and
 their neighbours), and the instruction is cheaper: the integer form is about 20 integer ops per
-element, which bounded the rows quantizer to ~2.5 TB/s on an H200 (3.2-3.6 with the instruction). NaN in
-x becomes an Inf amax, hence an Inf ``scale_inv``: the caller checks finiteness from the scales.
+element, which bounded the rows quantizer to ~2.5 TB/s on an H200 (3.1-3.6 TB/s with the
+instruction). NaN in x becomes an Inf amax, hence an Inf ``scale_inv``: the caller checks finiteness
+from the scales.
 """
 
 import functools
