@@ -28,7 +28,7 @@ Examples:
     python scripts/bench_pretrain.py --out bench_1gpu.json
     python scripts/bench_pretrain.py --config peer158m --out bench_peer.json
     python scripts/bench_pretrain.py --recipes bf16,nvfp4 --profile 3      # + GPU time by kernel group
-    python scripts/bench_pretrain.py --config peer158m --cuda-graph        # bf16/fp8 steps as CUDA graphs
+    python scripts/bench_pretrain.py --config peer158m --cuda-graph        # steps as CUDA graphs
     python scripts/bench_pretrain.py --recipes fp8 --profile 2 --sources   # + which line launched what
     torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
         --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
@@ -84,8 +84,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--cuda-graph",
         action="store_true",
-        help="replay each micro-batch's forward + backward as a CUDA graph (recipes without stochastic "
-        "rounding)",
+        help="replay each micro-batch's forward + backward as a CUDA graph (one GPU; every recipe: "
+        "stochastic rounding replays the eager seeds)",
     )
     p.add_argument("--ssd-impl", default="auto", choices=["auto", "triton", "reference"])
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here")

@@ -97,6 +97,8 @@ class Mamba2Mixer(nn.Module):
         self.H, self.P, self.G, self.N = cfg.mamba_heads, cfg.mamba_head_dim, cfg.n_groups, cfg.d_state
         self.d_inner = cfg.d_inner
         self.conv_dim = self.d_inner + 2 * self.G * self.N
+        self.in_widths = [self.d_inner, self.conv_dim, self.H]  # in_proj's output: z, xBC, dt
+        self.xbc_widths = [self.d_inner, self.G * self.N, self.G * self.N]  # the conv's: x, B, C
         self.chunk_size = cfg.chunk_size
         self.ssd_impl = cfg.ssd_impl
         self.conv_impl = cfg.conv_impl
@@ -134,7 +136,7 @@ class Mamba2Mixer(nn.Module):
 
     def _split(self, zxbcdt: torch.Tensor):
         """[..., 2E + 2GN + H] -> z [..., E], xBC [..., C], dt_raw [..., H]."""
-        return zxbcdt.split([self.d_inner, self.conv_dim, self.H], -1)
+        return zxbcdt.split(self.in_widths, -1)
 
     def _ssm_inputs(
         self, x: torch.Tensor, B: torch.Tensor, C: torch.Tensor, dt_raw: torch.Tensor, ddt_into=None
@@ -164,13 +166,12 @@ class Mamba2Mixer(nn.Module):
         zxbcdt = self.in_proj(u)  # [B, L, 2E + 2GN + H]
         into = [None] * 3  # where the consumers of z, xBC, dt write their gradients (None: autograd's)
         if torch.is_grad_enabled() and zxbcdt.requires_grad and fast_forms_on(zxbcdt):
-            (z, xBC_in, dt_raw), slab = split_with_grad_slab(zxbcdt, [self.d_inner, self.conv_dim, self.H])
+            (z, xBC_in, dt_raw), slab = split_with_grad_slab(zxbcdt, self.in_widths)
             into = [slab.into(i) for i in range(3)]  # in_proj's gradient: written in place, no concat
         else:
             z, xBC_in, dt_raw = self._split(zxbcdt)
         conv = conv_silu_for(self.conv_impl, u, self.conv_weight.shape[1])
-        blocks = [self.d_inner, self.G * self.N, self.G * self.N]
-        x, B, C = conv(xBC_in, self.conv_weight, self.conv_bias, seg, blocks, into[1])  # the output's blocks
+        x, B, C = conv(xBC_in, self.conv_weight, self.conv_bias, seg, self.xbc_widths, into[1])
         x, B, C, dt = self._ssm_inputs(x, B, C, dt_raw, into[2])
         if valid is not None:
             dt = dt * valid[..., None]  # padded positions: no decay, no input (the state is untouched)
@@ -215,7 +216,7 @@ class Mamba2Mixer(nn.Module):
         state.conv.copy_(window[..., 1:])
         conv = (at_least_fp32(window) * self.conv_weight).sum(-1) + self.conv_bias  # [B, C]
         xBC = F.silu(conv).to(xBC_in.dtype)
-        x, B, C = xBC.split([self.d_inner, self.G * self.N, self.G * self.N], -1)
+        x, B, C = xBC.split(self.xbc_widths, -1)
         x, B, C, dt = self._ssm_inputs(x, B, C, dt_raw)
         A = -torch.exp(self.A_log)
         y, new_ssm = ssd_step(state.ssm, x, dt, A, B, C)  # y: [B, H, P]

@@ -214,8 +214,11 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
             for i, b in enumerate(batches):
                 micro_batch = (b.input_ids, b.doc_ids, b.targets, b.loss_mask)
                 if use_graph:  # forward + backward in one replay; a NaN loss skips the step below
-                    part = graphed(*micro_batch, grad_scale)
-                    loss_sum += part
+                    try:
+                        loss_sum += graphed(*micro_batch, grad_scale)
+                    except NumericsError as e:  # the deferred record's own check (every 512 records)
+                        fault = _nonfinite_or_raise(e)
+                        break
                     continue
                 with _gradient_sync(train_model, model, i == accum - 1):
                     try:
