@@ -251,6 +251,50 @@ def test_cuda_graph_off_on_cpu_says_why(train):
     assert len(steps) == 4 and all(math.isfinite(r["loss"]) for r in steps)
 
 
+def test_graphed_micro_step_nan_report_skips_the_step(train, monkeypatch):
+    """A graphed micro-step's deferred NaN/Inf check (finite_guard, every 512 records) raises from the
+    replay call: the step is skipped as the eager path skips it, and the run goes on. On CPU, with an
+    eager stand-in for the graph behind the trainer's interface."""
+    from inkling_fp4.errors import NumericsError
+
+    class EagerStandIn:
+        calls = 0
+
+        def __init__(self, model, loss_fn):
+            self.params, self.loss_fn = list(model.parameters()), loss_fn
+
+        def __call__(self, ids, doc_ids, targets, loss_mask, grad_scale):
+            type(self).calls += 1
+            if type(self).calls == 8:
+                raise NumericsError("mamba.in_proj x contains non-finite values (NaN/Inf): injected")
+            loss = self.loss_fn(ids, doc_ids, targets, loss_mask)
+            (loss * grad_scale).backward()
+            return loss.detach()
+
+        def zero_grad(self):
+            for p in self.params:
+                p.grad = None
+
+        def reset(self):
+            pass
+
+    monkeypatch.setattr(loop, "GraphedMicroStep", EagerStandIn)
+    monkeypatch.setattr(loop, "graph_blocker", lambda model, world_size, device: None)
+    _, steps, events, _ = train(
+        "graph_nan",
+        "train.cuda_graph=true",
+        "precision.switch_to_bf16=never",
+        "train.steps=12",
+        "eval.every=0",
+    )
+    kinds = {e["event"]: e for e in events}
+    assert "on:" in kinds["cuda_graph"]["message"]
+    assert kinds["nonfinite"]["step"] == 8 and "injected" in kinds["nonfinite"]["message"]
+    by_step = {r["step"]: r for r in steps}
+    assert by_step[8]["skipped"] and sorted(by_step) == list(range(1, 13))
+    assert not any(by_step[k]["skipped"] for k in range(9, 13))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_cuda_graph_trains_as_eager(train):
