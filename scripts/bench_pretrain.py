@@ -65,14 +65,20 @@ from inkling_fp4.train.optimizer import build_optimizer, set_lr
 CONFIGS = {"hybrid-350m": (dict(preset="hybrid-350m"), 16), "peer158m": (dict(preset="peer158m"), 8)}
 """name -> (ModelConfig fields, default global batch)"""
 BACKENDS = {"bf16": "auto", "fp8": "native-fp8", "fp8-tensorwise": "native-fp8"}
-BACKENDS |= {"nvfp4": "emulated", "mxfp4": "emulated"}
+BACKENDS |= {"nvfp4": "emulated", "mxfp4": "emulated", "fp8-delayed": "native-fp8"}
+DELAYED = "fp8-delayed"
+"""A name of this script's: fp8-tensorwise with ``precision.fp8_scaling=delayed``."""
 PEER_TOKENS_PER_S = 126_000
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", choices=sorted(CONFIGS), default="hybrid-350m")
-    p.add_argument("--recipes", default="bf16,fp8,fp8-tensorwise,nvfp4", help="comma list of recipes")
+    p.add_argument(
+        "--recipes",
+        default="bf16,fp8,fp8-tensorwise,nvfp4",
+        help=f"comma list of recipes ({DELAYED}: fp8-tensorwise with delayed scaling)",
+    )
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--batch", type=int, default=None, help="global batch (default 16; peer158m 8)")
     p.add_argument("--micro-batch", type=int, default=None, help="per-GPU micro batch (default: all of it)")
@@ -140,7 +146,10 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
     device = dist.device
     torch.manual_seed(0)
     model = HybridLM(cfg.model).to(device)
-    policy = PrecisionPolicy(PrecisionConfig(recipe=recipe, backend=BACKENDS[recipe]), cfg.model.n_layers)
+    scaling = {"recipe": recipe}
+    if recipe == DELAYED:
+        scaling = {"recipe": "fp8-tensorwise", "fp8_scaling": "delayed"}
+    policy = PrecisionPolicy(PrecisionConfig(backend=BACKENDS[recipe], **scaling), cfg.model.n_layers)
     policy.set_generator_seed(dist.rank)
     policy.apply(model)
     described = policy.describe(model)
@@ -206,6 +215,12 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
             loss_sum += part.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        history = policy.amax_history
+        captured_current = graphed is not None and graphed.graph is not None
+        captured_current = captured_current and history is not None and not history.ready
+        policy.end_step(False, lambda t: D.all_reduce_max(t, dist))  # delayed scaling's history
+        if captured_current:  # that graph scales from each tensor's own amax: capture the delayed one
+            graphed.reset()
         if graphed is not None:
             graphed.zero_grad()  # in place: the graph adds into these tensors
         else:

@@ -4,7 +4,8 @@ Why: in the fp8 recipe's training step the quantizer, not the FP8 GEMMs, decides
 hybrid-350m it took 42 ms of a 243 ms step (198 launches, about 1 TB/s over the bytes it moves, a
 third of an H200's bandwidth), while the FP8 GEMMs saved 13 ms over BF16. This times the three
 layouts the layer uses, at the layer's shapes, against a device-to-device copy of the same bytes, and
-the tensorwise pair (amax pass + one pass writing both layouts) with its amax pass alone.
+the tensorwise pair (amax pass + one pass writing both layouts) with its amax pass alone, and the
+pair under delayed scaling (one pass: the scale from a given amax, x's own amax recorded).
 
 Before timing, each result is checked bit for bit against the torch reference (``numerics/fp8.py``)
 on the zero-padded input: codes and scale_inv. A mismatch makes the exit status 1.
@@ -75,6 +76,19 @@ def _layouts(x: torch.Tensor):
     def tensor_amax():
         return amax_kernel.abs_max(x)
 
+    history_amax = amax.reshape(1) / 2  # delayed scaling: an earlier amax, half of x's (some saturate)
+    delayed_ref = fp8.quantize_tensorwise_ref(x, amax=history_amax)
+    delayed_pair_ref = (delayed_ref, fp8.FP8Tensor(delayed_ref.data.t(), delayed_ref.scale_inv))
+    record = torch.full((1,), -1.0, device=x.device)
+
+    def tensor_delayed():
+        return fp8.quantize_tensorwise_pair(x, check=False, amax=history_amax, record=record)
+
+    def delayed_check():
+        record.fill_(-1.0)
+        problem = _same(tensor_delayed(), delayed_pair_ref)
+        return problem or ("" if torch.equal(record.reshape(()), amax) else "recorded amax differs")
+
     return {
         "pair (x, xT)": (pair, lambda: _same(pair(), pair_ref), n * (2 + 2 * blocked)),
         "rows (x)": (rows, lambda: _same((rows(),), (rows_ref,)), n * (2 + blocked)),
@@ -84,6 +98,7 @@ def _layouts(x: torch.Tensor):
             lambda: _same(tensor_pair(), tensor_pair_ref),
             n * (2 + 2 + 2),  # x read by the amax pass and by the codes pass; two layouts written
         ),
+        "tensor pair delayed": (tensor_delayed, delayed_check, n * (2 + 2)),  # one read; x's amax recorded
         "tensor amax": (
             tensor_amax,
             lambda: "" if torch.equal(tensor_amax().reshape(()), amax) else "amax differs",

@@ -95,6 +95,34 @@ def test_interp_nan_gives_inf_scale_and_odd_width_tensorwise():
     _same(out["data"], ref.data, "tensorwise data, N=48")
 
 
+def check_delayed(x: torch.Tensor, dtype: torch.dtype, **launch) -> None:
+    """Delayed scaling: the scale from a given amax (below max|x|: the largest values saturate; above
+    it; zero: scale 1), the pair's bytes against the reference and against the formula written out
+    here, and the record word: max(its old value, max|x|), from the "nothing yet" -1 and from above."""
+    fp8_max = fp8.FP8_MAX[dtype]
+    own = x.cpu().float().abs().amax()
+    for given in (own / 64, (own * 3).clamp(max=3.4e38), torch.zeros(())):
+        amax = given.reshape(1).to(torch.float32).to(x.device)
+        for start in (-1.0, float(own) / 2, float("inf")):
+            record = torch.full((1,), start, device=x.device)
+            out = kern.quantize_fp8(
+                x, dtype, mode=kern.MODE_TENSOR, rows=True, cols=True, amax=amax, record=record, **launch
+            )
+            ref = fp8.quantize_tensorwise_ref(x.cpu(), dtype, amax=amax.cpu())
+            scale = torch.tensor(fp8_max) / given if given > 0 else torch.tensor(1.0)
+            by_hand = (x.cpu().float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
+            what = f"delayed amax {float(given):.3g}"
+            _same(ref.data, by_hand, f"{what}: reference vs the formula")
+            _same(out["data"], ref.data, f"{what} data")
+            _same(out["data_t"], ref.data.t(), f"{what} transposed data")
+            _same(out["scale_inv"], ref.scale_inv, f"{what} scale_inv")
+            assert record.item() == max(start, float(own)), (what, start, record.item(), float(own))
+        if given == own / 64:  # the values above the delayed amax are clamped to the format's max
+            big = x.cpu().float().abs() > float(given)
+            codes = out["data"].cpu().float().abs()
+            assert big.any() and (codes[big] == fp8_max).all(), what
+
+
 def _narrow_input(m: int, n: int, dtype=torch.float32) -> torch.Tensor:
     """x [M, N] with N % 128 != 0, the adversarial cases also inside the last, partial block."""
     x = _input(m, n).float()
@@ -164,6 +192,19 @@ def test_interp_every_code_and_tie(dtype, config):
     check_all(_every_code_and_tie(dtype), dtype, config=config)
 
 
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_interp_delayed_scale_and_amax_record(dtype):
+    check_delayed(_input(128, 200, dtype=torch.bfloat16), dtype)
+    x = _input(128, 128)
+    x[9, 3] = float("nan")  # NaN records as Inf: the step's history entry is then dropped
+    record = torch.full((1,), -1.0)
+    kern.quantize_fp8(
+        x, dtype, mode=kern.MODE_TENSOR, rows=True, cols=True, amax=torch.ones(1), record=record
+    )  # fmt: skip
+    assert torch.isinf(record).all()
+
+
 def test_under_triton_interpreter():
     """Run every ``test_interp_*`` in a child process with TRITON_INTERPRET=1."""
     run_interpreted(__file__, "-k", "interp")
@@ -197,18 +238,27 @@ def _every_code_and_tie(dtype: torch.dtype) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("hardware_cast", [True, False], ids=["instruction", "integer"])
 def test_gpu_every_code_and_tie_either_conversion(dtype, hardware_cast):
-    """The conversion instruction and the integer bytes against the reference, on every code and tie,
-    for every (warps, CHUNK) the autotuner may pick."""
+    """The conversion instruction and the integer bytes against the reference, on every code and tie
+    (FP32, and rounded to BF16, whose transposed bytes take another path) and random FP32 and BF16
+    input, current and delayed scaling, for every (warps, CHUNK) the autotuner may pick."""
     x = _every_code_and_tie(dtype)
     assert fp8.quantize_tensorwise_ref(x, dtype).scale_inv.item() == 1.0
-    y = _input(512, 384, device="cuda", dtype=torch.bfloat16)
+    inputs = {
+        "codes and ties": x.cuda(),
+        "codes and ties in BF16": x.cuda().bfloat16(),
+        "random BF16": _input(512, 384, device="cuda", dtype=torch.bfloat16),
+        "random FP32": _input(512, 384, device="cuda"),
+    }
     failures = []
     for config in kern.CANDIDATES:
-        for what, inp in (("codes and ties", x.cuda()), ("random", y)):
-            try:
-                check_all(inp, dtype, hardware_cast=hardware_cast, config=config)
-            except AssertionError as e:
-                failures.append(f"(warps, CHUNK) {config}, {what}: {str(e).splitlines()[0]}")
+        for what, inp in inputs.items():
+            for check in (check_all, check_delayed):
+                try:
+                    check(inp, dtype, hardware_cast=hardware_cast, config=config)
+                except AssertionError as e:
+                    failures.append(
+                        f"(warps, CHUNK) {config}, {what}, {check.__name__}: {str(e).splitlines()[0]}"
+                    )
     assert not failures, "\n".join(failures)
 
 

@@ -176,6 +176,24 @@ def test_resume_is_bit_exact(train):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_delayed_fp8_scaling_resumes_bit_exact(train, capsys):
+    """fp8-tensorwise with delayed scaling: the amax history is checkpointed, so 10 steps + resume +
+    10 steps equal 20 straight, and the run logs which scaling it used."""
+    common = (
+        "precision.recipe=fp8-tensorwise", "precision.fp8_scaling=delayed", "precision.amax_history=4",
+        "precision.switch_to_bf16=never", "train.checkpoint_every=5", "eval.every=0",
+    )  # fmt: skip
+    straight, steps_a, _, _ = train("straight", *common)
+    assert "fp8-tensorwise (delayed scaling, 4-step amax history)" in capsys.readouterr().out
+    train("parted", *common, "train.stop_after=10")
+    parted, steps_b, _, _ = train("parted", *common, "train.stop_after=10", resume=True)
+    assert losses(steps_a) == losses(steps_b) and steps_a[-1]["loss"] < steps_a[0]["loss"]
+    state = json.loads((parted / "checkpoints" / "step_20" / "state.json").read_text())
+    assert state["precision"][0]["amax_history"]["ready"]
+    a, b = model_tensors(straight, 20), model_tensors(parted, 20)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_corrupt_checkpoint_falls_back_to_previous(train, capsys):
     common = ("train.checkpoint_every=4",)
     _, steps_a, _, _ = train("straight", *common, "train.steps=14")
@@ -308,6 +326,24 @@ def test_gpu_cuda_graph_trains_as_eager(train):
     graph = [(e["step"], e["message"]) for e in events if e["event"] == "cuda_graph"]
     assert len(graph) == 1 and graph[0][0] == 0 and "on:" in graph[0][1]
     assert [r["precision"] for r in graphed][-1] == "bf16"
+    for a, b in zip(eager, graphed, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=2e-3), a["step"]
+    assert graphed[-1]["loss"] < graphed[0]["loss"] - 0.3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_cuda_graph_delayed_fp8_trains_as_eager(train):
+    """Delayed FP8 scaling under CUDA graphs: the first graph (captured while the history was empty,
+    so scaling currently) is dropped once the history has a step; the replays then record into and
+    scale from the same device words as eager steps, and the losses follow the eager run's."""
+    common = (
+        "train.device=cuda", "precision.recipe=fp8-tensorwise", "precision.fp8_scaling=delayed",
+        "precision.switch_to_bf16=never", "eval.every=0",
+    )  # fmt: skip
+    _, eager, _, _ = train("eager", *common)
+    _, graphed, events, _ = train("graphed", *common, "train.cuda_graph=true")
+    assert [e["step"] for e in events if e["event"] == "cuda_graph"] == [0]
     for a, b in zip(eager, graphed, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=2e-3), a["step"]
     assert graphed[-1]["loss"] < graphed[0]["loss"] - 0.3

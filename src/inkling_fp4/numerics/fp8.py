@@ -94,16 +94,27 @@ def _cast(v: torch.Tensor, fp8_max: float, dtype: torch.dtype) -> torch.Tensor:
 
 
 def quantize_tensorwise_ref(
-    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, name: str | None = None
+    x: torch.Tensor,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    name: str | None = None,
+    *,
+    amax: torch.Tensor | None = None,
+    record: torch.Tensor | None = None,
 ) -> FP8Tensor:
-    """One FP32 scale for the whole tensor (current scaling); the torch reference."""
+    """One FP32 scale for the whole tensor; the torch reference.
+
+    Current scaling takes the scale from x's own amax. Delayed scaling passes ``amax`` (earlier
+    steps' amax: values above it saturate to ±fp8_max) and ``record`` (an FP32 word that gets
+    ``max(record, max|x|)``, this step's amax for the history)."""
     op = "fp8.quantize_tensorwise"
     fp8_max = _fp8_max(dtype, op)
     checks.check_dtype(x, op=op, name=name)
     xf = x.float()
-    amax = xf.abs().amax() if xf.numel() else xf.new_zeros(())
-    checks.check_finite(x, op=op, name=name, amax=amax)
-    scale, scale_inv = current_scale(amax, fp8_max)
+    own = xf.abs().amax() if xf.numel() else xf.new_zeros(())
+    checks.check_finite(x, op=op, name=name, amax=own)
+    if record is not None:
+        record.copy_(torch.maximum(record, own.to(record.device)).reshape(record.shape))
+    scale, scale_inv = current_scale(own if amax is None else amax.to(xf.device).reshape(()), fp8_max)
     return FP8Tensor(data=_cast(xf * scale, fp8_max, dtype), scale_inv=scale_inv)
 
 
@@ -169,48 +180,70 @@ def _rows_2d(x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_tensorwise(
-    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, name: str | None = None, *, check: bool = True
+    x: torch.Tensor,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    name: str | None = None,
+    *,
+    check: bool = True,
+    amax: torch.Tensor | None = None,
+    record: torch.Tensor | None = None,
 ) -> FP8Tensor:
-    """One FP32 scale for the whole tensor; Triton on CUDA (two passes: amax, then cast)."""
+    """One FP32 scale for the whole tensor; Triton on CUDA (two passes: amax, then cast; one pass
+    with delayed scaling's ``amax`` and ``record``, as :func:`quantize_tensorwise_ref` describes)."""
     kernels = _kernels() if x.is_cuda and x.dim() > 0 and x.numel() else None
     if kernels is None:
-        return quantize_tensorwise_ref(x, dtype=dtype, name=name)
+        return quantize_tensorwise_ref(x, dtype=dtype, name=name, amax=amax, record=record)
     op = "fp8.quantize_tensorwise"
     _fp8_max(dtype, op)
     checks.check_dtype(x, op=op, name=name)
-    from inkling_fp4.numerics.kernels.amax import abs_max
-
     x2 = _rows_2d(x)
-    amax = abs_max(x2)
-    out = kernels.quantize_fp8(x2, dtype, mode=kernels.MODE_TENSOR, amax=amax)
+    amax, delayed = _scale_amax(x2, amax, check)
+    out = kernels.quantize_fp8(x2, dtype, mode=kernels.MODE_TENSOR, amax=amax, record=record)
     if check:
-        checks.check_finite(x, op=op, name=name, amax=amax)
+        checks.check_finite(x, op=op, name=name, amax=delayed if delayed is not None else amax)
     return FP8Tensor(data=out["data"].view(x.shape), scale_inv=out["scale_inv"])
 
 
+def _scale_amax(x2: torch.Tensor, amax: torch.Tensor | None, check: bool):
+    """(the amax the scale comes from, x's own amax when that is not it but a check needs it)."""
+    from inkling_fp4.numerics.kernels.amax import abs_max
+
+    if amax is None:
+        return abs_max(x2), None
+    return amax.reshape(1), (abs_max(x2) if check else None)
+
+
 def quantize_tensorwise_pair(
-    x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, name: str | None = None, *, check: bool = True
+    x: torch.Tensor,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    name: str | None = None,
+    *,
+    check: bool = True,
+    amax: torch.Tensor | None = None,
+    record: torch.Tensor | None = None,
 ) -> tuple[FP8Tensor, FP8Tensor]:
     """(x [M, N], xᵀ [N, M]) in tensorwise FP8 for 2-D x: one scale, so xᵀ's codes are x's transposed.
 
     Why both: Hopper's FP8 GEMMs take each operand with its contraction dim contiguous, so x's codes
     serve the fprop and xᵀ's the wgrad (and a gradient's the dgrad and the wgrad). Transposing FP8
     bytes with a torch copy is an elementwise kernel far from copy bandwidth (0.3-0.6 ms per operand
-    at hybrid-350m's shapes); on CUDA one kernel reads x once and writes both layouts instead."""
+    at hybrid-350m's shapes); on CUDA one kernel reads x once and writes both layouts instead.
+    ``amax`` / ``record``: delayed scaling (:func:`quantize_tensorwise_ref`); then x is read once, not
+    twice (no amax pass), unless ``check`` needs x's own amax."""
     op = "fp8.quantize_tensorwise_pair"
     checks.check_input(x, op=op, block=1, name=name, ndim=2)
     kernels = _kernels() if x.is_cuda and x.numel() else None
     if kernels is None:
-        q = quantize_tensorwise_ref(x, dtype=dtype, name=name)
+        q = quantize_tensorwise_ref(x, dtype=dtype, name=name, amax=amax, record=record)
         return q, FP8Tensor(data=q.data.t().contiguous(), scale_inv=q.scale_inv)
     _fp8_max(dtype, op)
-    from inkling_fp4.numerics.kernels.amax import abs_max
-
     x2 = _rows_2d(x)
-    amax = abs_max(x2)
-    out = kernels.quantize_fp8(x2, dtype, mode=kernels.MODE_TENSOR, rows=True, cols=True, amax=amax)
+    amax, delayed = _scale_amax(x2, amax, check)
+    out = kernels.quantize_fp8(
+        x2, dtype, mode=kernels.MODE_TENSOR, rows=True, cols=True, amax=amax, record=record
+    )
     if check:
-        checks.check_finite(x, op=op, name=name, amax=amax)
+        checks.check_finite(x, op=op, name=name, amax=delayed if delayed is not None else amax)
     return FP8Tensor(data=out["data"], scale_inv=out["scale_inv"]), FP8Tensor(
         data=out["data_t"], scale_inv=out["scale_inv"]
     )

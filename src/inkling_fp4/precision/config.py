@@ -33,6 +33,11 @@ class PrecisionConfig:
     'decay' (the first decay step), or null / 'never'."""
     switch_scope: str = "all"
     """What the switch moves to BF16: 'all' GEMMs, or 'forward' passes only (paper appendix D)."""
+    fp8_scaling: str = "current"
+    """fp8-tensorwise: 'current' (each tensor's own amax) or 'delayed' (activations and gradients
+    scaled from the largest amax of the last ``amax_history`` steps: one read of each, not two)."""
+    amax_history: int = 16
+    """Steps of amax history behind delayed scaling."""
 
     def __post_init__(self):
         if self.recipe not in RECIPES:
@@ -47,6 +52,15 @@ class PrecisionConfig:
             raise ValueError(
                 "precision.switch_to_bf16 must be a step, a fraction in (0, 1), 'decay' or 'never'"
             )
+        if self.fp8_scaling not in ("current", "delayed"):
+            raise ValueError("precision.fp8_scaling must be 'current' or 'delayed'")
+        if self.fp8_scaling == "delayed" and self.recipe != "fp8-tensorwise":
+            raise ValueError(
+                f"precision.fp8_scaling=delayed needs precision.recipe=fp8-tensorwise (one scale per "
+                f"tensor); {self.recipe} scales per block from each block's own amax"
+            )
+        if self.amax_history < 1:
+            raise ValueError("precision.amax_history must be >= 1")
         for name in ("bf16_first_layers", "bf16_last_layers"):
             v = getattr(self, name)
             if v is not None and v < 0:

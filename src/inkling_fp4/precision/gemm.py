@@ -128,6 +128,7 @@ def quantize(
     name: str = "",
     amax: torch.Tensor | None = None,
     scale_with: torch.Tensor | None = None,
+    record: torch.Tensor | None = None,
 ) -> Operand:
     """Quantize the operand ``t`` (or ``tᵀ`` if ``transpose``) as ``spec`` says, padding with zeros.
 
@@ -135,7 +136,9 @@ def quantize(
     along the token dim; the fused ``quantize_rht_t`` kernel does the transpose on CUDA).
     ``codes``: keep the packed tensor (to save for backward); ``values``: the operand is multiplied
     right away, so on CUDA the NVFP4 kernel writes its BF16 block values in the same pass.
-    ``amax``: the NVFP4 tensor amax from :func:`shared_nvfp4_amaxes` (fused kernels only).
+    ``amax``: the NVFP4 tensor amax from :func:`shared_nvfp4_amaxes` (fused kernels only), or a
+    delayed-scaling amax of a tensorwise FP8 operand, whose own amax then goes into ``record``
+    (:mod:`inkling_fp4.precision.amax_history`).
     ``scale_with``: the decode scale of the NVFP4 operand this one is multiplied with (its
     ``decode_scale``); the fused kernels then also write the GEMM's output scale
     (:attr:`Operand.output_scale`), which saves :func:`emulated_matmul` a launch. Ignored elsewhere.
@@ -190,7 +193,8 @@ def quantize(
     check = not t.is_cuda
     if spec.block == TENSORWISE:
         src = t.t() if transpose else t
-        return Operand(fp8.quantize_tensorwise(src, dtype=dtype, name=name, check=check), spec)
+        q = fp8.quantize_tensorwise(src, dtype=dtype, name=name, check=check, amax=amax, record=record)
+        return Operand(q, spec)
     if transpose and spec.block == (1, 128):  # xᵀ / dyᵀ along tokens (any width), one kernel on CUDA
         return Operand(fp8.quantize_blockwise_t(t, dtype=dtype, name=name, check=check), spec)
     src = t.t().contiguous() if transpose else t
@@ -229,7 +233,13 @@ def shared_nvfp4_amaxes(
 
 
 def fp8_operand_pair(
-    t: torch.Tensor, row_spec: OperandQuant | None, token_spec: OperandQuant | None, name: str = ""
+    t: torch.Tensor,
+    row_spec: OperandQuant | None,
+    token_spec: OperandQuant | None,
+    name: str = "",
+    *,
+    amax: torch.Tensor | None = None,
+    record: torch.Tensor | None = None,
 ) -> tuple[Operand, Operand] | None:
     """Both FP8 operands of t [M, C] from one read: t in 1×128 blocks along C (fprop x, dgrad dy)
     and tᵀ in 1×128 blocks along the tokens M (wgrad xᵀ, dyᵀ), as :func:`quantize` makes them
@@ -243,6 +253,8 @@ def fp8_operand_pair(
     for the other operand of that GEMM, W's 128×128 tiles); tokens operand [Cp, M], whose first
     rows are those of ``quantize(t, transpose=True)`` (padded to 16 rows only) and the rest zero
     codes: extra zero rows of the wgrad output [Cp, K], which ``matmul(..., size=...)`` crops.
+
+    ``amax`` / ``record``: delayed scaling of a tensorwise pair (see :func:`quantize`).
 
     No finiteness check on CUDA (as :func:`quantize`): NaN/Inf shows as an Inf scale_inv and output.
     """
@@ -258,7 +270,9 @@ def fp8_operand_pair(
     if row_spec.block == TENSORWISE:  # any M; tᵀ's codes are t's transposed, written by the same pass
         mr, mc = row_spec.multiple  # both dims padded with zeros as quantize pads them (no copy if whole)
         tp = pad_to(t, mr, mc)
-        rows, cols = fp8.quantize_tensorwise_pair(tp, dtype=dtype, name=name or None, check=not t.is_cuda)
+        rows, cols = fp8.quantize_tensorwise_pair(
+            tp, dtype=dtype, name=name or None, check=not t.is_cuda, amax=amax, record=record
+        )
         return Operand(rows, row_spec), Operand(cols, token_spec)
     if t.shape[0] % 128:
         return None

@@ -23,6 +23,7 @@ import weakref
 import torch
 from torch import nn
 
+from inkling_fp4.precision.amax_history import AmaxHistory
 from inkling_fp4.precision.backends import describe_backend, resolve_backend
 from inkling_fp4.precision.config import PrecisionConfig
 from inkling_fp4.precision.quant_linear import QuantLinear
@@ -92,6 +93,8 @@ class PrecisionPolicy:
         self.backend: str | None = None
         """Resolved at :meth:`apply` from the model's device (emulated | native-fp8 | te)."""
         self.rng = RoundingRNG(seed)
+        self.amax_history: AmaxHistory | None = None
+        """Delayed FP8 scaling's amaxes (``precision.fp8_scaling=delayed``), made at :meth:`apply`."""
         self._models: list[weakref.ref] = []
         self._device = torch.device("cpu")
 
@@ -129,9 +132,22 @@ class PrecisionPolicy:
                 from inkling_fp4.precision.te_linear import te_recipe
 
                 te_recipe(self.recipe)  # fail now, not at the first forward, if TE cannot run it
-        for m in _quant_linears(model):
+        layers = list(_quant_linears(model))
+        delayed = self.recipe is not None and self.cfg.fp8_scaling == "delayed"
+        if delayed and self.amax_history is None:
+            self.amax_history = AmaxHistory(len(layers), self.cfg.amax_history, self._device)
+        if self.amax_history is not None:
+            if self.amax_history.layers != len(layers):
+                raise ValueError(
+                    f"this policy's amax history has {self.amax_history.layers} layers; the model has "
+                    f"{len(layers)} linear layers (one policy per model structure)"
+                )
+            self.amax_history.state = self.amax_history.state.to(self._device)
+        for i, m in enumerate(layers):
             m.recipe = self.layer_recipe(m.layer_idx)
             m.rng = self.rng
+            m.amax_history = self.amax_history if m.recipe is not None else None
+            m.amax_index = i
         if not any(ref() is model for ref in self._models):
             self._models.append(weakref.ref(model))
         return model
@@ -150,6 +166,12 @@ class PrecisionPolicy:
             self.apply(model)
         else:
             self._reapply()
+
+    def end_step(self, skipped: bool, reduce_max=None) -> None:
+        """After each optimizer step (or skipped step): roll delayed scaling's amaxes (see
+        :class:`AmaxHistory`); ``reduce_max`` max-reduces a tensor in place across ranks."""
+        if self.amax_history is not None:
+            self.amax_history.end_step(skipped, reduce_max)
 
     @property
     def switched(self) -> bool:
@@ -185,13 +207,16 @@ class PrecisionPolicy:
 
     def state_dict(self) -> dict:
         """JSON-serialisable: recipe name, switch state and the stochastic-rounding RNG states."""
-        return {
+        d = {
             "recipe": self.cfg.recipe,
             "switched_scope": self.switched_scope,
             "bf16_first": self.bf16_first,
             "bf16_last": self.bf16_last,
             "rng": self.rng.state_dict(),
         }
+        if self.amax_history is not None:
+            d["amax_history"] = self.amax_history.state_dict()
+        return d
 
     def load_state_dict(self, d: dict) -> None:
         """Restore a checkpoint's policy state and re-apply it to the models this policy was applied to."""
@@ -204,6 +229,8 @@ class PrecisionPolicy:
             )
         self.switched_scope = d.get("switched_scope")
         self.rng.load_state_dict(d["rng"])
+        if self.amax_history is not None and "amax_history" in d:  # else: current scales until a step
+            self.amax_history.load_state_dict(d["amax_history"])
         self._reapply()
 
     def _reapply(self) -> None:
@@ -224,6 +251,8 @@ def _with_backend(recipe: Recipe, backend: str) -> Recipe:
 
 def _ablations(cfg: PrecisionConfig) -> str:
     """' (no RHT, no SR)'-style note for the switches that are off, where the recipe has them."""
+    if cfg.recipe == "fp8-tensorwise" and cfg.fp8_scaling == "delayed":
+        return f" (delayed scaling, {cfg.amax_history}-step amax history)"
     if cfg.recipe not in ("nvfp4", "mxfp4"):
         return ""
     notes = []

@@ -49,6 +49,10 @@ class QuantLinear(nn.Module):
         """Stochastic-rounding generators (``.for_device(device)``), set by the policy.
 
         None: torch's default generator."""
+        self.amax_history = None
+        """The delayed-scaling :class:`~inkling_fp4.precision.amax_history.AmaxHistory` this layer
+        records into (row ``amax_index``), set by the policy when the recipe scales x and dy that way."""
+        self.amax_index = 0
         nn.init.normal_(self.weight, std=1.0 / math.sqrt(in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -64,10 +68,22 @@ class QuantLinear(nn.Module):
         generator = self.rng.for_device(x.device) if self.rng is not None else None
         name = f"layers.{self.layer_idx}.{self.name or 'linear'}"  # for error messages
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            y = _QuantLinearFn.apply(x2d, self.weight, recipe, generator, name)
+            y = _QuantLinearFn.apply(x2d, self.weight, recipe, generator, name, self._delayed_words())
         else:
             y = quantized_forward(x2d, self.weight, recipe, name=name, out_dtype=torch.bfloat16)
         return y.reshape(*lead, self.out_features)
+
+    def _delayed_words(self) -> tuple | None:
+        """(x's scale amax, x's record word, dy's scale amax, dy's record word) for delayed scaling; a
+        scale amax is None (current scaling, still recorded) until the history has a step. None: the
+        layer scales from each tensor's own amax. Evaluation and other no-grad forwards always do."""
+        history = self.amax_history
+        if history is None:
+            return None
+        (x_used, x_rec), (dy_used, dy_rec) = history.row(self.amax_index, 0), history.row(self.amax_index, 1)
+        if not history.ready:
+            x_used = dy_used = None
+        return x_used, x_rec, dy_used, dy_rec
 
     def extra_repr(self) -> str:
         r = self.recipe.name if self.recipe is not None else "bf16"
@@ -129,16 +145,22 @@ def _symmetric(spec: OperandQuant) -> bool:
 
 
 def _transposed_operand(
-    t, spec: OperandQuant, recipe: Recipe, generator, name: str, *, keep: bool, amax=None, scale_with=None
-):
+    t, spec: OperandQuant, recipe: Recipe, generator, name: str, *, keep: bool, amax=None, scale_with=None,
+    record=None,
+):  # fmt: skip
     """The operand ``tᵀ`` (t: [contraction, rows]); symmetric blocks quantize t as stored.
 
     ``keep``: the operand is saved for backward (packed codes); otherwise it is multiplied at once.
-    ``amax``: its tensor amax when already known (:func:`gemm.shared_nvfp4_amaxes`).
+    ``amax``: its tensor amax when already known (:func:`gemm.shared_nvfp4_amaxes`), or its delayed
+    FP8 scale's amax (then ``record`` gets its own, see :func:`gemm.quantize`).
     ``scale_with``: the partner operand's decode scale (see :func:`gemm.quantize`).
     """
     if _symmetric(spec) and not spec.rht:
-        op = gemm.quantize(t, spec, codes=keep, values=not keep, name=name, scale_with=scale_with)
+        amax_fp8 = amax if spec.delayed else None
+        op = gemm.quantize(
+            t, spec, codes=keep, values=not keep, name=name, scale_with=scale_with, amax=amax_fp8,
+            record=record,
+        )  # fmt: skip
         return dataclasses.replace(op, transposed=True)
     return gemm.quantize(
         t, spec, transpose=True, signs=recipe.rht_signs, generator=generator, codes=keep,
@@ -156,15 +178,18 @@ def quantized_forward(
 
 
 def _fprop(
-    x2d, weight, recipe: Recipe, name: str, out_dtype, keep_x=False, keep_w=False, amax_x=None, xq=None
-):
+    x2d, weight, recipe: Recipe, name: str, out_dtype, keep_x=False, keep_w=False, amax_x=None, xq=None,
+    record_x=None,
+):  # fmt: skip
     """y [M, N] = x · Wᵀ, and the quantized operands (packed codes kept where asked for); ``xq``:
     x already quantized (:func:`gemm.fp8_operand_pair`)."""
     M, N = x2d.shape[0], weight.shape[0]
     if recipe.fprop is None:
         return gemm.bf16_matmul(x2d, weight).to(out_dtype), None, None  # y: [M, N]
     if xq is None:  # xq: [M, K]
-        xq = gemm.quantize(x2d, recipe.fprop.a, codes=keep_x, values=True, name=f"{name} x", amax=amax_x)
+        xq = gemm.quantize(
+            x2d, recipe.fprop.a, codes=keep_x, values=True, name=f"{name} x", amax=amax_x, record=record_x
+        )
     wq = gemm.quantize(
         weight, recipe.fprop.b, codes=keep_w, values=True, name=f"{name} W", scale_with=xq.decode_scale
     )  # wq: [N, K]
@@ -176,7 +201,7 @@ class _QuantLinearFn(torch.autograd.Function):
     """The autograd function of a quantized linear layer (see the module docstring for the GEMMs)."""
 
     @staticmethod
-    def forward(ctx, x2d, weight, recipe: Recipe, generator, name: str):
+    def forward(ctx, x2d, weight, recipe: Recipe, generator, name: str, delayed=None):
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         fprop, dgrad, wgrad = recipe.fprop, recipe.dgrad, recipe.wgrad
         # Operands that serve two GEMMs: W's 16x16 (or 128x128) tiles are the same for Wᵀ, and a
@@ -191,13 +216,19 @@ class _QuantLinearFn(torch.autograd.Function):
             amax_x, amax_xt = gemm.shared_nvfp4_amaxes(
                 x2d, fprop.a if fprop else None, wgrad.b if need_dw and wgrad else None, recipe.rht_signs
             )
-            # Blockwise FP8: x along rows (fprop) and xᵀ along tokens (wgrad) from one read of x.
+            # FP8: x along rows (fprop) and xᵀ along tokens (wgrad) from one read of x; a delayed
+            # tensorwise scale comes from the history and x's amax goes into it.
+            x_used, x_rec = (None, None) if delayed is None else delayed[:2]
             pair_x = gemm.fp8_operand_pair(
-                x2d, fprop.a if fprop else None, wgrad.b if need_dw and wgrad else None, f"{name} x"
-            )
+                x2d, fprop.a if fprop else None, wgrad.b if need_dw and wgrad else None, f"{name} x",
+                amax=x_used, record=x_rec,
+            )  # fmt: skip
+            if x_used is not None and not pair_x and fprop is not None and fprop.a.delayed:
+                amax_x = x_used  # x quantized for the fprop alone, from the history as well
             y, xq, wq = _fprop(
                 x2d, weight, recipe, name, torch.bfloat16, keep_x=reuse_x, keep_w=reuse_w, amax_x=amax_x,
                 xq=pair_x[0] if pair_x else None,
+                record_x=x_rec if fprop is not None and fprop.a.delayed else None,
             )  # fmt: skip
             saved = {}
             if need_dx:
@@ -222,6 +253,8 @@ class _QuantLinearFn(torch.autograd.Function):
                     )
         _stash(ctx, saved)
         ctx.recipe, ctx.generator, ctx.name = recipe, generator, name
+        # views of the policy's persistent amax state, not activations: plain attributes suffice
+        ctx.delayed_dy = None if delayed is None else delayed[2:]
         ctx.shapes = (x2d.shape[0], x2d.shape[1], weight.shape[0], x2d.dtype)
         return y
 
@@ -243,13 +276,19 @@ class _QuantLinearFn(torch.autograd.Function):
                 recipe.wgrad.a if "x" in saved and recipe.wgrad else None,
                 recipe.rht_signs,
             )
-            # Blockwise FP8: dy along rows (dgrad) and dyᵀ along tokens (wgrad) from one read of dy.
+            # FP8: dy along rows (dgrad) and dyᵀ along tokens (wgrad) from one read of dy (delayed
+            # tensorwise scaling as for x in the forward).
+            dy_used, dy_rec = (None, None) if ctx.delayed_dy is None else ctx.delayed_dy
             pair_dy = gemm.fp8_operand_pair(
                 dy,
                 recipe.dgrad.a if "w" in saved and recipe.dgrad else None,
                 recipe.wgrad.a if "x" in saved and recipe.wgrad else None,
                 f"{name} dy",
+                amax=dy_used,
+                record=dy_rec,
             )
+            if ctx.delayed_dy is not None and not pair_dy:  # dy quantized for one GEMM only
+                amax_dy = amax_dyt = dy_used
             if "w" in saved:
                 if recipe.dgrad is None:
                     dx = gemm.bf16_matmul(dy, saved["w"].t()).to(x_dtype)  # dx: [M, K] = dy · W
@@ -260,6 +299,7 @@ class _QuantLinearFn(torch.autograd.Function):
                         dyq = gemm.quantize(
                             dy, recipe.dgrad.a, generator=generator, codes=False, values=True,
                             name=f"{name} dy", amax=amax_dy, scale_with=saved["w"].decode_scale,
+                            record=dy_rec if recipe.dgrad.a.delayed else None,
                         )  # fmt: skip
                     dx = gemm.matmul(dyq, saved["w"], backend=backend, out_dtype=x_dtype, size=(M, K))
             if "x" in saved:
@@ -274,10 +314,10 @@ class _QuantLinearFn(torch.autograd.Function):
                     else:  # Q_sr(RHT(dyᵀ)): [N, M], blocked along the tokens
                         dy_t = _transposed_operand(
                             dy, a, recipe, generator, f"{name} dy", keep=False, amax=amax_dyt,
-                            scale_with=saved["x"].decode_scale,
+                            scale_with=saved["x"].decode_scale, record=dy_rec if a.delayed else None,
                         )  # fmt: skip
                     dw = gemm.matmul(dy_t, saved["x"], backend=backend, out_dtype=torch.float32, size=(N, K))
-        return dx, dw, None, None, None
+        return dx, dw, None, None, None, None
 
 
 # -- saving quantized operands through ctx.save_for_backward -------------------------------------

@@ -26,7 +26,8 @@ always 1×32 (no 2D variant: the MX format defines 1-D blocks), so W and Wᵀ qu
 which is one of the reasons the paper's NVFP4 recipe does better. The FP8 baseline is E4M3 with
 FP32 scales, 1×128 blocks for activations and gradients and 128×128 for weights (as in
 DeepSeek-V3 and the paper's FP8 runs); ``fp8-tensorwise`` is E4M3 forward, E5M2 gradients, one
-current scale per tensor. The RHT/SR/2D switches do not apply to the FP8 recipes.
+scale per tensor: current, or for x and dy delayed (``precision.fp8_scaling``). The RHT/SR/2D
+switches do not apply to the FP8 recipes.
 
 Which layers stay in BF16 is also part of a recipe (see :func:`default_bf16_layers`); the per-layer
 decision is made by :mod:`inkling_fp4.precision.policy`.
@@ -56,9 +57,12 @@ class OperandQuant:
     """Stochastic rounding of the elements (unbiased); otherwise round-to-nearest-even."""
     rht: bool = False
     """16-point random Hadamard transform along the contraction dim before quantizing (wgrad)."""
+    delayed: bool = False
+    """Tensorwise FP8 only: the scale from earlier steps' amaxes (``precision/amax_history.py``)."""
 
     def __post_init__(self):
         assert self.format in ("nvfp4", "mxfp4", "e4m3", "e5m2"), self.format
+        assert not self.delayed or (self.block == TENSORWISE and self.format in ("e4m3", "e5m2")), self
 
     @property
     def multiple(self) -> tuple[int, int]:
@@ -74,6 +78,7 @@ class OperandQuant:
     def describe(self) -> str:
         blk = "tensor" if self.block == TENSORWISE else f"{self.block[0]}x{self.block[1]}"
         extra = (" SR" if self.stochastic else "") + (" RHT" if self.rht else "")
+        extra += " delayed" if self.delayed else ""
         return f"{self.format} {blk}{extra}"
 
 
@@ -159,15 +164,17 @@ def fp8_recipe() -> Recipe:
     return Recipe(name="fp8", fprop=GemmQuant(act, w), dgrad=GemmQuant(act, w), wgrad=GemmQuant(act, act))
 
 
-def fp8_tensorwise_recipe() -> Recipe:
-    """Per-tensor current scaling: E4M3 for x and W, E5M2 for the gradient dy (wider range)."""
-    fwd = OperandQuant("e4m3", TENSORWISE)
-    grad = OperandQuant("e5m2", TENSORWISE)
+def fp8_tensorwise_recipe(*, delayed: bool = False) -> Recipe:
+    """Per-tensor scaling: E4M3 for x and W, E5M2 for the gradient dy (wider range). Current scaling,
+    or with ``delayed`` x and dy scaled from an amax history (W stays current)."""
+    x = OperandQuant("e4m3", TENSORWISE, delayed=delayed)
+    w = OperandQuant("e4m3", TENSORWISE)
+    grad = OperandQuant("e5m2", TENSORWISE, delayed=delayed)
     return Recipe(
         name="fp8-tensorwise",
-        fprop=GemmQuant(fwd, fwd),
-        dgrad=GemmQuant(grad, fwd),
-        wgrad=GemmQuant(grad, fwd),
+        fprop=GemmQuant(x, w),
+        dgrad=GemmQuant(grad, w),
+        wgrad=GemmQuant(grad, x),
     )
 
 
@@ -191,7 +198,7 @@ def build_recipe(cfg) -> Recipe | None:
     if cfg.recipe == "fp8":
         return fp8_recipe()
     if cfg.recipe == "fp8-tensorwise":
-        return fp8_tensorwise_recipe()
+        return fp8_tensorwise_recipe(delayed=cfg.fp8_scaling == "delayed")
     raise AssertionError(f"recipe {cfg.recipe} passed config validation but has no definition")
 
 

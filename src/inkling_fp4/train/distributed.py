@@ -83,6 +83,12 @@ def all_reduce_sum(x: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return x
 
 
+def all_reduce_max(x: torch.Tensor, info: DistInfo) -> None:
+    """In place: every rank's ``x`` becomes the elementwise max over the ranks."""
+    if info.active:
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+
+
 def any_rank(flag: bool, info: DistInfo) -> bool:
     """True on every rank when ``flag`` is True on at least one (e.g. an interrupt seen by one rank)."""
     if not info.active:

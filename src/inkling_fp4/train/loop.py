@@ -257,10 +257,15 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                 log.event(step, verdict.reason, verdict.message + detail, loss=loss, grad_norm=grad_norm)
             else:
                 optimizer.step()
+            # delayed FP8 scaling: this step's amaxes into the history (a skipped step's are dropped)
+            first_history = policy.amax_history is not None and not policy.amax_history.ready
+            policy.end_step(verdict.skip, lambda t: D.all_reduce_max(t, dist))
             if graphed is not None:
                 graphed.zero_grad()  # in place once captured: the graph adds into these tensors
             else:
                 optimizer.zero_grad(set_to_none=True)
+            if first_history and policy.amax_history.ready:  # a graph captured before scaled currently
+                use_graph = _graph_on(graphed, model, dist, log, step, use_graph)
             if verdict.start_fallback:
                 _set_precision(model, policy, monitor)
                 log.event(step, "monitor_fallback", f"monitor: step {step}: all GEMMs in BF16 (fallback)")

@@ -16,7 +16,8 @@ One kernel covers every layout; a program owns a tile x[BLOCK_M rows, 128 cols]:
   wgrad operands xᵀ and dyᵀ straight from x and dy, without a transposed copy (BLOCK_M = 128);
 - ``TILE``: one scale per 128x128 tile (weights; rows past M count as zeros);
 - ``TENSOR``: the scale from a global amax (``kernels.amax``) read through a pointer; writes data
-  and/or data_t.
+  and/or data_t. For delayed scaling that amax is an earlier steps' (``precision/amax_history.py``)
+  and ``record`` names a word into which the kernel folds x's own amax (an atomic max per program).
 
 Block scales are written in the layout ``torch._scaled_mm`` consumes, so the GEMM needs no copy:
 a 1x128 scale of logical shape [R, C/128] is stored "outer-dim major" (a contiguous [C/128, R]
@@ -32,9 +33,10 @@ exact elementwise math and a max, so every candidate writes the same bits and th
 fixing in deterministic runs (unlike the SSD kernels' reduction tiles).
 
 NOTE the FP8 byte: on sm_89+ GPUs the conversion instruction makes the bytes written in x's own
-layout (round to nearest even, as the reference); the bytes written transposed, all bytes elsewhere
-and under the interpreter (whose float downcasts truncate) come from integer arithmetic on the FP32
-bit pattern (as in ``common.py``; see ``_blocks_with_cols`` for why transposed bytes do). The two
+layout (round to nearest even, as the reference) and, for BF16 x, the bytes written transposed; the
+transposed bytes of FP32 x, all bytes elsewhere and under the interpreter (whose float downcasts
+truncate) come from integer arithmetic on the FP32 bit pattern (as in ``common.py``; see
+``_transposed_bytes`` for why FP32 x's transposed bytes do). The two
 give the same byte for every input (tested on the GPU over every code, the ties between codes and
 their neighbours), and the instruction is cheaper: the integer form is about 20 integer ops per
 element, which bounded the rows quantizer to ~2.5 TB/s on an H200 (3.1-3.6 TB/s with the
@@ -107,11 +109,37 @@ def _magnitude(x):
 
 
 @triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _transposed_bytes(
+    x, scale, scale_t, MANT: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
+    SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr, HW_T: tl.constexpr,
+):  # fmt: skip
+    """The bytes of x · scale transposed, [CHUNK, BLOCK_M] (x: [BLOCK_M, CHUNK]; ``scale`` broadcast
+    against x, ``scale_t`` against xᵀ): with ``HW_T`` by the conversion instruction on xᵀ (x is
+    transposed before it is converted), else integer bytes of x, transposed.
+
+    NOTE what an H200 with Triton 3.6 gave, checked against the reference at every candidate tile:
+    the instruction's bytes put through a transpose (of the bytes, of the bytes widened to 32 bits,
+    or in an inline-asm form) are wrong at some or all tiles; the instruction on xᵀ is right for BF16
+    x at every tile and wrong for FP32 x at every tile. Hence :func:`quantize_fp8` picks HW_T for
+    BF16 input only, and the GPU tests check that choice at every tile.
+    """
+    if HW_T:
+        return _fp8_bytes(tl.trans(x), scale_t, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, True)
+    else:
+        return tl.trans(_fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, False))
+
+
+@triton.jit
 def _blocks_with_cols(
     x_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, NP, stride_xm, rows,
     BLOCK_M: tl.constexpr, ROWS: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
     FP8_MAX: tl.constexpr, SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr, HW: tl.constexpr,
-    CHUNK: tl.constexpr,
+    HW_T: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     """1x128 blocks along the tokens (xᵀ, written transposed), and along the rows too if ``ROWS``,
     for the tile x[rows (BLOCK_M = 128), 128 columns], CHUNK columns at a time.
@@ -125,11 +153,9 @@ def _blocks_with_cols(
     rows; with CHUNK = 128 the tile is still in registers and nothing is re-read. max is exact, so the
     scales and codes are those of the one-shot tile.
 
-    The column blocks' bytes (written transposed) are always the integer ones: through the
-    conversion instruction (and an inline-asm form of it alike), Triton 3.6 on sm_90 gave wrong
-    transposed bytes at some tiles (CHUNK 32 and 128, not 64, with one scale per column; any tile for
-    FP32 input with one scale; H200 experiments, cause not found). The row bytes use the instruction,
-    checked on the GPU at every candidate tile.
+    The column blocks' bytes (written transposed) come from :func:`_transposed_bytes`: by the
+    conversion instruction on xᵀ (``HW_T``, BF16 x) or integer (see there for why). The row bytes
+    use the instruction (``HW``). Both are checked on the GPU at every candidate tile.
     """
     row_amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     in_rows = rows < M
@@ -143,9 +169,11 @@ def _blocks_with_cols(
         if ROWS:
             row_amax = tl.maximum(row_amax, tl.max(magnitude, axis=1))
         scale, scale_inv = _scales(tl.max(magnitude, axis=0), FP8_MAX)  # [CHUNK], one per column
-        q = _fp8_bytes(x, scale[None, :], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, False)
-        t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]  # qᵀ: [CHUNK, BLOCK_M]
-        tl.store(t_ptrs, tl.trans(q), mask=(cols < NP)[:, None] & in_rows[None, :])
+        q_t = _transposed_bytes(
+            x, scale[None, :], scale[:, None], MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW_T
+        )  # qᵀ: [CHUNK, BLOCK_M]  # fmt: skip
+        t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
+        tl.store(t_ptrs, q_t, mask=(cols < NP)[:, None] & in_rows[None, :])
         # scale_inv of data_t [NP, M/128], outer-dim major: element (c, b) at b·NP + c
         tl.store(scale_t_ptr + tl.program_id(0) * NP + cols, scale_inv, mask=cols < NP)
     if ROWS:
@@ -168,15 +196,16 @@ def _blocks_with_cols(
 
 @triton.jit
 def _tensor_scaled(
-    x_ptr, amax_ptr, data_ptr, scale_ptr, data_t_ptr, M, N, stride_xm, rows,
-    ROWS: tl.constexpr, COLS: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
-    FP8_MAX: tl.constexpr, SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr, HW: tl.constexpr,
-    CHUNK: tl.constexpr,
+    x_ptr, amax_ptr, record_ptr, data_ptr, scale_ptr, data_t_ptr, M, N, stride_xm, rows,
+    ROWS: tl.constexpr, COLS: tl.constexpr, RECORD: tl.constexpr, MANT: tl.constexpr,
+    BIAS: tl.constexpr, FP8_MAX: tl.constexpr, SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr,
+    HW: tl.constexpr, HW_T: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     """One scale for the whole tensor: x[rows, 128 columns] -> its bytes (``ROWS``) and/or the same
     bytes transposed (``COLS``, xᵀ's codes: one scale, so no second quantization), CHUNK columns at a
-    time. The transposed bytes are the integer ones, as in :func:`_blocks_with_cols`: the
-    instruction's bytes, transposed, came out wrong for FP32 input on an H200 (Triton 3.6)."""
+    time; the transposed bytes in the form ``HW_T`` names (:func:`_transposed_bytes`).
+    ``RECORD``: also fold max|x| of the tile (NaN as Inf) into ``record_ptr`` (delayed scaling): an
+    elementwise running max (NaN kept) and one reduction per program, not one per chunk."""
     scale, scale_inv = _scales(tl.load(amax_ptr), FP8_MAX)
     in_rows = rows < M
     for c0 in tl.static_range(0, 128, CHUNK):
@@ -184,16 +213,25 @@ def _tensor_scaled(
         mask = in_rows[:, None] & (cols < N)[None, :]
         x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
         x = x.to(tl.float32)
-        if COLS:  # qᵀ: [CHUNK, BLOCK_M]
-            q_int = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, False)
-            t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
-            tl.store(t_ptrs, tl.trans(q_int), mask=tl.trans(mask))
-        if ROWS:  # q: [BLOCK_M, CHUNK]
-            if COLS and not HW:
-                q = q_int
+        if RECORD:
+            if c0 == 0:
+                seen = tl.abs(x)
             else:
-                q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW)
+                seen = _max_nan(seen, tl.abs(x))
+        if ROWS:  # q: [BLOCK_M, CHUNK]
+            q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW)
             tl.store(data_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], q, mask=mask)
+        if COLS:  # qᵀ: [CHUNK, BLOCK_M]
+            q_t = _transposed_bytes(x, scale, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW_T)
+            t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
+            tl.store(t_ptrs, q_t, mask=tl.trans(mask))
+    if RECORD:  # magnitudes are >= 0 and the word starts at 0 or -1 (AmaxHistory's "nothing yet")
+        seen_max = tl.reduce(tl.reduce(seen, 1, _max_nan), 0, _max_nan)
+        seen_max = tl.where(seen_max == seen_max, seen_max, float("inf"))
+        # thousands of programs share the word: only those above what it already holds contend for it
+        # (it only grows, so skipping a smaller value loses nothing)
+        if seen_max > tl.load(record_ptr):
+            tl.atomic_max(record_ptr, seen_max)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(scale_ptr, scale_inv)
 
@@ -209,24 +247,25 @@ _CONFIGS = (
 )
 
 
-@triton.autotune(configs=_CONFIGS, key=["N", "BLOCK_M", "MODE", "ROWS", "COLS", "HW"])
+@triton.autotune(configs=_CONFIGS, key=["N", "BLOCK_M", "MODE", "ROWS", "COLS", "RECORD", "HW", "HW_T"])
 @triton.jit
 def _quantize_fp8_kernel(
-    x_ptr, amax_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, NP, stride_xm,
+    x_ptr, amax_ptr, record_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, NP, stride_xm,
     BLOCK_M: tl.constexpr, MODE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
-    MANT: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
-    SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr, HW: tl.constexpr, CHUNK: tl.constexpr,
+    RECORD: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
+    SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr, HW: tl.constexpr, HW_T: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     if MODE == 0:
         _tensor_scaled(
-            x_ptr, amax_ptr, data_ptr, scale_ptr, data_t_ptr, M, N, stride_xm, rows,
-            ROWS, COLS, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW, CHUNK,
+            x_ptr, amax_ptr, record_ptr, data_ptr, scale_ptr, data_t_ptr, M, N, stride_xm, rows,
+            ROWS, COLS, RECORD, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW, HW_T, CHUNK,
         )  # fmt: skip
     elif MODE == 1 and COLS:  # the wgrad operands (and their fprop / dgrad partners): in column chunks
         _blocks_with_cols(
             x_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, NP, stride_xm, rows,
-            BLOCK_M, ROWS, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW, CHUNK,
+            BLOCK_M, ROWS, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW, HW_T, CHUNK,
         )  # fmt: skip
     else:
         cols = tl.program_id(1) * 128 + tl.arange(0, 128)
@@ -265,15 +304,18 @@ def quantize_fp8(
     rows: bool = True,
     cols: bool = False,
     amax: torch.Tensor | None = None,
+    record: torch.Tensor | None = None,
     pad_to_block: bool = False,
     block_m: int | None = None,
     hardware_cast: bool | None = None,
+    transposed_cast: bool | None = None,
     config: tuple[int, int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Launch the quantizer on x [M, N] (unit last-dim stride).
 
     Returns the outputs asked for: ``data`` [M, NP] and ``scale_inv``, ``data_t`` [NP, M] and
-    ``scale_inv_t`` (layouts in the module docstring). ``MODE_TENSOR`` needs ``amax`` (FP32 [1]).
+    ``scale_inv_t`` (layouts in the module docstring). ``MODE_TENSOR`` needs ``amax`` (FP32 [1]); there
+    ``record`` (an FP32 word) gets ``max(record, max|x|)``, with NaN counted as Inf (delayed scaling).
 
     NP is N, except with ``pad_to_block`` in a blocked mode: then NP = ceil(N/128)·128 and every
     output is that of the zero-padded x [M, NP] (pad columns of ``data`` and pad rows of ``data_t``
@@ -283,10 +325,15 @@ def quantize_fp8(
 
     ``hardware_cast``: make the bytes with the FP8 conversion instruction (True) or integer arithmetic
     (False); None picks the instruction on CUDA sm_89+. The bytes are the same; tests compare both.
+    ``transposed_cast``: make the bytes written transposed with the instruction too (True; see
+    :func:`_transposed_bytes` for why only for BF16 x), or with integer arithmetic (False); None: the
+    instruction where it makes the others and x is BF16. The bytes are the same.
     ``config``: (warps, CHUNK) instead of the autotuned pick (the tests run every candidate).
     """
     mant, bias, fp8_max = FORMATS[dtype]
     m, n = x.shape
+    if record is not None and mode != MODE_TENSOR:
+        raise ValueError("quantize_fp8: record applies to MODE_TENSOR (block scales record nothing)")
     if pad_to_block and mode == MODE_TENSOR:
         raise ValueError("quantize_fp8: pad_to_block applies to the blocked modes; tensorwise takes any N")
     np_ = triton.cdiv(n, BLOCK) * BLOCK if pad_to_block else n
@@ -321,18 +368,20 @@ def quantize_fp8(
             scale.fill_(1.0)
         return out
     dummy = x
+    hw = _hardware_cast(x.device) if hardware_cast is None else hardware_cast
+    hw_t = hw and (x.dtype == torch.bfloat16 if transposed_cast is None else transposed_cast)
     grid = (triton.cdiv(m, block_m), triton.cdiv(np_, BLOCK))
     kernel, launch = _quantize_fp8_kernel, {}
     if config is not None:
         kernel, launch = _quantize_fp8_kernel.fn, dict(num_warps=config[0], CHUNK=config[1])
     kernel[grid](
-        x, dummy if amax is None else amax,
+        x, dummy if amax is None else amax, dummy if record is None else record,
         dummy if data is None else data, dummy if scale is None else scale,
         dummy if data_t is None else data_t, dummy if scale_t is None else scale_t,
         m, n, np_, x.stride(0),
-        BLOCK_M=block_m, MODE=mode, ROWS=rows, COLS=cols,
+        BLOCK_M=block_m, MODE=mode, ROWS=rows, COLS=cols, RECORD=record is not None,
         MANT=mant, BIAS=bias, FP8_MAX=fp8_max, SUB_FACTOR=2.0 ** (bias - 1 + mant),
-        MIN_NORMAL=2.0 ** (1 - bias), HW=_hardware_cast(x.device) if hardware_cast is None else hardware_cast,
+        MIN_NORMAL=2.0 ** (1 - bias), HW=hw, HW_T=hw_t,
         **launch,
     )  # fmt: skip
     return out
