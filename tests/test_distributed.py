@@ -41,3 +41,18 @@ def test_fsdp_two_processes_resume_and_match_one(tmp_path, data_cache):
     one = _losses(loop.run(load_config("tiny", common), tmp_path / "one"))
     # the same global batches and weights; only the order of the gradient reductions differs
     assert all(abs(one[k] - fsdp[k]) < 1e-3 * one[k] for k in one)
+
+
+def test_delayed_fp8_scaling_histories_agree_across_ranks(tmp_path, data_cache):
+    """Each rank quantizes its own shard, so its amaxes differ; the max-reduce before each roll gives
+    every rank the same history (and so the same scales), which the checkpoint holds per rank."""
+    run = tmp_path / "ddp"
+    _torchrun(
+        run, *SMALL, f"data.cache_dir={data_cache}", "train.steps=3", "train.micro_batch_size=1",
+        "eval.every=0", "precision.recipe=fp8-tensorwise", "precision.fp8_scaling=delayed",
+        "precision.switch_to_bf16=never",
+    )  # fmt: skip
+    state = json.loads((run / "checkpoints" / "step_3" / "state.json").read_text())
+    histories = [p["amax_history"] for p in state["precision"]]
+    assert len(histories) == 2 and all(h["ready"] for h in histories)
+    assert histories[0]["state"] == histories[1]["state"]

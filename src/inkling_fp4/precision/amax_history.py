@@ -62,8 +62,10 @@ class AmaxHistory:
         """Roll this step's recorded amaxes into the history (or drop them if the step was skipped)."""
         current = self.state[..., CURRENT]  # [layers, 2]
         if not skipped:
-            if reduce_max is not None:
-                reduce_max(current)  # in place, across ranks
+            if reduce_max is not None:  # collectives need contiguous tensors; this is a strided view
+                gathered = current.contiguous()
+                reduce_max(gathered)  # in place, across ranks
+                current.copy_(gathered)
             recorded = current >= 0
             # a non-finite amax only comes with a non-finite step, which is skipped; never keep one
             value = torch.where(torch.isfinite(current), current, 0.0)
