@@ -194,6 +194,38 @@ def test_delayed_fp8_scaling_resumes_bit_exact(train, capsys):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_delayed_fp8_nonfinite_amax_skips_the_step(train, monkeypatch):
+    """On CUDA a NaN in a delayed-scaled x or dy saturates its bytes (the scale is finite) and shows
+    only as an Inf recorded amax: the step must be skipped and the Inf kept out of the history."""
+    from inkling_fp4.precision.quant_linear import QuantLinear
+
+    real = QuantLinear._delayed_words
+    calls = {"n": 0}
+
+    def poisoned(self):
+        words = real(self)
+        calls["n"] += 1
+        if words is not None and calls["n"] == 20:  # a layer's x amax in step 7 or so
+            words[1].fill_(float("inf"))
+        return words
+
+    monkeypatch.setattr(QuantLinear, "_delayed_words", poisoned)
+    common = (
+        "precision.recipe=fp8-tensorwise", "precision.fp8_scaling=delayed", "precision.switch_to_bf16=never",
+        "eval.every=0", "train.checkpoint_every=20",
+    )  # fmt: skip
+    run_dir, steps, events, _ = train("poisoned", *common)
+    skipped = [r["step"] for r in steps if r.get("skipped")]
+    assert len(skipped) == 1 and any(e["event"] == "nonfinite" for e in events)
+    assert "amax history" in next(e["message"] for e in events if e["event"] == "nonfinite")
+    state = json.loads((run_dir / "checkpoints" / "step_20" / "state.json").read_text())
+    from inkling_fp4.precision.amax_history import AmaxHistory
+
+    history = AmaxHistory(*state["precision"][0]["amax_history"]["shape"][:1], 16, torch.device("cpu"))
+    history.load_state_dict(state["precision"][0]["amax_history"])
+    assert torch.isfinite(history.state).all() and steps[-1]["loss"] < steps[0]["loss"]
+
+
 def test_corrupt_checkpoint_falls_back_to_previous(train, capsys):
     common = ("train.checkpoint_every=4",)
     _, steps_a, _, _ = train("straight", *common, "train.steps=14")

@@ -24,6 +24,10 @@ quantize with current scaling (and record), which is what :attr:`ready` tells th
 
 Under data parallelism the recorded amaxes are max-reduced across ranks before the roll, so every
 rank quantizes with the same scales and a checkpoint's history (rank 0's) is every rank's.
+
+NaN/Inf: with a current scale a non-finite x gives an Inf scale_inv and a NaN output; a delayed scale
+is finite, so x's bytes saturate and only the recorded amax (Inf) shows it. The trainer reads
+:meth:`AmaxHistory.recorded_nonfinite` once per step and skips the step, as for a NaN loss.
 """
 
 from __future__ import annotations
@@ -75,6 +79,11 @@ class AmaxHistory:
             self.state[..., USED] = history.amax(dim=-1)
             self.ready = True
         current.fill_(-1.0)
+
+    def recorded_nonfinite(self) -> bool:
+        """Whether this step recorded a NaN/Inf amax (one device read). The only sign of a non-finite
+        x or dy on CUDA: a delayed scale is finite, so their bytes saturate instead of turning NaN."""
+        return not bool(torch.isfinite(self.state[..., CURRENT]).all())
 
     # -- checkpoints -------------------------------------------------------------------------
 

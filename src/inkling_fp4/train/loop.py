@@ -240,6 +240,9 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                 except NumericsError as e:
                     fault = _nonfinite_or_raise(e)
             finite_guard.discard()
+            history = policy.amax_history
+            if fault is None and history is not None and history.recorded_nonfinite():
+                fault = "NaN/Inf in an FP8 operand scaled from the amax history (delayed scaling)"
             if D.any_rank(fault is not None, dist) and fault is None:
                 fault = "non-finite values on another rank"
             if fault is None:

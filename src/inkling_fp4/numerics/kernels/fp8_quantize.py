@@ -41,7 +41,7 @@ give the same byte for every input (tested on the GPU over every code, the ties 
 their neighbours), and the instruction is cheaper: the integer form is about 20 integer ops per
 element, which bounded the rows quantizer to ~2.5 TB/s on an H200 (3.1-3.6 TB/s with the
 instruction). NaN in x becomes an Inf amax, hence an Inf ``scale_inv``: the caller checks finiteness
-from the scales.
+from the scales; with a delayed scale (``record``) the recorded amax is Inf instead.
 """
 
 import functools
