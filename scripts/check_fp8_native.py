@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from inkling_fp4.precision import gemm  # noqa: E402
+from inkling_fp4.precision import gemm, native_fp8  # noqa: E402
 from test_gemm import FP8_CASES, block_varied, fp8_gemm_operands, fp8_layout_error  # noqa: E402
 
 
@@ -50,7 +50,7 @@ def _alternatives(a: gemm.Operand, b: gemm.Operand) -> dict[str, tuple[torch.Ten
             "b [C/128,Rb/128] contiguous": tiles.t().contiguous(),
             "b [C/128,Rb/128] T-row-major padded4": padded[:, :c].t(),
             "b [Rb/128,C/128] contiguous": tiles,
-            # each row with its tile's scale, read as a 1x128 operand (gemm.ROWS_1X128)
+            # each row with its tile's scale, read as a 1x128 operand (native_fp8.ROWS_1X128)
             "b rows-1x128 [C/128,Rb] contiguous": tiles.repeat_interleave(128, dim=0)[: b_rows(b)]
             .t()
             .contiguous(),
@@ -73,7 +73,7 @@ def main() -> int:
 
     dtypes = native_fp8_blockwise_out_dtypes(torch.device("cuda"))  # the probe picks the layout "code" uses
     dev = torch.device("cuda", torch.cuda.current_device())
-    layout, api = gemm._tile_layout.get(dev), gemm._blockwise_api.get(dev)
+    layout, api = native_fp8._tile_layout.get(dev), native_fp8._blockwise_api.get(dev)
     print(f"probe: blockwise out dtypes {sorted(str(d) for d in dtypes)} via {api}, 128x128 scale_b {layout}")
     x, w, dy = block_varied(256, 384), block_varied(256, 384), block_varied(256, 256)
     failures = []
@@ -86,9 +86,9 @@ def main() -> int:
         for name, scales in layouts.items():
             try:
                 if scales is None:
-                    native = gemm.native_fp8_matmul(a, b, out_dtype)
+                    native = native_fp8.native_fp8_matmul(a, b, out_dtype)
                 else:
-                    mat1, mat2 = gemm._row_major(a), gemm._col_major_t(b)
+                    mat1, mat2 = native_fp8._row_major(a), native_fp8._col_major_t(b)
                     native = torch._scaled_mm(mat1, mat2, scales[0], scales[1], out_dtype=out_dtype)
                 torch.cuda.synchronize()
                 err = fp8_layout_error(native, a, b)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inkling_fp4.numerics import fp8, mxfp4, nvfp4
-from inkling_fp4.precision import gemm
+from inkling_fp4.precision import gemm, native_fp8
 from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant
 
 EPS32 = 2.0**-24
@@ -104,7 +104,7 @@ def test_native_fp8_tensorwise_layouts_match_emulation():
         (dataclasses.replace(dyq, transposed=True), dataclasses.replace(xq, transposed=True)),  # wgrad
     ]
     for a, b in pairs:
-        native = gemm.native_fp8_matmul(a, b, torch.float32)
+        native = native_fp8.native_fp8_matmul(a, b, torch.float32)
         emulated = gemm.emulated_matmul(a, b)
         torch.testing.assert_close(native, emulated, rtol=1e-5, atol=1e-5 * float(emulated.abs().max()))
 
@@ -200,9 +200,9 @@ def test_rows_1x128_scale_b_reproduces_tile_scales(transposed, monkeypatch):
     per 128-block of the [C, Rb] mat2, must give exactly the tile-dequantized weight (ragged rows)."""
     w = block_varied(200, 384, device="cpu")  # 200 rows: the last tile row is partial
     wq = dataclasses.replace(gemm.quantize(w, OperandQuant("e4m3", (128, 128))), transposed=transposed)
-    monkeypatch.setitem(gemm._tile_layout, torch.device("cpu"), gemm.ROWS_1X128)
-    mat2 = gemm._col_major_t(wq).float()  # [C, Rb]
-    scale_b = gemm._scale_b(wq, mat2.shape[1])  # [C/128, Rb]
+    monkeypatch.setitem(native_fp8._tile_layout, torch.device("cpu"), native_fp8.ROWS_1X128)
+    mat2 = native_fp8._col_major_t(wq).float()  # [C, Rb]
+    scale_b = native_fp8._scale_b(wq, mat2.shape[1])  # [C/128, Rb]
     assert scale_b.shape == (-(-mat2.shape[0] // 128), mat2.shape[1]) and scale_b.is_contiguous()
     got = mat2 * scale_b.repeat_interleave(128, dim=0)[: mat2.shape[0]]  # [C, Rb]
     logical, _ = gemm._values(wq)  # [Rb, C]
@@ -216,23 +216,26 @@ def test_probe_falls_back_to_rows_1x128(monkeypatch):
     cpu = torch.device("cpu")
 
     def fake_native(a, b, out_dtype=torch.float32):
-        if gemm._blockwise_api.get(cpu) != "_scaled_mm":
+        if native_fp8._blockwise_api.get(cpu) != "_scaled_mm":
             raise ValueError("scale_b must have shape 4 x 2 Float elements")
-        wrong = b.spec.block == (128, 128) and gemm._tile_layout.get(cpu) != gemm.ROWS_1X128
+        wrong = b.spec.block == (128, 128) and native_fp8._tile_layout.get(cpu) != native_fp8.ROWS_1X128
         return (gemm.emulated_matmul(a, b) * (3.0 if wrong else 1.0)).to(out_dtype)
 
-    monkeypatch.setattr(gemm, "native_fp8_matmul", fake_native)
-    monkeypatch.setattr(gemm, "_blockwise_apis", lambda: ("scaled_mm", "_scaled_mm"))
-    monkeypatch.setattr(gemm, "_tile_layout", {})
-    monkeypatch.setattr(gemm, "_blockwise_api", {})
-    assert gemm.probe_native_fp8_blockwise(cpu) == {torch.bfloat16, torch.float32}
-    assert gemm._blockwise_api[cpu] == "_scaled_mm" and gemm._tile_layout[cpu] == gemm.ROWS_1X128
+    monkeypatch.setattr(native_fp8, "native_fp8_matmul", fake_native)
+    monkeypatch.setattr(native_fp8, "_blockwise_apis", lambda: ("scaled_mm", "_scaled_mm"))
+    monkeypatch.setattr(native_fp8, "_tile_layout", {})
+    monkeypatch.setattr(native_fp8, "_blockwise_api", {})
+    assert native_fp8.probe_native_fp8_blockwise(cpu) == {torch.bfloat16, torch.float32}
+    assert (
+        native_fp8._blockwise_api[cpu] == "_scaled_mm"
+        and native_fp8._tile_layout[cpu] == native_fp8.ROWS_1X128
+    )
 
     monkeypatch.setattr(
-        gemm, "native_fp8_matmul", lambda a, b, out_dtype=None: gemm.emulated_matmul(a, b) * 3
+        native_fp8, "native_fp8_matmul", lambda a, b, out_dtype=None: gemm.emulated_matmul(a, b) * 3
     )
-    assert gemm.probe_native_fp8_blockwise(cpu) == frozenset()  # nothing agrees: emulation is used
-    assert cpu not in gemm._blockwise_api and cpu not in gemm._tile_layout
+    assert native_fp8.probe_native_fp8_blockwise(cpu) == frozenset()  # nothing agrees: emulation is used
+    assert cpu not in native_fp8._blockwise_api and cpu not in native_fp8._tile_layout
 
 
 @pytest.mark.gpu
@@ -249,7 +252,7 @@ def test_cuda_native_fp8_matches_emulation(scaling, gemm_name, out_dtype):
         pytest.skip(f"no native blockwise FP8 GEMM with {out_dtype} output here")
     x, w, dy = block_varied(256, 384), block_varied(256, 384), block_varied(256, 256)  # K/128 = 3
     a, b = fp8_gemm_operands(scaling, gemm_name, x, w, dy)
-    err = fp8_layout_error(gemm.native_fp8_matmul(a, b, out_dtype), a, b)
+    err = fp8_layout_error(native_fp8.native_fp8_matmul(a, b, out_dtype), a, b)
     assert err <= 1.0, f"{scaling} {gemm_name} {out_dtype}: error {err:.3g}x the FP8 accumulation bound"
 
 

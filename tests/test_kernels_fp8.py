@@ -205,6 +205,26 @@ def test_interp_delayed_scale_and_amax_record(dtype):
     assert torch.isinf(record).all()
 
 
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_interp_tensorwise_dispatch_body(dtype):
+    """What quantize_tensorwise(_pair) run on CUDA (the amax pass or a delayed amax, the kernel, the
+    finiteness check), here on the CPU under the interpreter, against the reference."""
+    x = _input(128, 96, dtype=torch.bfloat16)
+    x[3, 0] = 1e30  # keep the bf16 range
+    for amax in (None, x.float().abs().amax().reshape(1) / 8):
+        record = torch.full((1,), -1.0)
+        out = fp8._tensorwise_kernel(x, dtype, "op", "x", True, amax, record, cols=True)
+        ref = fp8.quantize_tensorwise_ref(x, dtype, amax=amax)
+        _same(out["data"], ref.data, f"amax {amax}")
+        _same(out["data_t"], ref.data.t(), f"amax {amax} transposed")
+        assert record.item() == x.float().abs().max().item()
+    bad = x.clone()
+    bad[5, 5] = float("nan")
+    with pytest.raises(Exception, match="non-finite"):  # checked from x's own amax, delayed or not
+        fp8._tensorwise_kernel(bad, dtype, "op", "x", True, torch.ones(1), None, cols=False)
+
+
 def test_under_triton_interpreter():
     """Run every ``test_interp_*`` in a child process with TRITON_INTERPRET=1."""
     run_interpreted(__file__, "-k", "interp")

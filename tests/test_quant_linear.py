@@ -338,6 +338,13 @@ def test_deferred_finite_check_names_the_first_bad_operand(monkeypatch):
         assert finite_guard.eager()
     finally:
         finite_guard.eager_checks(False)
+    monkeypatch.setattr(finite_guard, "MAX_PENDING", 512)
+    finite_guard.record(torch.tensor([1.0, 2.0, float("inf"), 4.0]), ["w", "x", "y", "z"])  # several at once
+    with pytest.raises(NumericsError, match="y contains.*1 quantized operand"):
+        finite_guard.raise_if_non_finite()
+    with finite_guard.capturing() as records:
+        finite_guard.record(torch.tensor([1.0, 2.0]), ["p", "q"])
+    assert [label for _, label in records] == ["p", "q"] and all(a.shape == (1,) for a, _ in records)
 
 
 def test_captured_records_are_checked_after_each_replay():

@@ -190,27 +190,29 @@ def quantize_tensorwise(
 ) -> FP8Tensor:
     """One FP32 scale for the whole tensor; Triton on CUDA (two passes: amax, then cast; one pass
     with delayed scaling's ``amax`` and ``record``, as :func:`quantize_tensorwise_ref` describes)."""
-    kernels = _kernels() if x.is_cuda and x.dim() > 0 and x.numel() else None
-    if kernels is None:
+    if not (x.is_cuda and x.dim() > 0 and x.numel() and _kernels()):
         return quantize_tensorwise_ref(x, dtype=dtype, name=name, amax=amax, record=record)
-    op = "fp8.quantize_tensorwise"
-    _fp8_max(dtype, op)
-    checks.check_dtype(x, op=op, name=name)
-    x2 = _rows_2d(x)
-    amax, delayed = _scale_amax(x2, amax, check)
-    out = kernels.quantize_fp8(x2, dtype, mode=kernels.MODE_TENSOR, amax=amax, record=record)
-    if check:
-        checks.check_finite(x, op=op, name=name, amax=delayed if delayed is not None else amax)
+    checks.check_dtype(x, op="fp8.quantize_tensorwise", name=name)
+    out = _tensorwise_kernel(x, dtype, "fp8.quantize_tensorwise", name, check, amax, record, cols=False)
     return FP8Tensor(data=out["data"].view(x.shape), scale_inv=out["scale_inv"])
 
 
-def _scale_amax(x2: torch.Tensor, amax: torch.Tensor | None, check: bool):
-    """(the amax the scale comes from, x's own amax when that is not it but a check needs it)."""
+def _tensorwise_kernel(x, dtype, op: str, name, check: bool, amax, record, *, cols: bool) -> dict:
+    """The Triton tensorwise quantizer on x (rows, and xᵀ if ``cols``): the scale from x's own amax
+    (an amax pass first) or from the given delayed ``amax``; x's finiteness checked if ``check``."""
     from inkling_fp4.numerics.kernels.amax import abs_max
 
-    if amax is None:
-        return abs_max(x2), None
-    return amax.reshape(1), (abs_max(x2) if check else None)
+    _fp8_max(dtype, op)
+    x2 = _rows_2d(x)
+    own = abs_max(x2) if amax is None or check else None  # delayed: only for the check
+    scale_amax = own if amax is None else amax.reshape(1)
+    kernels = _kernels()
+    out = kernels.quantize_fp8(
+        x2, dtype, mode=kernels.MODE_TENSOR, rows=True, cols=cols, amax=scale_amax, record=record
+    )
+    if check:
+        checks.check_finite(x, op=op, name=name, amax=own)
+    return out
 
 
 def quantize_tensorwise_pair(
@@ -232,20 +234,13 @@ def quantize_tensorwise_pair(
     twice (no amax pass), unless ``check`` needs x's own amax."""
     op = "fp8.quantize_tensorwise_pair"
     checks.check_input(x, op=op, block=1, name=name, ndim=2)
-    kernels = _kernels() if x.is_cuda and x.numel() else None
-    if kernels is None:
+    if not (x.is_cuda and x.numel() and _kernels()):
         q = quantize_tensorwise_ref(x, dtype=dtype, name=name, amax=amax, record=record)
         return q, FP8Tensor(data=q.data.t().contiguous(), scale_inv=q.scale_inv)
-    _fp8_max(dtype, op)
-    x2 = _rows_2d(x)
-    amax, delayed = _scale_amax(x2, amax, check)
-    out = kernels.quantize_fp8(
-        x2, dtype, mode=kernels.MODE_TENSOR, rows=True, cols=True, amax=amax, record=record
-    )
-    if check:
-        checks.check_finite(x, op=op, name=name, amax=delayed if delayed is not None else amax)
-    return FP8Tensor(data=out["data"], scale_inv=out["scale_inv"]), FP8Tensor(
-        data=out["data_t"], scale_inv=out["scale_inv"]
+    out = _tensorwise_kernel(x, dtype, op, name, check, amax, record, cols=True)
+    scale_inv = out["scale_inv"]
+    return FP8Tensor(data=out["data"], scale_inv=scale_inv), FP8Tensor(
+        data=out["data_t"], scale_inv=scale_inv
     )
 
 

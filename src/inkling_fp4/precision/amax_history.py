@@ -26,8 +26,9 @@ Under data parallelism the recorded amaxes are max-reduced across ranks before t
 rank quantizes with the same scales and a checkpoint's history (rank 0's) is every rank's.
 
 NaN/Inf: with a current scale a non-finite x gives an Inf scale_inv and a NaN output; a delayed scale
-is finite, so x's bytes saturate and only the recorded amax (Inf) shows it. The trainer reads
-:meth:`AmaxHistory.recorded_nonfinite` once per step and skips the step, as for a NaN loss.
+is finite, so x's bytes saturate and only the recorded amax (Inf) shows it. The trainer hands the
+recorded amaxes to the step's deferred NaN/Inf check (:meth:`AmaxHistory.record_for_check`, the same
+one device read as the NVFP4 operands') and skips the step, as for a NaN loss.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from collections.abc import Callable
 
 import torch
 
+from inkling_fp4.precision import finite_guard
+
 USED, CURRENT, HISTORY = 0, 1, 2
 """Slots of a row: the scale's amax, this step's running amax, the first (newest) history entry."""
 
@@ -44,9 +47,12 @@ USED, CURRENT, HISTORY = 0, 1, 2
 class AmaxHistory:
     """The delayed-scaling amaxes of ``layers`` quantized linears (x and dy each), ``length`` steps."""
 
-    def __init__(self, layers: int, length: int, device: torch.device):
+    def __init__(self, layers: int, length: int, device: torch.device, names: list[str] | None = None):
         if length < 1:
             raise ValueError(f"the amax history needs at least one step, got {length}")
+        names = names or [f"linear {i}" for i in range(layers)]
+        self.labels = [f"{n} {op} (delayed FP8 scaling, amax history)" for n in names for op in ("x", "dy")]
+        """One per row, [layer][operand] order: what a NaN/Inf error names."""
         self.length = length
         self.state = torch.zeros(layers, 2, HISTORY + length, dtype=torch.float32, device=device)
         self.state[..., CURRENT] = -1.0
@@ -80,10 +86,10 @@ class AmaxHistory:
             self.ready = True
         current.fill_(-1.0)
 
-    def recorded_nonfinite(self) -> bool:
-        """Whether this step recorded a NaN/Inf amax (one device read). The only sign of a non-finite
-        x or dy on CUDA: a delayed scale is finite, so their bytes saturate instead of turning NaN."""
-        return not bool(torch.isfinite(self.state[..., CURRENT]).all())
+    def record_for_check(self) -> None:
+        """Hand this step's recorded amaxes to :mod:`finite_guard`'s next check: the only sign of a
+        non-finite x or dy on CUDA, whose bytes saturate under a finite delayed scale."""
+        finite_guard.record(self.state[..., CURRENT].reshape(-1), self.labels)
 
     # -- checkpoints -------------------------------------------------------------------------
 

@@ -124,9 +124,9 @@ def native_fp8_blockwise_out_dtypes(device: torch.device) -> frozenset:
         return frozenset()
     key = (device.type, device.index if device.index is not None else torch.cuda.current_device())
     if key not in _BLOCKWISE_PROBE:
-        from inkling_fp4.precision import gemm
+        from inkling_fp4.precision import native_fp8
 
-        _BLOCKWISE_PROBE[key] = gemm.probe_native_fp8_blockwise(torch.device("cuda", key[1]))
+        _BLOCKWISE_PROBE[key] = native_fp8.probe_native_fp8_blockwise(torch.device("cuda", key[1]))
     return _BLOCKWISE_PROBE[key]
 
 

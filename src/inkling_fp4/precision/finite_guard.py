@@ -53,12 +53,15 @@ def eager() -> bool:
     return _eager
 
 
-def record(amax: torch.Tensor, label: str) -> None:
-    """Remember a quantized operand's amax (+Inf/NaN when it was not finite) for the next check."""
+def record(amax: torch.Tensor, label: str | list[str]) -> None:
+    """Remember a quantized operand's amax (+Inf/NaN when it was not finite) for the next check; or
+    several operands' at once: ``amax`` [k] with k labels."""
+    labels = [label] if isinstance(label, str) else list(label)
+    amaxes = amax.reshape(len(labels))
     if _captures:
-        _captures[-1].append((amax.reshape(1), label))
+        _captures[-1].extend(zip(amaxes.split(1), labels, strict=True))
         return
-    _pending.append((amax.reshape(1), [label]))
+    _pending.append((amaxes, labels))
     if len(_pending) >= MAX_PENDING:
         raise_if_non_finite()
 

@@ -21,21 +21,11 @@ computes the codes (``numerics/kernels``' fused ``fake_quantize*`` and ``mxfp4_q
 multiplied at once never goes through packed codes. A saved NVFP4 operand is expanded from its codes
 by one kernel; a saved MXFP4 one by the torch decode.
 
-Native FP8 vs the paper's baseline: ``torch._scaled_mm`` (the v1 op, present in every torch we
-support; ``torch.nn.functional.scaled_mm`` with ``ScalingType`` exists only in newer releases)
-infers per-tensor vs 1×128 / 128×128 scaling from the scale tensors' shapes and strides.
-
 Emulated FP8: dequantize to FP32 (exact: an FP8 value times an FP32 scale is one FP32 product) and
 multiply in IEEE FP32 (TF32 is switched off around the call, since TF32 would round the operands).
 
-Native FP8 (``torch._scaled_mm``): a must be row-major [Ra, C] and the second operand column-major
-[C, Rb]. Per-tensor scales are 0-d FP32. Blockwise (DeepSeek-style, cuBLAS ≥ 12.9 on sm_90):
-a 1×128 operand's scales are [R, C/128] "outer-dim major" (stride (1, R)); for the second operand
-``scale_b`` is the transpose of what its own [Rb, C] layout would need: 128×128 → [C/128, Rb/128]
-whose transpose is contiguous, 1×128 → [C/128, Rb] contiguous. All dims are padded to multiples
-of 16 (``OperandQuant.multiple``) because ``_scaled_mm`` requires it. NOTE with torch 2.11 on an H200
-the 128×128 kernel reads that layout wrongly (and rejects every other), so the probe ends on
-:data:`ROWS_1X128`: the weight's tile scales expanded per row, through the 1×128 × 1×128 kernel.
+Native FP8 on Hopper (``torch._scaled_mm``, its layouts and the probe that decides whether to trust
+it): :mod:`inkling_fp4.precision.native_fp8`.
 """
 
 from __future__ import annotations
@@ -51,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from inkling_fp4.precision import finite_guard
+from inkling_fp4.precision import finite_guard, native_fp8
 from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant
 
 
@@ -378,198 +368,17 @@ def matmul(
     """out [size] = a · bᵀ on ``backend``: native FP8 where it runs, exact emulation otherwise."""
     if backend == "native-fp8" and a.spec.format in ("e4m3", "e5m2"):
         if a.spec.block == TENSORWISE:
-            return native_fp8_matmul(a, b, out_dtype)[: size[0], : size[1]]
+            return native_fp8.native_fp8_matmul(a, b, out_dtype)[: size[0], : size[1]]
         from inkling_fp4.precision.backends import native_fp8_blockwise_out_dtypes
 
         dtypes = native_fp8_blockwise_out_dtypes(a.q.data.device)
         if out_dtype in dtypes:
-            return native_fp8_matmul(a, b, out_dtype)[: size[0], : size[1]]
+            return native_fp8.native_fp8_matmul(a, b, out_dtype)[: size[0], : size[1]]
         if torch.bfloat16 in dtypes:  # e.g. no FP32 output for blockwise scaling in this cuBLAS
-            return native_fp8_matmul(a, b, torch.bfloat16)[: size[0], : size[1]].to(out_dtype)
+            return native_fp8.native_fp8_matmul(a, b, torch.bfloat16)[: size[0], : size[1]].to(out_dtype)
     return emulated_matmul(a, b, out_dtype, size)
 
 
 def bf16_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a [Ra, C] · bᵀ (b [Rb, C]) with BF16 operands and FP32 output (an unquantized GEMM)."""
     return mm_fp32_out(a.to(torch.bfloat16), b.to(torch.bfloat16).t())
-
-
-# -- native FP8 ----------------------------------------------------------------------------------
-
-
-def _row_major(op: Operand) -> torch.Tensor:
-    """The operand's FP8 data as a row-major [rows, contraction] tensor."""
-    data = op.q.data
-    if op.transposed:
-        return data.t().contiguous()
-    return data.contiguous()
-
-
-def _col_major_t(op: Operand) -> torch.Tensor:
-    """The operand's FP8 data transposed, [contraction, rows], in column-major layout (mat2 form)."""
-    data = op.q.data
-    if op.transposed:  # stored [contraction, rows]: make its transpose contiguous
-        return data.t().contiguous().t()
-    return data.contiguous().t()
-
-
-def _scale_a(op: Operand) -> torch.Tensor:
-    s = op.q.scale_inv.float()
-    if op.spec.block == TENSORWISE:
-        return s.reshape(())
-    assert op.spec.block == (1, 128) and not op.transposed, op.spec
-    return s.t().contiguous().t()  # [R, C/128], stride (1, R)
-
-
-def _scale_b(op: Operand, rows: int) -> torch.Tensor:
-    """``scale_b`` of the logical [Rb, C] operand (``rows`` = Rb) in the layout ``_scaled_mm`` reads."""
-    s = op.q.scale_inv.float()
-    if op.spec.block == TENSORWISE:
-        return s.reshape(())
-    if op.spec.block == (128, 128):
-        tiles = s.t() if op.transposed else s  # tiles of the logical [Rb, C] operand: [Rb/128, C/128]
-        return TILE_SCALE_LAYOUTS[_tile_layout.get(tiles.device, "t-row-major")](tiles, rows)
-    assert op.spec.block == (1, 128) and not op.transposed, op.spec
-    return s.t().contiguous()  # [C/128, Rb] contiguous
-
-
-def _tile_scales_t(tiles: torch.Tensor) -> torch.Tensor:
-    """128×128 scales [Rb/128, C/128] -> ``scale_b`` [C/128, Rb/128] whose transpose is row-major.
-
-    torch's ScaledBlas.cpp checks ``scale_b.t()`` as a 128×128 scale of ``mat2.t()`` [Rb, C]: sizes
-    (ceil(Rb/128), ceil(C/128)), stride 1 along C, and a row stride of ceil(C/128) (older releases)
-    or round_up(ceil(C/128), 4) (newer ones: "16-byte aligned strides"). The two agree when C/128 is
-    a multiple of 4; otherwise the padded row stride is used where this torch accepts it.
-    """
-    rb, c = tiles.shape
-    padded = -(-c // 4) * 4
-    if padded == c or rb <= 1 or not _tile_scale_rows_padded(tiles.device):
-        return tiles.contiguous().t()
-    buf = tiles.new_zeros(rb, padded)
-    buf[:, :c] = tiles
-    return buf[:, :c].t()
-
-
-ROWS_1X128 = "rows-1x128"
-"""The 128×128 weight as a 1×128 operand: every row of a 128-row tile carries the tile's scale.
-
-The same numbers as the 128×128 GEMM (the FP8 codes are those of the 2D quantization, each element
-multiplied by its own tile's scale), through the 1×128 × 1×128 kernel that the wgrad GEMM uses. It
-is the probe's last resort, for a torch/cuBLAS pair whose 128×128 path disagrees with emulation."""
-
-TILE_SCALE_LAYOUTS = {  # (tiles [Rb/128, C/128], Rb) -> scale_b
-    "t-row-major": lambda tiles, rows: _tile_scales_t(tiles),  # [C/128, Rb/128], transpose row-major
-    "row-major": lambda tiles, rows: tiles.t().contiguous(),  # [C/128, Rb/128] row-major
-    "tiles-row-major": lambda tiles, rows: tiles.contiguous(),  # [Rb/128, C/128] row-major
-    "tiles-col-major": lambda tiles, rows: tiles.t().contiguous().t(),  # [Rb/128, C/128] column-major
-    # each row takes its tile's scale: [Rb, C/128] -> the 1x128 scale_b [C/128, Rb] contiguous
-    ROWS_1X128: lambda tiles, rows: tiles.repeat_interleave(128, dim=0)[:rows].t().contiguous(),
-}
-"""Candidate layouts of a 128×128 ``scale_b``. NOTE torch releases differ in what ``_scaled_mm``
-accepts here, and a layout that is accepted can still be read transposed (wrong results, no error)
-when the operand has several tile rows: the probe below picks the first one that matches emulation."""
-
-_tile_layout: dict[torch.device, str] = {}
-_blockwise_api: dict[torch.device, str] = {}
-"""Per device, the op the probe found to agree for blockwise GEMMs: "_scaled_mm" or "scaled_mm"."""
-
-
-def _blockwise_apis() -> tuple[str, ...]:
-    """The blockwise FP8 GEMM ops of this torch, in the order the probe tries them."""
-    explicit = hasattr(F, "scaled_mm") and hasattr(F, "ScalingType")
-    return ("_scaled_mm", "scaled_mm") if explicit else ("_scaled_mm",)
-
-
-@functools.lru_cache(maxsize=8)
-def _tile_scale_rows_padded(device: torch.device) -> bool:
-    """Whether this torch wants 128×128 scale rows padded to 4 entries (probed once per device)."""
-    if device.type != "cuda":
-        return False
-    a = torch.zeros(16, 384, device=device).to(torch.float8_e4m3fn)
-    b = torch.zeros(256, 384, device=device).to(torch.float8_e4m3fn)
-    scale_a = torch.ones(3, 16, device=device).t()  # [16, 3], outer-dim major
-    padded = torch.ones(2, 4, device=device)[:, :3].t()  # [3, 2], row stride 4 in the transpose
-    try:
-        torch._scaled_mm(a, b.t(), scale_a, padded, out_dtype=torch.bfloat16)
-        return True
-    except RuntimeError:
-        return False
-
-
-def native_fp8_matmul(a: Operand, b: Operand, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """out [Ra, Rb] = a · bᵀ on FP8 tensor cores through ``torch._scaled_mm``.
-
-    Blockwise operands go through ``torch._scaled_mm`` (which infers each operand's scaling from its
-    scale tensor's shape) or, where the probe picked it, ``torch.nn.functional.scaled_mm`` (which
-    takes the scaling recipes explicitly and checks scale shapes its own way). NOTE the probe
-    (:func:`probe_native_fp8_blockwise`) decides which, and whether the native result is used at all.
-    """
-    mat1 = _row_major(a)  # [Ra, C] row-major
-    mat2 = _col_major_t(b)  # [C, Rb] column-major
-    scale_b = _scale_b(b, mat2.shape[1])
-    blockwise = a.spec.block != TENSORWISE
-    if blockwise and _blockwise_api.get(mat2.device) == "scaled_mm":
-        recipe = {(1, 128): F.ScalingType.BlockWise1x128, (128, 128): F.ScalingType.BlockWise128x128}
-        block_b = b.spec.block
-        if block_b == (128, 128) and _tile_layout.get(mat2.device) == ROWS_1X128:
-            block_b = (1, 128)
-        return F.scaled_mm(
-            mat1, mat2, _scale_a(a), recipe[a.spec.block], scale_b, recipe[block_b],
-            output_dtype=out_dtype,
-        )  # fmt: skip
-    return torch._scaled_mm(mat1, mat2, _scale_a(a), scale_b, out_dtype=out_dtype)
-
-
-def probe_native_fp8_blockwise(device: torch.device) -> frozenset:
-    """The output dtypes (of BF16, FP32) for which ``torch._scaled_mm`` runs the three blockwise
-    GEMMs of the fp8 recipe on ``device`` and agrees with emulation; empty where it does not.
-
-    The shapes have several tiles in every direction, none square, so that a scale tensor read in
-    the wrong layout cannot agree by accident; the 128×128 ``scale_b`` layout that agrees is kept
-    for this device (:data:`TILE_SCALE_LAYOUTS`).
-    """
-    g = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(256, 512, device=device, generator=g) * torch.rand(256, 512, device=device, generator=g)
-    w = torch.randn(384, 512, device=device, generator=g) * 8 ** torch.rand(
-        384, 1, device=device, generator=g
-    )
-    dy = torch.randn(256, 384, device=device, generator=g)
-    act, tile = OperandQuant("e4m3", (1, 128)), OperandQuant("e4m3", (128, 128))
-    wq = quantize(w, tile)
-    tiled = [
-        (quantize(x, act), wq),  # fprop: [256, 512] x [384, 512]ᵀ
-        (quantize(dy, act), dataclasses.replace(wq, transposed=True)),  # dgrad: W read transposed
-    ]
-    wgrad = [(quantize(dy, act, transpose=True), quantize(x, act, transpose=True))]
-
-    def agrees(pairs, out_dtype) -> bool:
-        try:
-            for a, b in pairs:
-                got = native_fp8_matmul(a, b, out_dtype).float()
-                want = emulated_matmul(a, b)
-                if not torch.allclose(got, want, rtol=1e-2, atol=1e-2 * float(want.abs().max())):
-                    return False
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            return True
-        except (RuntimeError, NotImplementedError, ValueError, TypeError):
-            return False
-
-    for api in _blockwise_apis():
-        _blockwise_api[device] = api
-        supported, found = set(), None
-        for out_dtype in (torch.bfloat16, torch.float32):
-            if not agrees(wgrad, out_dtype):
-                continue
-            for layout in [found] if found else list(TILE_SCALE_LAYOUTS):
-                _tile_layout[device] = layout
-                if agrees(tiled, out_dtype):
-                    supported.add(out_dtype)
-                    found = layout
-                    break
-        if supported:
-            _tile_layout[device] = found
-            return frozenset(supported)
-    _blockwise_api.pop(device, None)
-    _tile_layout.pop(device, None)
-    return frozenset()

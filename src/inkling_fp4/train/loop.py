@@ -236,13 +236,12 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                 loss_sum += part.detach()
             if fault is None:  # the quantizers' deferred NaN/Inf record: one device read per step
                 try:
+                    if policy.amax_history is not None:  # delayed FP8 scaling's recorded amaxes too
+                        policy.amax_history.record_for_check()
                     finite_guard.raise_if_non_finite()
                 except NumericsError as e:
                     fault = _nonfinite_or_raise(e)
             finite_guard.discard()
-            history = policy.amax_history
-            if fault is None and history is not None and history.recorded_nonfinite():
-                fault = "NaN/Inf in an FP8 operand scaled from the amax history (delayed scaling)"
             if D.any_rank(fault is not None, dist) and fault is None:
                 fault = "non-finite values on another rank"
             if fault is None:

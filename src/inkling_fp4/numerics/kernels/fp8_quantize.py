@@ -222,7 +222,10 @@ def _tensor_scaled(
             q = _fp8_bytes(x, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW)
             tl.store(data_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], q, mask=mask)
         if COLS:  # qᵀ: [CHUNK, BLOCK_M]
-            q_t = _transposed_bytes(x, scale, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW_T)
+            if ROWS and not HW:  # the rows' integer bytes, transposed (HW_T implies HW)
+                q_t = tl.trans(q)
+            else:
+                q_t = _transposed_bytes(x, scale, scale, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW_T)
             t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
             tl.store(t_ptrs, q_t, mask=tl.trans(mask))
     if RECORD:  # magnitudes are >= 0 and the word starts at 0 or -1 (AmaxHistory's "nothing yet")
