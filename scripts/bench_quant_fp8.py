@@ -4,8 +4,9 @@ Why: in the fp8 recipe's training step the quantizer, not the FP8 GEMMs, decides
 hybrid-350m it took 42 ms of a 243 ms step (198 launches, about 1 TB/s over the bytes it moves, a
 third of an H200's bandwidth), while the FP8 GEMMs saved 13 ms over BF16. This times the three
 layouts the layer uses, at the layer's shapes, against a device-to-device copy of the same bytes, and
-the tensorwise pair (amax pass + one pass writing both layouts) with its amax pass alone, and the
-pair under delayed scaling (one pass: the scale from a given amax, x's own amax recorded).
+the tensorwise pair (amax pass + one pass writing both layouts) with its amax pass alone, the pair
+under delayed scaling (one pass: the scale from a given amax, x's own amax recorded), and the MLP's
+fused squared ReLU pairs (relu(x)² and its gradient quantized as they are computed, x as h).
 
 Before timing, each result is checked bit for bit against the torch reference (``numerics/fp8.py``)
 on the zero-padded input: codes and scale_inv. A mismatch makes the exit status 1.
@@ -89,6 +90,19 @@ def _layouts(x: torch.Tensor):
         problem = _same(tensor_delayed(), delayed_pair_ref)
         return problem or ("" if torch.equal(record.reshape(()), amax) else "recorded amax differs")
 
+    # the MLP's fused squared ReLU: x as h, and a second tensor as the upstream gradient
+    dout = x.roll(1, 0)
+    relu_refs = []
+    for d in (None, dout):
+        r = fp8.quantize_tensorwise_ref(fp8.squared_relu_ref(x, d), amax=history_amax)
+        relu_refs.append((r, fp8.FP8Tensor(r.data.t(), r.scale_inv)))
+
+    def squared_relu(d=None):
+        return fp8.quantize_squared_relu_pair(x, d, check=False, amax=history_amax, record=record)
+
+    def squared_relu_grad():
+        return squared_relu(dout)
+
     return {
         "pair (x, xT)": (pair, lambda: _same(pair(), pair_ref), n * (2 + 2 * blocked)),
         "rows (x)": (rows, lambda: _same((rows(),), (rows_ref,)), n * (2 + blocked)),
@@ -99,6 +113,12 @@ def _layouts(x: torch.Tensor):
             n * (2 + 2 + 2),  # x read by the amax pass and by the codes pass; two layouts written
         ),
         "tensor pair delayed": (tensor_delayed, delayed_check, n * (2 + 2)),  # one read; x's amax recorded
+        "squared ReLU pair": (squared_relu, lambda: _same(squared_relu(), relu_refs[0]), n * (2 + 2)),
+        "squared ReLU grad pair": (
+            squared_relu_grad,
+            lambda: _same(squared_relu_grad(), relu_refs[1]),
+            n * (2 + 2 + 2),  # h and the upstream gradient read
+        ),
         "tensor amax": (
             tensor_amax,
             lambda: "" if torch.equal(tensor_amax().reshape(()), amax) else "amax differs",

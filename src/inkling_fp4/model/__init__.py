@@ -9,6 +9,7 @@ ssd.py         the SSD scan: chunked reference, token recurrence, dispatcher to 
 ssd_triton.py  the Triton SSD kernel (ssd_kernels/ holds its pieces)
 attention.py   grouped-query causal attention without positional embedding
 mlp.py         squared-ReLU MLP
+mlp_fp8.py     the MLP under delayed-scaled FP8: its squared ReLU computed inside the quantizers
 norm.py        RMSNorm and the grouped, gated RMSNorm of Mamba-2
 compiled.py    how the glue functions run on CUDA: a Triton kernel (glue_kernels/) or torch.compile
 loss.py        the chunked LM head + cross-entropy (no full logits)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inkling_fp4.model import mlp_fp8
 from inkling_fp4.model.compiled import cuda_kernel
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.precision.quant_linear import QuantLinear
@@ -40,6 +41,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, packing=None) -> torch.Tensor:
         """x: [..., D] -> [..., D]. ``packing`` is ignored: an MLP mixes no positions."""
+        if mlp_fp8.applies(self.up_proj, self.down_proj, x):  # FP8 with delayed scales: one fused path
+            return mlp_fp8.squared_relu_mlp(self.up_proj, self.down_proj, x)
         h = squared_relu(self.up_proj(x))  # [..., F]
         return self.down_proj(h)  # [..., D]
 

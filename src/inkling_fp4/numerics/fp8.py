@@ -244,6 +244,62 @@ def quantize_tensorwise_pair(
     )
 
 
+def squared_relu_ref(h: torch.Tensor, dout: torch.Tensor | None = None) -> torch.Tensor:
+    """relu(h)², or with ``dout`` the squared ReLU's gradient 2·dout·h where h > 0 (else 0), in h's
+    dtype with one rounding: the tensor :func:`quantize_squared_relu_pair` quantizes (the model's
+    squared ReLU, ``inkling_fp4.model.mlp.squared_relu``, forward and backward)."""
+    hf = h.float()
+    if dout is None:
+        r = torch.relu(hf)
+        return (r * r).to(h.dtype)
+    return torch.where(hf <= 0, 0.0, (dout.float() * hf) * 2.0).to(h.dtype)
+
+
+def quantize_squared_relu_pair(
+    h: torch.Tensor,
+    dout: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float8_e4m3fn,
+    name: str | None = None,
+    *,
+    amax: torch.Tensor,
+    record: torch.Tensor | None = None,
+    check: bool = True,
+) -> tuple[FP8Tensor, FP8Tensor]:
+    """:func:`quantize_tensorwise_pair` of ``squared_relu_ref(h, dout)`` for BF16 h [M, N] under a
+    delayed scale (``amax``, ``record``), without that tensor: on CUDA the quantizer computes it from
+    h (and dout) as it reads them.
+
+    Why: in the MLP the squared ReLU's output is the second linear's x and its gradient is the first
+    linear's dy; in BF16 each costs a write and a read of [tokens, ffn] that only the quantizer
+    consumes. A delayed scale is known before the tensor exists, which is what allows this; a current
+    scale would need its amax first."""
+    op = "fp8.quantize_squared_relu_pair"
+    checks.check_input(h, op=op, block=1, name=name, ndim=2)
+    if h.dtype != torch.bfloat16 or (dout is not None and (dout.shape != h.shape or dout.dtype != h.dtype)):
+        raise NumericsError(f"{op}: h must be bfloat16 and dout, if given, bfloat16 of h's shape")
+    kernels = _kernels() if h.is_cuda and h.numel() else None
+    if kernels is None:
+        return quantize_tensorwise_pair(
+            squared_relu_ref(h, dout), dtype=dtype, name=name, check=check, amax=amax, record=record
+        )
+    _fp8_max(dtype, op)
+    h2 = h if h.stride(-1) == 1 else h.contiguous()
+    if dout is not None and dout.stride() != h2.stride():
+        dout = dout.contiguous()
+        h2 = h2.contiguous()
+    act = kernels.ACT_SQUARED_RELU if dout is None else kernels.ACT_SQUARED_RELU_GRAD
+    out = kernels.quantize_fp8(
+        h2, dtype, mode=kernels.MODE_TENSOR, rows=True, cols=True, amax=amax.reshape(1), record=record,
+        act=act, dout=dout,
+    )  # fmt: skip
+    if check:  # the debugging path: the BF16 tensor after all, for its amax
+        from inkling_fp4.numerics.kernels.amax import abs_max
+
+        checks.check_finite(h, op=op, name=name, amax=abs_max(squared_relu_ref(h, dout)))
+    rows, cols = (FP8Tensor(data=out[k], scale_inv=out["scale_inv"]) for k in ("data", "data_t"))
+    return rows, cols
+
+
 def quantize_blockwise(
     x: torch.Tensor,
     block: tuple[int, int] = (1, 128),

@@ -230,6 +230,8 @@ def fp8_operand_pair(
     *,
     amax: torch.Tensor | None = None,
     record: torch.Tensor | None = None,
+    squared_relu: bool = False,
+    dout: torch.Tensor | None = None,
 ) -> tuple[Operand, Operand] | None:
     """Both FP8 operands of t [M, C] from one read: t in 1×128 blocks along C (fprop x, dgrad dy)
     and tᵀ in 1×128 blocks along the tokens M (wgrad xᵀ, dyᵀ), as :func:`quantize` makes them
@@ -245,6 +247,9 @@ def fp8_operand_pair(
     codes: extra zero rows of the wgrad output [Cp, K], which ``matmul(..., size=...)`` crops.
 
     ``amax`` / ``record``: delayed scaling of a tensorwise pair (see :func:`quantize`).
+    ``squared_relu``: the pair of relu(t)² (with ``dout``: of its gradient for that upstream
+    gradient) instead of t, computed by the quantizer (``fp8.quantize_squared_relu_pair``); a
+    delayed tensorwise pair only.
 
     No finiteness check on CUDA (as :func:`quantize`): NaN/Inf shows as an Inf scale_inv and output.
     """
@@ -255,15 +260,24 @@ def fp8_operand_pair(
         and row_spec.block in ((1, 128), TENSORWISE) and not row_spec.rht and t.dim() == 2
     )  # fmt: skip
     if not pair:
+        assert not squared_relu, "the fused squared ReLU is for delayed tensorwise pairs"
         return None
     dtype = torch.float8_e4m3fn if row_spec.format == "e4m3" else torch.float8_e5m2
     if row_spec.block == TENSORWISE:  # any M; tᵀ's codes are t's transposed, written by the same pass
         mr, mc = row_spec.multiple  # both dims padded with zeros as quantize pads them (no copy if whole)
         tp = pad_to(t, mr, mc)
-        rows, cols = fp8.quantize_tensorwise_pair(
-            tp, dtype=dtype, name=name or None, check=not t.is_cuda, amax=amax, record=record
-        )
+        if squared_relu:  # relu(0)² and its gradient at 0 are 0: the padding stays zeros
+            assert row_spec.delayed and amax is not None, "the fused squared ReLU needs a delayed scale"
+            rows, cols = fp8.quantize_squared_relu_pair(
+                tp, None if dout is None else pad_to(dout, mr, mc), dtype=dtype, name=name or None,
+                check=not t.is_cuda, amax=amax, record=record,
+            )  # fmt: skip
+        else:
+            rows, cols = fp8.quantize_tensorwise_pair(
+                tp, dtype=dtype, name=name or None, check=not t.is_cuda, amax=amax, record=record
+            )
         return Operand(rows, row_spec), Operand(cols, token_spec)
+    assert not squared_relu, "the fused squared ReLU is for delayed tensorwise pairs"
     if t.shape[0] % 128:
         return None
     # rows: [M, Cp]; cols: [Cp, M]

@@ -65,13 +65,22 @@ class QuantLinear(nn.Module):
             return te_linear(self, x)
         lead = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)  # x2d: [M, K]
-        generator = self.rng.for_device(x.device) if self.rng is not None else None
-        name = f"layers.{self.layer_idx}.{self.name or 'linear'}"  # for error messages
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            y = _QuantLinearFn.apply(x2d, self.weight, recipe, generator, name, self._delayed_words())
+            y = _QuantLinearFn.apply(x2d, self.weight, self.gemms(x2d.shape[0], x2d.device))
         else:
-            y = quantized_forward(x2d, self.weight, recipe, name=name, out_dtype=torch.bfloat16)
+            y = quantized_forward(x2d, self.weight, recipe, name=self.full_name, out_dtype=torch.bfloat16)
         return y.reshape(*lead, self.out_features)
+
+    @property
+    def full_name(self) -> str:
+        """What error messages call this layer: ``layers.<index>.<name>``."""
+        return f"layers.{self.layer_idx}.{self.name or 'linear'}"
+
+    def gemms(self, tokens: int, device: torch.device) -> LinearGEMMs:
+        """This layer's three GEMMs for ``tokens`` rows on ``device`` (recipe, generator, delayed scales)."""
+        generator = self.rng.for_device(device) if self.rng is not None else None
+        shape = (tokens, self.in_features, self.out_features)
+        return LinearGEMMs(self.recipe, generator, self.full_name, self._delayed_words(), shape)
 
     def _delayed_words(self) -> tuple | None:
         """(x's scale amax, x's record word, dy's scale amax, dy's record word) for delayed scaling; a
@@ -179,11 +188,11 @@ def quantized_forward(
 
 def _fprop(
     x2d, weight, recipe: Recipe, name: str, out_dtype, keep_x=False, keep_w=False, amax_x=None, xq=None,
-    record_x=None,
+    record_x=None, rows=None,
 ):  # fmt: skip
     """y [M, N] = x · Wᵀ, and the quantized operands (packed codes kept where asked for); ``xq``:
-    x already quantized (:func:`gemm.fp8_operand_pair`)."""
-    M, N = x2d.shape[0], weight.shape[0]
+    x already quantized (:func:`gemm.fp8_operand_pair`; x2d may then be None and ``rows`` gives M)."""
+    M, N = x2d.shape[0] if rows is None else rows, weight.shape[0]
     if recipe.fprop is None:
         return gemm.bf16_matmul(x2d, weight).to(out_dtype), None, None  # y: [M, N]
     if xq is None:  # xq: [M, K]
@@ -201,8 +210,44 @@ class _QuantLinearFn(torch.autograd.Function):
     """The autograd function of a quantized linear layer (see the module docstring for the GEMMs)."""
 
     @staticmethod
-    def forward(ctx, x2d, weight, recipe: Recipe, generator, name: str, delayed=None):
-        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    def forward(ctx, x2d, weight, layer: LinearGEMMs):
+        need_dx, need_dw = ctx.needs_input_grad[:2]
+        y, saved = layer.forward(x2d, weight, need_dx=need_dx, need_dw=need_dw)
+        save_operands(ctx, saved)
+        ctx.layer, ctx.x_dtype = layer, x2d.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        dx, dw = ctx.layer.backward(saved_operands(ctx), dy, ctx.x_dtype)
+        return dx, dw, None
+
+
+@dataclasses.dataclass
+class LinearGEMMs:
+    """The three GEMMs of one quantized linear layer, forward and backward, outside autograd.
+
+    :class:`_QuantLinearFn` is these two methods behind ``torch.autograd.Function``; a block that
+    owns several linears (the fused FP8 MLP, ``model/mlp_fp8.py``) calls them itself, handing in x or
+    dy already quantized by the kernel that produced it (``pair_x`` / ``pair_dy``, a
+    :func:`gemm.fp8_operand_pair`). Only plain attributes are kept here: tensors to save go in the
+    dict that :meth:`forward` returns (through ``ctx.save_for_backward``)."""
+
+    recipe: Recipe
+    generator: torch.Generator | None
+    name: str
+    delayed: tuple | None
+    """(x's scale amax, x's record word, dy's scale amax, dy's record word), views of the policy's
+    persistent amax state (:meth:`QuantLinear._delayed_words`), or None: current scaling."""
+    shape: tuple[int, int, int]
+    """(M tokens, K in_features, N out_features)."""
+
+    def forward(
+        self, x2d, weight, *, need_dx: bool, need_dw: bool, pair_x: tuple | None = None
+    ) -> tuple[torch.Tensor, dict]:
+        """(y [M, N] BF16, the operands to save for :meth:`backward`). ``pair_x``: x already quantized
+        as its fprop and wgrad operands (x2d is then not read and may be None)."""
+        recipe, generator, name, delayed = self.recipe, self.generator, self.name, self.delayed
         fprop, dgrad, wgrad = recipe.fprop, recipe.dgrad, recipe.wgrad
         # Operands that serve two GEMMs: W's 16x16 (or 128x128) tiles are the same for Wᵀ, and a
         # per-tensor-scaled x is the same for xᵀ.
@@ -210,25 +255,27 @@ class _QuantLinearFn(torch.autograd.Function):
         reuse_w = reuse_w and _symmetric(fprop.b)
         reuse_x = need_dw and fprop is not None and wgrad is not None and wgrad.b == fprop.a
         reuse_x = reuse_x and fprop.a.block == TENSORWISE
-        with torch.autocast(device_type=x2d.device.type, enabled=False):
-            # x is quantized along rows (fprop) and after the RHT along tokens (wgrad): one read of x
-            # gives both tensor amaxes where the fused kernels run.
-            amax_x, amax_xt = gemm.shared_nvfp4_amaxes(
-                x2d, fprop.a if fprop else None, wgrad.b if need_dw and wgrad else None, recipe.rht_signs
-            )
-            # FP8: x along rows (fprop) and xᵀ along tokens (wgrad) from one read of x; a delayed
-            # tensorwise scale comes from the history and x's amax goes into it.
+        amax_x = amax_xt = None
+        with torch.autocast(device_type=weight.device.type, enabled=False):
             x_used, x_rec = (None, None) if delayed is None else delayed[:2]
-            pair_x = gemm.fp8_operand_pair(
-                x2d, fprop.a if fprop else None, wgrad.b if need_dw and wgrad else None, f"{name} x",
-                amax=x_used, record=x_rec,
-            )  # fmt: skip
-            if x_used is not None and not pair_x and fprop is not None and fprop.a.delayed:
-                amax_x = x_used  # x quantized for the fprop alone, from the history as well
+            if pair_x is None:
+                # x is quantized along rows (fprop) and after the RHT along tokens (wgrad): one read of x
+                # gives both tensor amaxes where the fused kernels run.
+                amax_x, amax_xt = gemm.shared_nvfp4_amaxes(
+                    x2d, fprop.a if fprop else None, wgrad.b if need_dw and wgrad else None, recipe.rht_signs
+                )
+                # FP8: x along rows (fprop) and xᵀ along tokens (wgrad) from one read of x; a delayed
+                # tensorwise scale comes from the history and x's amax goes into it.
+                pair_x = gemm.fp8_operand_pair(
+                    x2d, fprop.a if fprop else None, wgrad.b if need_dw and wgrad else None, f"{name} x",
+                    amax=x_used, record=x_rec,
+                )  # fmt: skip
+                if x_used is not None and not pair_x and fprop is not None and fprop.a.delayed:
+                    amax_x = x_used  # x quantized for the fprop alone, from the history as well
             y, xq, wq = _fprop(
                 x2d, weight, recipe, name, torch.bfloat16, keep_x=reuse_x, keep_w=reuse_w, amax_x=amax_x,
                 xq=pair_x[0] if pair_x else None,
-                record_x=x_rec if fprop is not None and fprop.a.delayed else None,
+                record_x=x_rec if fprop is not None and fprop.a.delayed else None, rows=self.shape[0],
             )  # fmt: skip
             saved = {}
             if need_dx:
@@ -251,44 +298,44 @@ class _QuantLinearFn(torch.autograd.Function):
                     saved["x"] = _transposed_operand(
                         x2d, wgrad.b, recipe, generator, f"{name} x", keep=True, amax=amax_xt
                     )
-        _stash(ctx, saved)
-        ctx.recipe, ctx.generator, ctx.name = recipe, generator, name
-        # views of the policy's persistent amax state, not activations: plain attributes suffice
-        ctx.delayed_dy = None if delayed is None else delayed[2:]
-        ctx.shapes = (x2d.shape[0], x2d.shape[1], weight.shape[0], x2d.dtype)
-        return y
+        return y, saved
 
-    @staticmethod
-    def backward(ctx, dy):
-        recipe, generator, name = ctx.recipe, ctx.generator, ctx.name
-        M, K, N, x_dtype = ctx.shapes
-        saved = _unstash(ctx)
+    def backward(
+        self, saved: dict, dy, x_dtype: torch.dtype, *, pair_dy: tuple | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(dx [M, K] in ``x_dtype``, dW [N, K] FP32), each None where ``saved`` has no operand for it.
+        ``pair_dy``: dy already quantized as its dgrad and wgrad operands (dy is then not read)."""
+        recipe, generator, name = self.recipe, self.generator, self.name
+        M, K, N = self.shape
         dx = dw = None
         backend = recipe.backend
-        with torch.autocast(device_type=dy.device.type, enabled=False):
-            dy = dy.reshape(M, N)  # dy: [M, N]
+        device = dy.device if dy is not None else pair_dy[0].q.data.device
+        with torch.autocast(device_type=device.type, enabled=False):
             dyq = None
-            # dy is quantized along rows (dgrad) and after the RHT along tokens (wgrad): both amaxes
-            # from one read of dy where the fused kernels run.
-            amax_dy, amax_dyt = gemm.shared_nvfp4_amaxes(
-                dy,
-                recipe.dgrad.a if "w" in saved and recipe.dgrad else None,
-                recipe.wgrad.a if "x" in saved and recipe.wgrad else None,
-                recipe.rht_signs,
-            )
-            # FP8: dy along rows (dgrad) and dyᵀ along tokens (wgrad) from one read of dy (delayed
-            # tensorwise scaling as for x in the forward).
-            dy_used, dy_rec = (None, None) if ctx.delayed_dy is None else ctx.delayed_dy
-            pair_dy = gemm.fp8_operand_pair(
-                dy,
-                recipe.dgrad.a if "w" in saved and recipe.dgrad else None,
-                recipe.wgrad.a if "x" in saved and recipe.wgrad else None,
-                f"{name} dy",
-                amax=dy_used,
-                record=dy_rec,
-            )
-            if ctx.delayed_dy is not None and not pair_dy:  # dy quantized for one GEMM only
-                amax_dy = amax_dyt = dy_used
+            amax_dy = amax_dyt = None
+            dy_used, dy_rec = (None, None) if self.delayed is None else self.delayed[2:]
+            if pair_dy is None:
+                dy = dy.reshape(M, N)  # dy: [M, N]
+                # dy is quantized along rows (dgrad) and after the RHT along tokens (wgrad): both amaxes
+                # from one read of dy where the fused kernels run.
+                amax_dy, amax_dyt = gemm.shared_nvfp4_amaxes(
+                    dy,
+                    recipe.dgrad.a if "w" in saved and recipe.dgrad else None,
+                    recipe.wgrad.a if "x" in saved and recipe.wgrad else None,
+                    recipe.rht_signs,
+                )
+                # FP8: dy along rows (dgrad) and dyᵀ along tokens (wgrad) from one read of dy (delayed
+                # tensorwise scaling as for x in the forward).
+                pair_dy = gemm.fp8_operand_pair(
+                    dy,
+                    recipe.dgrad.a if "w" in saved and recipe.dgrad else None,
+                    recipe.wgrad.a if "x" in saved and recipe.wgrad else None,
+                    f"{name} dy",
+                    amax=dy_used,
+                    record=dy_rec,
+                )
+                if self.delayed is not None and not pair_dy:  # dy quantized for one GEMM only
+                    amax_dy = amax_dyt = dy_used
             if "w" in saved:
                 if recipe.dgrad is None:
                     dx = gemm.bf16_matmul(dy, saved["w"].t()).to(x_dtype)  # dx: [M, K] = dy · W
@@ -317,7 +364,7 @@ class _QuantLinearFn(torch.autograd.Function):
                             scale_with=saved["x"].decode_scale, record=dy_rec if a.delayed else None,
                         )  # fmt: skip
                     dw = gemm.matmul(dy_t, saved["x"], backend=backend, out_dtype=torch.float32, size=(N, K))
-        return dx, dw, None, None, None, None
+        return dx, dw
 
 
 # -- saving quantized operands through ctx.save_for_backward -------------------------------------
@@ -325,7 +372,8 @@ class _QuantLinearFn(torch.autograd.Function):
 # lifetime and saved_tensors_hooks (offloading, memory accounting) see them.
 
 
-def _stash(ctx, saved: dict) -> None:
+def save_operands(ctx, saved: dict) -> None:
+    """``ctx.save_for_backward`` of a dict of tensors and :class:`gemm.Operand` s (their tensors)."""
     tensors, layout = [], {}
     for key, item in saved.items():
         if isinstance(item, torch.Tensor):
@@ -351,7 +399,8 @@ def _stash(ctx, saved: dict) -> None:
     ctx.layout = layout
 
 
-def _unstash(ctx) -> dict:
+def saved_operands(ctx) -> dict:
+    """The dict :func:`save_operands` saved."""
     tensors = ctx.saved_tensors
     out = {}
     for key, entry in ctx.layout.items():

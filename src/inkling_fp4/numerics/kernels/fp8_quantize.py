@@ -51,10 +51,12 @@ import torch
 import triton
 import triton.language as tl
 
-from inkling_fp4.numerics.kernels.common import FLT_MAX, TWO_POW_23, TWO_POW_23_BITS
+from inkling_fp4.numerics.kernels.common import FLT_MAX, TWO_POW_23, TWO_POW_23_BITS, bf16_round
 
 BLOCK = 128
 MODE_TENSOR, MODE_BLOCKS, MODE_TILE = 0, 1, 2
+ACT_NONE, ACT_SQUARED_RELU, ACT_SQUARED_RELU_GRAD = 0, 1, 2
+"""What a tensorwise quantizer applies to its input first (:func:`_prologue`)."""
 # (mantissa bits, exponent bias, max) of the two formats
 FORMATS = {torch.float8_e4m3fn: (3, 7, 448.0), torch.float8_e5m2: (2, 15, 57344.0)}
 
@@ -195,9 +197,27 @@ def _blocks_with_cols(
 
 
 @triton.jit
+def _prologue(x, dout_ptr, offsets, mask, ACT: tl.constexpr, HW: tl.constexpr):
+    """The tensor to quantize, from the loaded BF16 x: x itself (``ACT_NONE``), relu(x)²
+    (``ACT_SQUARED_RELU``) or the squared ReLU's gradient 2·dout·x where x > 0
+    (``ACT_SQUARED_RELU_GRAD``), each rounded to BF16 as the model's squared ReLU kernel writes it
+    (``model/glue_kernels/pointwise_kernels.py``: the same FP32 products, one rounding), in FP32."""
+    h = x.to(tl.float32)
+    if ACT == 0:
+        return h
+    if ACT == 1:
+        r = tl.where(h < 0.0, 0.0, h)  # NOTE not tl.maximum: it drops NaN, relu keeps it
+        v = r * r  # exact in FP32 for BF16 h
+    else:
+        dout = tl.load(dout_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        v = tl.where(h <= 0.0, 0.0, (dout * h) * 2.0)
+    return bf16_round(v, HW)
+
+
+@triton.jit
 def _tensor_scaled(
-    x_ptr, amax_ptr, record_ptr, data_ptr, scale_ptr, data_t_ptr, M, N, stride_xm, rows,
-    ROWS: tl.constexpr, COLS: tl.constexpr, RECORD: tl.constexpr, MANT: tl.constexpr,
+    x_ptr, dout_ptr, amax_ptr, record_ptr, data_ptr, scale_ptr, data_t_ptr, M, N, stride_xm, rows,
+    ROWS: tl.constexpr, COLS: tl.constexpr, RECORD: tl.constexpr, ACT: tl.constexpr, MANT: tl.constexpr,
     BIAS: tl.constexpr, FP8_MAX: tl.constexpr, SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr,
     HW: tl.constexpr, HW_T: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
@@ -205,14 +225,17 @@ def _tensor_scaled(
     bytes transposed (``COLS``, xᵀ's codes: one scale, so no second quantization), CHUNK columns at a
     time; the transposed bytes in the form ``HW_T`` names (:func:`_transposed_bytes`).
     ``RECORD``: also fold max|x| of the tile (NaN as Inf) into ``record_ptr`` (delayed scaling): an
-    elementwise running max (NaN kept) and one reduction per program, not one per chunk."""
+    elementwise running max (NaN kept) and one reduction per program, not one per chunk.
+    ``ACT``: quantize an elementwise function of x (and of ``dout``, laid out as x) instead of x
+    (:func:`_prologue`), so that the producer's output never goes through memory in BF16."""
     scale, scale_inv = _scales(tl.load(amax_ptr), FP8_MAX)
     in_rows = rows < M
     for c0 in tl.static_range(0, 128, CHUNK):
         cols = tl.program_id(1) * 128 + c0 + tl.arange(0, CHUNK)
         mask = in_rows[:, None] & (cols < N)[None, :]
-        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0)
-        x = x.to(tl.float32)
+        offsets = rows.to(tl.int64)[:, None] * stride_xm + cols[None, :]
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+        x = _prologue(x, dout_ptr, offsets, mask, ACT, HW)
         if RECORD:
             if c0 == 0:
                 seen = tl.abs(x)
@@ -250,20 +273,22 @@ _CONFIGS = (
 )
 
 
-@triton.autotune(configs=_CONFIGS, key=["N", "BLOCK_M", "MODE", "ROWS", "COLS", "RECORD", "HW", "HW_T"])
+@triton.autotune(
+    configs=_CONFIGS, key=["N", "BLOCK_M", "MODE", "ROWS", "COLS", "RECORD", "ACT", "HW", "HW_T"]
+)
 @triton.jit
 def _quantize_fp8_kernel(
-    x_ptr, amax_ptr, record_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, NP, stride_xm,
-    BLOCK_M: tl.constexpr, MODE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
-    RECORD: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
+    x_ptr, dout_ptr, amax_ptr, record_ptr, data_ptr, scale_ptr, data_t_ptr, scale_t_ptr, M, N, NP,
+    stride_xm, BLOCK_M: tl.constexpr, MODE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+    RECORD: tl.constexpr, ACT: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
     SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr, HW: tl.constexpr, HW_T: tl.constexpr,
     CHUNK: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     if MODE == 0:
         _tensor_scaled(
-            x_ptr, amax_ptr, record_ptr, data_ptr, scale_ptr, data_t_ptr, M, N, stride_xm, rows,
-            ROWS, COLS, RECORD, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW, HW_T, CHUNK,
+            x_ptr, dout_ptr, amax_ptr, record_ptr, data_ptr, scale_ptr, data_t_ptr, M, N, stride_xm, rows,
+            ROWS, COLS, RECORD, ACT, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, HW, HW_T, CHUNK,
         )  # fmt: skip
     elif MODE == 1 and COLS:  # the wgrad operands (and their fprop / dgrad partners): in column chunks
         _blocks_with_cols(
@@ -308,6 +333,8 @@ def quantize_fp8(
     cols: bool = False,
     amax: torch.Tensor | None = None,
     record: torch.Tensor | None = None,
+    act: int = ACT_NONE,
+    dout: torch.Tensor | None = None,
     pad_to_block: bool = False,
     block_m: int | None = None,
     hardware_cast: bool | None = None,
@@ -331,12 +358,21 @@ def quantize_fp8(
     ``transposed_cast``: make the bytes written transposed with the instruction too (True; see
     :func:`_transposed_bytes` for why only for BF16 x), or with integer arithmetic (False); None: the
     instruction where it makes the others and x is BF16. The bytes are the same.
+    ``act``: ``MODE_TENSOR`` of BF16 x only; quantize relu(x)² (``ACT_SQUARED_RELU``) or the squared
+    ReLU's gradient for the upstream gradient ``dout`` (``ACT_SQUARED_RELU_GRAD``, dout laid out as x)
+    instead of x: the bytes of quantizing that BF16 tensor, which is never written.
     ``config``: (warps, CHUNK) instead of the autotuned pick (the tests run every candidate).
     """
     mant, bias, fp8_max = FORMATS[dtype]
     m, n = x.shape
     if record is not None and mode != MODE_TENSOR:
         raise ValueError("quantize_fp8: record applies to MODE_TENSOR (block scales record nothing)")
+    if act != ACT_NONE and (mode != MODE_TENSOR or x.dtype != torch.bfloat16):
+        raise ValueError("quantize_fp8: act applies to MODE_TENSOR of a bfloat16 x")
+    if (dout is not None) != (act == ACT_SQUARED_RELU_GRAD) or (
+        dout is not None and (dout.shape != x.shape or dout.stride() != x.stride() or dout.dtype != x.dtype)
+    ):
+        raise ValueError("quantize_fp8: ACT_SQUARED_RELU_GRAD takes a dout laid out as x, other acts none")
     if pad_to_block and mode == MODE_TENSOR:
         raise ValueError("quantize_fp8: pad_to_block applies to the blocked modes; tensorwise takes any N")
     np_ = triton.cdiv(n, BLOCK) * BLOCK if pad_to_block else n
@@ -378,11 +414,12 @@ def quantize_fp8(
     if config is not None:
         kernel, launch = _quantize_fp8_kernel.fn, dict(num_warps=config[0], CHUNK=config[1])
     kernel[grid](
-        x, dummy if amax is None else amax, dummy if record is None else record,
+        x, dummy if dout is None else dout, dummy if amax is None else amax,
+        dummy if record is None else record,
         dummy if data is None else data, dummy if scale is None else scale,
         dummy if data_t is None else data_t, dummy if scale_t is None else scale_t,
         m, n, np_, x.stride(0),
-        BLOCK_M=block_m, MODE=mode, ROWS=rows, COLS=cols, RECORD=record is not None,
+        BLOCK_M=block_m, MODE=mode, ROWS=rows, COLS=cols, RECORD=record is not None, ACT=act,
         MANT=mant, BIAS=bias, FP8_MAX=fp8_max, SUB_FACTOR=2.0 ** (bias - 1 + mant),
         MIN_NORMAL=2.0 ** (1 - bias), HW=hw, HW_T=hw_t,
         **launch,

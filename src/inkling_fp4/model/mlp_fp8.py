@@ -1,0 +1,90 @@
+"""The MLP under delayed-scaled tensorwise FP8, with its squared ReLU done inside the quantizers.
+
+Why: in ``down(relu(up(x))²)`` the squared ReLU's output r is down_proj's x and its gradient dh is
+up_proj's dy. Unfused, each is a BF16 [tokens, ffn] tensor written by the squared ReLU kernel (or its
+backward) and read once more by the FP8 quantizer, its only reader. With delayed scaling the scale is
+known before the tensor exists, so the quantizer computes r from h (and dh from h and dr) as it reads
+them and writes the FP8 operands directly (``fp8.quantize_squared_relu_pair``): per MLP and step,
+two [tokens, ffn] BF16 tensors are neither written nor read (hybrid-350m: 4 x 268 MB per MLP).
+
+The bits are those of the unfused path: r and dh are rounded to BF16 exactly as the squared ReLU
+kernels round them, then quantized with the same scale, and the same amaxes are recorded.
+``tests/test_mlp_fp8.py`` compares the two, outputs, gradients and amax histories.
+
+It applies when both linears quantize x and dy as delayed tensorwise FP8 pairs and their amax
+history has a step (see :func:`applies`); otherwise the MLP runs its linears one by one.
+
+Shape letters: M tokens, D d_model, F ffn width.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inkling_fp4.precision import gemm
+from inkling_fp4.precision.quant_linear import LinearGEMMs, QuantLinear, save_operands, saved_operands
+
+
+def _delayed_pairs(linear: QuantLinear) -> bool:
+    """Whether the layer quantizes x and dy as delayed tensorwise FP8, each one pair for two GEMMs."""
+    r = linear.recipe
+    if r is None or r.backend == "te" or None in (r.fprop, r.dgrad, r.wgrad):
+        return False
+    x_pair = r.fprop.a == r.wgrad.b and r.fprop.a.delayed
+    dy_pair = r.dgrad.a == r.wgrad.a and r.dgrad.a.delayed
+    history = linear.amax_history
+    return x_pair and dy_pair and history is not None and history.ready
+
+
+def applies(up: QuantLinear, down: QuantLinear, x: torch.Tensor) -> bool:
+    """Whether :func:`squared_relu_mlp` runs (a training forward, both linears delayed FP8 pairs)."""
+    grads = x.requires_grad or up.weight.requires_grad or down.weight.requires_grad
+    return torch.is_grad_enabled() and grads and _delayed_pairs(up) and _delayed_pairs(down)
+
+
+def squared_relu_mlp(up: QuantLinear, down: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+    """``down(relu(up(x))²)`` for x [..., D] -> [..., D], the squared ReLU fused into the quantizers."""
+    x2d = x.reshape(-1, up.in_features)  # x2d: [M, D]
+    tokens = x2d.shape[0]
+    y = _SquaredReLUMLPFn.apply(
+        x2d, up.weight, down.weight, up.gemms(tokens, x.device), down.gemms(tokens, x.device)
+    )
+    return y.reshape(*x.shape[:-1], down.out_features)
+
+
+class _SquaredReLUMLPFn(torch.autograd.Function):
+    """Both linears and the squared ReLU between them, whose output and gradient exist only as FP8."""
+
+    @staticmethod
+    def forward(ctx, x2d, w_up, w_down, up: LinearGEMMs, down: LinearGEMMs):
+        need_dx, need_dw_up, need_dw_down = ctx.needs_input_grad[:3]
+        h, saved_up = up.forward(x2d, w_up, need_dx=need_dx, need_dw=need_dw_up)  # h: [M, F] BF16
+        spec = down.recipe.fprop.a
+        x_used, x_record = down.delayed[:2]
+        pair_r = gemm.fp8_operand_pair(
+            h, spec, down.recipe.wgrad.b, f"{down.name} x", amax=x_used, record=x_record, squared_relu=True
+        )  # r = relu(h)²: [M, F] as fprop and wgrad operands
+        y, saved_down = down.forward(None, w_down, need_dx=True, need_dw=need_dw_down, pair_x=pair_r)
+        saved = {"h": h} | {f"up.{k}": v for k, v in saved_up.items()}
+        save_operands(ctx, saved | {f"down.{k}": v for k, v in saved_down.items()})
+        ctx.up, ctx.down, ctx.x_dtype = up, down, x2d.dtype
+        return y  # y: [M, D]
+
+    @staticmethod
+    def backward(ctx, dy):
+        up, down = ctx.up, ctx.down
+        saved = saved_operands(ctx)
+        h = saved.pop("h")
+        dr, dw_down = down.backward(_part(saved, "down."), dy, h.dtype)  # dr: [M, F] BF16
+        dy_used, dy_record = up.delayed[2:]
+        pair_dh = gemm.fp8_operand_pair(
+            h, up.recipe.dgrad.a, up.recipe.wgrad.a, f"{up.name} dy", amax=dy_used, record=dy_record,
+            squared_relu=True, dout=dr,
+        )  # dh = 2·dr·h where h > 0: [M, F] as dgrad and wgrad operands  # fmt: skip
+        dx, dw_up = up.backward(_part(saved, "up."), None, ctx.x_dtype, pair_dy=pair_dh)
+        return dx, dw_up, dw_down, None, None
+
+
+def _part(saved: dict, prefix: str) -> dict:
+    """One linear's saved operands out of the MLP's (keys ``up.*`` / ``down.*``)."""
+    return {k.removeprefix(prefix): v for k, v in saved.items() if k.startswith(prefix)}
