@@ -10,6 +10,7 @@ ssd_triton.py  the Triton SSD kernel (ssd_kernels/ holds its pieces)
 attention.py   grouped-query causal attention without positional embedding
 mlp.py         squared-ReLU MLP
 mlp_fp8.py     the MLP under delayed-scaled FP8: its squared ReLU computed inside the quantizers
+in_proj_fp8.py Mamba-2's in_proj under delayed FP8: its output gradient written as FP8 by the consumers
 norm.py        RMSNorm and the grouped, gated RMSNorm of Mamba-2
 compiled.py    how the glue functions run on CUDA: a Triton kernel (glue_kernels/) or torch.compile
 loss.py        the chunked LM head + cross-entropy (no full logits)

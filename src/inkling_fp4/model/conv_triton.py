@@ -52,8 +52,9 @@ import torch
 import triton
 import triton.language as tl
 
-from inkling_fp4.model.glue_kernels.common import grad_buffer
+from inkling_fp4.model.glue_kernels.common import epilogue_args, grad_buffer, round_to
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET, autotune, configs
+from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, record_amax, running_amax
 
 CHUNK_L = 256  # positions per backward program (one row of the dweight / dbias partial sums)
 
@@ -227,8 +228,14 @@ def _conv_silu_bwd(
     CHUNK: tl.constexpr,
     BL: tl.constexpr,
     BC: tl.constexpr,
+    amax_ptr,
+    record_ptr,
+    FP8: tl.constexpr,
+    E5M2: tl.constexpr,
+    HW: tl.constexpr,
 ):
     """Second pass: dx of this chunk's tiles and the chunk's dweight and dbias sums, from da (k <= 4).
+    ``FP8``: dx as delayed-scaled FP8 bytes, its amax recorded (``numerics/kernels/fp8_epilogue.py``).
 
     Each pair (input position t, output position t + s) is visited once, by the program that owns t:
     it loads da_{t+s} (0 where the tap is masked) for dx_t and adds da_{t+s} x_t to dweight[:, k-1-s],
@@ -249,6 +256,9 @@ def _conv_silu_bwd(
     dw2 = tl.zeros((BL, BC), dtype=tl.float32)
     dw3 = tl.zeros((BL, BC), dtype=tl.float32)
     db = tl.zeros((BL, BC), dtype=tl.float32)
+    seen = tl.zeros((BL, BC), dtype=tl.float32)  # FP8: max |dx| per element
+    if FP8:
+        scale = fp8_scale(amax_ptr, E5M2)
     for i in range(0, CHUNK, BL):
         t = chunk * CHUNK + i + tl.arange(0, BL)
         t_ok = t < L
@@ -282,7 +292,12 @@ def _conv_silu_bwd(
                 dx += da * w3
                 dw3 += da * x_t
         dx_at = dx_ptr + b * sdxb + t[:, None] * sdxl + c[None, :]
-        tl.store(dx_at, dx.to(dx_ptr.dtype.element_ty), mask=tile)
+        if FP8:
+            q, r = bf16_fp8_bytes(dx, scale, E5M2, HW)
+            tl.store(dx_at, q, mask=tile)
+            seen = running_amax(seen, r, tile)
+        else:
+            tl.store(dx_at, round_to(dx, dx_ptr.dtype.element_ty), mask=tile)  # as the FP8 form rounds
     # this chunk's partial sums: row (b, chunk) of the [B * nC, k, C] / [B * nC, C] buffers
     row = b * tl.num_programs(1) + chunk
     tl.store(db_ptr + row * C + c, tl.sum(db, 0), mask=c_ok)
@@ -293,6 +308,8 @@ def _conv_silu_bwd(
         tl.store(dw_ptr + (row * K + K - 3) * C + c, tl.sum(dw2, 0), mask=c_ok)
     if K > 3:
         tl.store(dw_ptr + (row * K + K - 4) * C + c, tl.sum(dw3, 0), mask=c_ok)
+    if FP8:
+        record_amax(record_ptr, seen)
 
 
 def _device(t: torch.Tensor):
@@ -367,7 +384,8 @@ class _ConvSiLU(torch.autograd.Function):
         n_chunks = triton.cdiv(L, CHUNK_L)
         da = torch.empty(Bsz, L, C, device=x.device, dtype=torch.float32)  # contiguous: read as such
         _pointwise(x, weight, bias, seg, douts, da)
-        dx = grad_buffer(ctx.dx_into, x)  # [B, L, C]; a column block of in_proj's gradient in the mixer
+        # [B, L, C]; a column block of in_proj's gradient in the mixer (BF16 values or FP8 bytes)
+        dx, fp8_kw, dx_grad = epilogue_args(grad_buffer(ctx.dx_into, x))
         dw_part = torch.empty(Bsz * n_chunks, K, C, device=x.device, dtype=torch.float32)
         db_part = torch.empty(Bsz * n_chunks, C, device=x.device, dtype=torch.float32)
         with _device(x):
@@ -389,10 +407,11 @@ class _ConvSiLU(torch.autograd.Function):
                 HAS_SEG=seg is not None,
                 K=K,
                 CHUNK=CHUNK_L,
+                **fp8_kw,
             )
         dweight = dw_part.sum(0).t().to(weight.dtype)  # [C, k]
         dbias = db_part.sum(0).to(bias.dtype)
-        return dx, dweight.contiguous(), dbias, None, None, None
+        return dx_grad, dweight.contiguous(), dbias, None, None, None
 
 
 @torch.compiler.disable  # Triton launches and a hand-written backward: a graph break, not a trace

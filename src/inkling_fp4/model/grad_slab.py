@@ -7,6 +7,11 @@ consumers' backward kernels write their input gradients straight into column blo
 (each consumer takes a ``*_into`` argument, :meth:`GradSlab.into`), and the split's backward hands
 that buffer on to in_proj's backward: no copy.
 
+Under delayed-scaled FP8 (``model/in_proj_fp8.py``) the buffer holds FP8 bytes instead: in_proj's
+backward needs its output gradient only as FP8 operands, and their scale is known in advance, so each
+consumer's kernel writes its block as bytes (an :class:`FP8GradBlock`) and records its amax, and
+returns :attr:`FP8GradBlock.placeholder` (zeros, no memory) as the block's gradient.
+
 The buffer is allocated by the first consumer backward that asks for its block, not in the forward,
 where it would live through everything in between. The split's backward checks that each gradient it
 receives is exactly its block of the buffer. Anything else (a consumer that allocated its own, a
@@ -19,36 +24,83 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 
-class GradSlab:
-    """The gradient buffer of one split ``t [..., sum(widths)]``; block i holds block i's gradient."""
+@dataclass
+class FP8GradBlock:
+    """A block of the gradient to be written as tensorwise FP8 bytes under a delayed scale.
 
-    def __init__(self, like: torch.Tensor, widths: list[int]):
+    The consumer's kernel rounds each gradient value to BF16 (the value a BF16 buffer would hold),
+    stores ``fp8(value · fp8_max / amax)`` in ``data`` and folds max |value| into ``record``
+    (``numerics/kernels/fp8_epilogue.py``)."""
+
+    data: torch.Tensor
+    """uint8 [..., width], a column block of the byte buffer (rows of one stride)."""
+    amax: torch.Tensor
+    """FP32 [1]: the delayed scale's amax."""
+    record: torch.Tensor
+    """FP32 [1]: this step's amax record word."""
+    e5m2: bool
+    """The format: E5M2, else E4M3."""
+    placeholder: torch.Tensor
+    """What the consumer's backward returns as the block's gradient: zeros of its shape and dtype
+    (an expanded scalar), which tell the split's backward the bytes were written."""
+
+
+@dataclass
+class FP8Scaling:
+    """How an FP8 slab's consumers quantize: the delayed amax, the record word, the format."""
+
+    amax: torch.Tensor
+    record: torch.Tensor
+    e5m2: bool
+
+
+class GradSlab:
+    """The gradient buffer of one split ``t [..., sum(widths)]``; block i holds block i's gradient,
+    as values of t's dtype, or with ``fp8`` as FP8 bytes (:class:`FP8GradBlock`)."""
+
+    def __init__(self, like: torch.Tensor, widths: list[int], fp8: FP8Scaling | None = None):
         self._shape, self._dtype, self._device = like.shape, like.dtype, like.device
         self._bounds = [0]
         for w in widths:
             self._bounds.append(self._bounds[-1] + w)
+        self.fp8 = fp8
+        self._zero = torch.zeros((), dtype=like.dtype, device=like.device) if fp8 is not None else None
         self.buffer: torch.Tensor | None = None
 
-    def block(self, i: int) -> torch.Tensor:
-        """Block i of the buffer, a strided view [..., widths[i]] (the buffer is allocated on first use)."""
+    def _view(self, i: int) -> torch.Tensor:
         if self.buffer is None:
-            self.buffer = torch.empty(self._shape, dtype=self._dtype, device=self._device)
+            dtype = torch.uint8 if self.fp8 is not None else self._dtype
+            self.buffer = torch.empty(self._shape, dtype=dtype, device=self._device)
         return self.buffer[..., self._bounds[i] : self._bounds[i + 1]]
 
-    def into(self, i: int) -> Callable[[], torch.Tensor]:
+    def block(self, i: int) -> torch.Tensor | FP8GradBlock:
+        """Block i of the buffer, a strided view [..., widths[i]] (the buffer is allocated on first
+        use); in an FP8 slab, that view of the bytes with its scaling."""
+        view = self._view(i)
+        if self.fp8 is None:
+            return view
+        f = self.fp8
+        return FP8GradBlock(view, f.amax, f.record, f.e5m2, self._zero.expand(view.shape))
+
+    def into(self, i: int) -> Callable[[], torch.Tensor | FP8GradBlock]:
         """What a consumer of block i takes as its ``*_into`` argument: called in its backward, it
-        returns the tensor to write the block's gradient into."""
+        returns the tensor (or FP8 block) to write the block's gradient into."""
         return functools.partial(self.block, i)
 
     def holds(self, grad: torch.Tensor | None, i: int) -> bool:
-        """Whether ``grad`` is exactly block i of the buffer (same memory, shape, strides, dtype)."""
+        """Whether ``grad`` is exactly block i of the buffer (same memory, shape, strides, dtype); in an
+        FP8 slab, whether it is block i's placeholder (the consumer wrote the bytes)."""
         if grad is None or self.buffer is None:
             return False
-        b = self.block(i)
+        b = self._view(i)
+        if self.fp8 is not None:
+            zeros = grad.data_ptr() == self._zero.data_ptr() and not any(grad.stride())
+            return zeros and grad.shape == b.shape
         return (
             grad.data_ptr() == b.data_ptr()
             and grad.shape == b.shape

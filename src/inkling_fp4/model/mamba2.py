@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inkling_fp4.model import in_proj_fp8
 from inkling_fp4.model.cache import InferenceCache, MambaState
 from inkling_fp4.model.compiled import cuda_kernel, fast_forms_on
 from inkling_fp4.model.config import ModelConfig
@@ -163,13 +164,17 @@ class Mamba2Mixer(nn.Module):
     def _mix(self, u: torch.Tensor, seg: torch.Tensor | None, valid: torch.Tensor | None):
         """The sequence path shared by forward and prefill. u: [B, L, D]; valid: [B, L] bool or None.
         Returns the output [B, L, D], the pre-conv inputs xBC [B, L, C] and the final SSM state."""
-        zxbcdt = self.in_proj(u)  # [B, L, 2E + 2GN + H]
         into = [None] * 3  # where the consumers of z, xBC, dt write their gradients (None: autograd's)
-        if torch.is_grad_enabled() and zxbcdt.requires_grad and fast_forms_on(zxbcdt):
-            (z, xBC_in, dt_raw), slab = split_with_grad_slab(zxbcdt, self.in_widths)
-            into = [slab.into(i) for i in range(3)]  # in_proj's gradient: written in place, no concat
+        if in_proj_fp8.applies(self.in_proj, u):  # delayed FP8: the consumers write in_proj's FP8 dy
+            (z, xBC_in, dt_raw), slab = in_proj_fp8.in_proj_split(self.in_proj, u, self.in_widths)
+            into = [slab.into(i) for i in range(3)]
         else:
-            z, xBC_in, dt_raw = self._split(zxbcdt)
+            zxbcdt = self.in_proj(u)  # [B, L, 2E + 2GN + H]
+            if torch.is_grad_enabled() and zxbcdt.requires_grad and fast_forms_on(zxbcdt):
+                (z, xBC_in, dt_raw), slab = split_with_grad_slab(zxbcdt, self.in_widths)
+                into = [slab.into(i) for i in range(3)]  # in_proj's gradient: written in place, no concat
+            else:
+                z, xBC_in, dt_raw = self._split(zxbcdt)
         conv = conv_silu_for(self.conv_impl, u, self.conv_weight.shape[1])
         x, B, C = conv(xBC_in, self.conv_weight, self.conv_bias, seg, self.xbc_widths, into[1])
         x, B, C, dt = self._ssm_inputs(x, B, C, dt_raw, into[2])

@@ -25,21 +25,10 @@ from inkling_fp4.precision import gemm
 from inkling_fp4.precision.quant_linear import LinearGEMMs, QuantLinear, save_operands, saved_operands
 
 
-def _delayed_pairs(linear: QuantLinear) -> bool:
-    """Whether the layer quantizes x and dy as delayed tensorwise FP8, each one pair for two GEMMs."""
-    r = linear.recipe
-    if r is None or r.backend == "te" or None in (r.fprop, r.dgrad, r.wgrad):
-        return False
-    x_pair = r.fprop.a == r.wgrad.b and r.fprop.a.delayed
-    dy_pair = r.dgrad.a == r.wgrad.a and r.dgrad.a.delayed
-    history = linear.amax_history
-    return x_pair and dy_pair and history is not None and history.ready
-
-
 def applies(up: QuantLinear, down: QuantLinear, x: torch.Tensor) -> bool:
     """Whether :func:`squared_relu_mlp` runs (a training forward, both linears delayed FP8 pairs)."""
     grads = x.requires_grad or up.weight.requires_grad or down.weight.requires_grad
-    return torch.is_grad_enabled() and grads and _delayed_pairs(up) and _delayed_pairs(down)
+    return torch.is_grad_enabled() and grads and up.delayed_fp8_pairs() and down.delayed_fp8_pairs()
 
 
 def squared_relu_mlp(up: QuantLinear, down: QuantLinear, x: torch.Tensor) -> torch.Tensor:

@@ -244,6 +244,22 @@ def quantize_tensorwise_pair(
     )
 
 
+def transpose_tensorwise_bytes(data: torch.Tensor) -> torch.Tensor:
+    """``data.t().contiguous()`` for contiguous 2-D FP8 data [M, N] -> [N, M]: the wgrad layout of a
+    tensorwise operand whose rows were written by its producer (``numerics/kernels/fp8_epilogue.py``);
+    one Triton pass over the bytes on CUDA."""
+    if data.dim() != 2 or data.dtype not in FP8_MAX:
+        raise NumericsError(
+            f"fp8.transpose_tensorwise_bytes: 2-D FP8 data expected, got {data.dtype} {tuple(data.shape)}"
+        )
+    data = data.contiguous()
+    if data.is_cuda and _kernels() is not None:
+        from inkling_fp4.numerics.kernels.fp8_epilogue import transpose_bytes
+
+        return transpose_bytes(data)
+    return data.t().contiguous()
+
+
 def squared_relu_ref(h: torch.Tensor, dout: torch.Tensor | None = None) -> torch.Tensor:
     """relu(h)², or with ``dout`` the squared ReLU's gradient 2·dout·h where h > 0 (else 0), in h's
     dtype with one rounding: the tensor :func:`quantize_squared_relu_pair` quantizes (the model's

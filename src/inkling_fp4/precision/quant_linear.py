@@ -71,6 +71,18 @@ class QuantLinear(nn.Module):
             y = quantized_forward(x2d, self.weight, recipe, name=self.full_name, out_dtype=torch.bfloat16)
         return y.reshape(*lead, self.out_features)
 
+    def delayed_fp8_pairs(self) -> bool:
+        """Whether x and dy are each quantized as one delayed-scaled tensorwise FP8 pair (for two
+        GEMMs) and the amax history has a step: then a producer of x or dy that knows the scale may
+        hand them over already quantized (:meth:`LinearGEMMs.forward` / ``backward``)."""
+        r = self.recipe
+        if r is None or r.backend == "te" or None in (r.fprop, r.dgrad, r.wgrad):
+            return False
+        x_pair = r.fprop.a == r.wgrad.b and r.fprop.a.delayed
+        dy_pair = r.dgrad.a == r.wgrad.a and r.dgrad.a.delayed
+        history = self.amax_history
+        return x_pair and dy_pair and history is not None and history.ready
+
     @property
     def full_name(self) -> str:
         """What error messages call this layer: ``layers.<index>.<name>``."""

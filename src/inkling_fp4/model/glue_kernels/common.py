@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inkling_fp4.model.grad_slab import FP8GradBlock
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
 
 CHUNK_ROWS = 64  # rows per backward program: one row of the parameter-gradient partial sums
@@ -138,20 +139,37 @@ def as_rows(t: torch.Tensor, width: int) -> torch.Tensor:
     return t if t.stride(1) == 1 else t.contiguous()
 
 
-def grad_buffer(into, like: torch.Tensor) -> torch.Tensor:
+def grad_buffer(into, like: torch.Tensor) -> torch.Tensor | FP8GradBlock:
     """The tensor a backward writes the gradient of ``like`` into: ``into()`` when ``into`` is given (a
     column block of a shared gradient buffer, :mod:`~inkling_fp4.model.grad_slab`), else a new one.
-    ``into()`` must have like's shape and dtype, unit column stride and rows of one stride."""
+    ``into()`` must have like's shape and dtype, unit column stride and rows of one stride; or be an
+    :class:`FP8GradBlock` whose bytes are laid out so (the kernel then stores FP8, see
+    :func:`epilogue_args`)."""
     if into is None:
         return torch.empty(like.shape, device=like.device, dtype=like.dtype)
-    out = into()
-    ok = out.shape == like.shape and out.dtype == like.dtype and out.device == like.device
+    target = into()
+    out = target.data if isinstance(target, FP8GradBlock) else target
+    dtype = torch.uint8 if isinstance(target, FP8GradBlock) else like.dtype
+    ok = out.shape == like.shape and out.dtype == dtype and out.device == like.device
     if not ok or out.stride(-1) != 1 or not _rows_of_one_stride(out):
         raise ValueError(
-            f"a gradient buffer must be {tuple(like.shape)} {like.dtype} on {like.device} with unit column "
+            f"a gradient buffer must be {tuple(like.shape)} {dtype} on {like.device} with unit column "
             f"stride and rows of one stride; got {tuple(out.shape)} {out.dtype} strides {out.stride()}"
         )
-    return out
+    return target
+
+
+def epilogue_args(target: torch.Tensor | FP8GradBlock) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    """(the tensor the kernel stores into, the FP8 epilogue's launch arguments, what the backward
+    returns as the gradient) for a :func:`grad_buffer` target: for an FP8 block, its bytes, its
+    scaling (``numerics/kernels/fp8_epilogue.py``) and its placeholder; for a tensor, FP8=False."""
+    if isinstance(target, FP8GradBlock):
+        from inkling_fp4.numerics.kernels.fp8_quantize import _hardware_cast
+
+        hw = _hardware_cast(target.data.device)
+        kw = dict(amax_ptr=target.amax, record_ptr=target.record, FP8=True, E5M2=target.e5m2, HW=hw)
+        return target.data, kw, target.placeholder
+    return target, dict(amax_ptr=target, record_ptr=target, FP8=False, E5M2=False, HW=False), target
 
 
 def _rows_of_one_stride(t: torch.Tensor) -> bool:

@@ -29,6 +29,7 @@ from inkling_fp4.model.glue_kernels.common import (
     backward_tile,
     cdiv,
     check_inputs,
+    epilogue_args,
     forward_tile,
     grad_buffer,
     load_f32,
@@ -38,6 +39,7 @@ from inkling_fp4.model.glue_kernels.common import (
     to_f32,
 )
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
+from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, record_amax, running_amax
 
 # The backward's tile: 8 elements per thread (a group row of 256 is then one warp's, so its sums stay in
 # the warp) and 128 rows per program. On an H200 at hybrid-350m's shape (32768 rows, 8 groups of 256)
@@ -84,9 +86,11 @@ def _gated_fwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, out_ptr, rstd_ptr, R, E, GW, s
 @triton.jit
 def _gated_bwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, rstd_ptr, dout_ptr, dy_ptr, dx_ptr, dz_ptr, part_ptr,
                R, E, GW, sy, sx, sz, sdo, sdz, P: tl.constexpr, S_DTYPE: tl.constexpr, CHUNK: tl.constexpr,
-               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, amax_ptr, record_ptr, FP8: tl.constexpr,
+               E5M2: tl.constexpr, HW: tl.constexpr):  # fmt: skip
     """dy, dx, dz of group program_id(1) over this program's CHUNK rows; its sums of dout u^ and ds x
-    go to row program_id(0) of the partial sums [programs, 2, E]."""
+    go to row program_id(0) of the partial sums [programs, 2, E]. ``FP8``: dz as delayed-scaled FP8
+    bytes, its amax recorded (``numerics/kernels/fp8_epilogue.py``)."""
     pid = tl.program_id(0)
     grp = tl.program_id(1)
     lane = tl.arange(0, BLOCK_C)
@@ -98,6 +102,9 @@ def _gated_bwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, rstd_ptr, dout_ptr, dy_ptr, dx
     # tile's rows per iteration would cross warps (shared memory and barriers every iteration)
     dw = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
     dd = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    seen = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)  # FP8: max |dz| per element
+    if FP8:
+        scale = fp8_scale(amax_ptr, E5M2)
     for i in range(0, CHUNK, BLOCK_R):
         rows = (pid * CHUNK + i + tl.arange(0, BLOCK_R)).to(tl.int64)
         mask = (rows < R)[:, None] & col_ok[None, :]
@@ -117,11 +124,18 @@ def _gated_bwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, rstd_ptr, dout_ptr, dy_ptr, dx
         out_at = rows[:, None] * E + cols[None, :]
         tl.store(dy_ptr + out_at, round_to(ds, dy_ptr.dtype.element_ty), mask=mask)
         tl.store(dx_ptr + out_at, round_to(ds * d[None, :], dx_ptr.dtype.element_ty), mask=mask)
-        tl.store(
-            dz_ptr + rows[:, None] * sdz + cols[None, :], round_to(dz, dz_ptr.dtype.element_ty), mask=mask
-        )
+        if FP8:
+            q, r = bf16_fp8_bytes(dz, scale, E5M2, HW)
+            tl.store(dz_ptr + rows[:, None] * sdz + cols[None, :], q, mask=mask)
+            seen = running_amax(seen, r, mask)
+        else:
+            tl.store(
+                dz_ptr + rows[:, None] * sdz + cols[None, :], round_to(dz, dz_ptr.dtype.element_ty), mask=mask
+            )
     tl.store(part_ptr + (pid * 2) * E + cols, tl.sum(dw, 0), mask=col_ok)
     tl.store(part_ptr + (pid * 2 + 1) * E + cols, tl.sum(dd, 0), mask=col_ok)
+    if FP8:
+        record_amax(record_ptr, seen)
 
 
 class _SkipGatedRMSNorm(torch.autograd.Function):
@@ -155,8 +169,9 @@ class _SkipGatedRMSNorm(torch.autograd.Function):
         R, G = rstd.shape
         dy = torch.empty(y.shape, device=y.device, dtype=y.dtype)
         dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-        dz = grad_buffer(ctx.dz_into, z)  # [..., E]; a column block of in_proj's gradient in the mixer
-        dz2 = dz.view(-1, E)
+        # [..., E]; a column block of in_proj's gradient in the mixer (BF16 values or FP8 bytes)
+        dz_out, fp8_kw, dz = epilogue_args(grad_buffer(ctx.dz_into, z))
+        dz2 = dz_out.view(-1, E)
         block_c, block_r, warps, chunk = backward_tile(E // G, BWD_PER_THREAD, BWD_CHUNK_ROWS)
         n_prog = max(1, cdiv(R, chunk))
         part = torch.empty(n_prog, 2, E, device=z.device, dtype=torch.float32)  # dweight, dD partial sums
@@ -165,7 +180,7 @@ class _SkipGatedRMSNorm(torch.autograd.Function):
                 y2, x2, D, z2, weight, rstd, dout2, dy, dx, dz2, part, R, E, E // G,
                 y2.stride(0), x2.stride(0), z2.stride(0), dout2.stride(0), dz2.stride(0),
                 P=P, S_DTYPE=TL_DTYPES[ctx.s_dtype], CHUNK=chunk, BLOCK_R=block_r, BLOCK_C=block_c,
-                num_warps=warps, enable_fp_fusion=True,
+                num_warps=warps, enable_fp_fusion=True, **fp8_kw,
             )  # fmt: skip
         sums = part.sum(0)  # [2, E]
         dD = sums[1].view(H, P).sum(1).to(D.dtype)  # [H]

@@ -24,6 +24,7 @@ from inkling_fp4.model.glue_kernels.common import (
     as_rows,
     cdiv,
     check_inputs,
+    epilogue_args,
     exp,
     forward_tile,
     grad_buffer,
@@ -32,6 +33,7 @@ from inkling_fp4.model.glue_kernels.common import (
     on_device,
     round_to,
 )
+from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, record_amax, running_amax
 
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # F.softplus's default: above it softplus(v) = v
 SQUARED_RELU_BLOCK = 4096  # elements per program of the flat squared ReLU
@@ -55,9 +57,11 @@ def _squared_relu(h_ptr, dout_ptr, out_ptr, n, GRAD: tl.constexpr, BLOCK: tl.con
 
 @triton.jit
 def _dt_softplus(dt_ptr, bias_ptr, dout_ptr, out_ptr, part_ptr, R, H, sdt, sdo, sout,
-                 GRAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+                 GRAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, amax_ptr, record_ptr,
+                 FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr):  # fmt: skip
     """out = softplus(dt + bias) in FP32, or with GRAD out = d dt (dt's dtype) and this tile's sum of
-    it, row program_id(0) of the dt_bias partial sums [programs, H]."""
+    it, row program_id(0) of the dt_bias partial sums [programs, H]. ``FP8`` (with GRAD): d dt as
+    delayed-scaled FP8 bytes, its amax recorded (``numerics/kernels/fp8_epilogue.py``)."""
     pid = tl.program_id(0)
     rows = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
@@ -69,9 +73,15 @@ def _dt_softplus(dt_ptr, bias_ptr, dout_ptr, out_ptr, part_ptr, R, H, sdt, sdo, 
         dout = load_f32(dout_ptr + rows[:, None] * sdo + cols[None, :], mask)
         dv = tl.where(v > SOFTPLUS_THRESHOLD, dout, tl.div_rn(dout * e, e + 1.0))
         dv = tl.where(mask, dv, 0.0)
-        tl.store(
-            out_ptr + rows[:, None] * sout + cols[None, :], round_to(dv, out_ptr.dtype.element_ty), mask=mask
-        )
+        if FP8:
+            q, r = bf16_fp8_bytes(dv, fp8_scale(amax_ptr, E5M2), E5M2, HW)
+            tl.store(out_ptr + rows[:, None] * sout + cols[None, :], q, mask=mask)
+            record_amax(record_ptr, running_amax(tl.zeros_like(r), r, mask))
+        else:
+            tl.store(
+                out_ptr + rows[:, None] * sout + cols[None, :], round_to(dv, out_ptr.dtype.element_ty),
+                mask=mask,
+            )  # fmt: skip
         tl.store(part_ptr + pid * H + cols, tl.sum(dv, 0), mask=cols < H)
     else:
         out = tl.where(v > SOFTPLUS_THRESHOLD, v, log1p(e))
@@ -115,6 +125,7 @@ class _DtSoftplus(torch.autograd.Function):
             _dt_softplus[(max(1, cdiv(R, block_r)),)](
                 dt2, dt_bias, dt2, out, out, R, H, dt2.stride(0), 0, H,
                 GRAD=False, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=warps, enable_fp_fusion=False,
+                amax_ptr=out, record_ptr=out, FP8=False, E5M2=False, HW=False,
             )  # fmt: skip
         ctx.save_for_backward(dt_raw, dt_bias)
         return out
@@ -127,13 +138,15 @@ class _DtSoftplus(torch.autograd.Function):
         R = dt2.shape[0]
         block_h, block_r, warps = forward_tile(H)  # one tile of rows per program, as the forward
         n_prog = max(1, cdiv(R, block_r))
-        ddt = grad_buffer(ctx.ddt_into, dt_raw)  # [..., H]; a column block of in_proj's gradient in the mixer
-        ddt2 = ddt.view(-1, H)
+        # [..., H]; a column block of in_proj's gradient in the mixer (BF16 values or FP8 bytes)
+        ddt_out, fp8_kw, ddt = epilogue_args(grad_buffer(ctx.ddt_into, dt_raw))
+        ddt2 = ddt_out.view(-1, H)
         part = torch.empty(n_prog, H, device=dt_raw.device, dtype=torch.float32)  # dt_bias partial sums
         with on_device(dt_raw):
             _dt_softplus[(n_prog,)](
                 dt2, dt_bias, dout2, ddt2, part, R, H, dt2.stride(0), dout2.stride(0), ddt2.stride(0),
                 GRAD=True, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=warps, enable_fp_fusion=True,
+                **fp8_kw,
             )  # fmt: skip
         return ddt, part.sum(0).to(dt_bias.dtype), None
 

@@ -9,7 +9,11 @@ kernels reproduce it bit for bit (round to nearest) at memory bandwidth on CUDA,
 - ``nvfp4_quantize.py``: 1x16 / 16x16 quantization along rows;
 - ``nvfp4_rht.py``: the fused RHT + transpose + quantize of the wgrad operands;
 - ``nvfp4_block_values.py``: packed codes + scales -> BF16 block values;
-- ``triton_nvfp4.py``: the public API (allocation, seeds, the NVFP4Tensor results).
+- ``triton_nvfp4.py``: the public API (allocation, seeds, the NVFP4Tensor results);
+- ``fp8_quantize.py``: FP8 quantization, tensorwise (current or delayed, optionally of the squared
+  ReLU or its gradient) and blockwise, in the layouts the GEMMs read;
+- ``fp8_epilogue.py``: FP8 bytes stored by the kernel that produces a tensor (the Mamba-2 backward
+  kernels), and a byte transpose.
 
 The kernels also run on CPU under ``TRITON_INTERPRET=1`` (slowly), which is how the tests check
 them without a GPU.

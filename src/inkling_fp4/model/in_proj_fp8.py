@@ -1,0 +1,97 @@
+"""Mamba-2's in_proj under delayed-scaled FP8: its output gradient is written as FP8 by the consumers.
+
+Why: in_proj's output [tokens, 2E + 2GN + H] (hybrid-350m: 6176 wide, the widest activation of the
+step) is split into z, xBC and dt, and three backward kernels (the gated norm's, the conv's, dt's
+softplus) write its gradient into one buffer (``model/grad_slab.py``). Unfused, that BF16 buffer is
+then read once more by the FP8 quantizer, which writes it twice (the dgrad and wgrad layouts). With a
+delayed scale the consumers can write the FP8 bytes themselves, rounding each value to BF16 first
+exactly as the buffer would hold it (``numerics/kernels/fp8_epilogue.py``), and record the amax; the
+wgrad layout is then a transpose of 1-byte elements. Per Mamba layer and step: 2 bytes per element
+fewer written by the consumers, and a read of 1 byte and a write of 1 instead of a read of 2 and a
+write of 2.
+
+The bits are those of the unfused path (the same BF16 values, the same scale; ``tests/test_in_proj_fp8.py``).
+
+The split and in_proj are one autograd function, whose backward receives from each consumer its
+block's placeholder (the bytes are written), None (an unused block: its bytes are zeroed) or BF16
+values (a consumer without the FP8 epilogue, such as a compiled conv: they are quantized into the
+block, the same bytes).
+Shape letters: M tokens, D d_model, W in_proj's width.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inkling_fp4.model.compiled import fast_forms_on
+from inkling_fp4.model.grad_slab import FP8Scaling, GradSlab
+from inkling_fp4.numerics import fp8
+from inkling_fp4.precision.gemm import Operand
+from inkling_fp4.precision.quant_linear import LinearGEMMs, QuantLinear, save_operands, saved_operands
+
+
+def applies(in_proj: QuantLinear, u: torch.Tensor) -> bool:
+    """Whether :func:`in_proj_split` runs: a training forward on the GPU kernels, in_proj's x and dy
+    delayed FP8 pairs, and sizes the FP8 GEMMs take without padding (16 | tokens, 16 | width)."""
+    grads = u.requires_grad or in_proj.weight.requires_grad
+    tokens = u.numel() // u.shape[-1]
+    sizes = tokens % 16 == 0 and in_proj.out_features % 16 == 0
+    return torch.is_grad_enabled() and grads and fast_forms_on(u) and sizes and in_proj.delayed_fp8_pairs()
+
+
+def in_proj_split(
+    in_proj: QuantLinear, u: torch.Tensor, widths: list[int]
+) -> tuple[tuple[torch.Tensor, ...], GradSlab]:
+    """``in_proj(u).split(widths, -1)`` for u [..., D], and the FP8 :class:`GradSlab` whose blocks the
+    consumers of the pieces write their gradients into (``slab.into(i)``)."""
+    u2d = u.reshape(-1, in_proj.in_features)  # u2d: [M, D]
+    gemms = in_proj.gemms(u2d.shape[0], u.device)
+    spec = in_proj.recipe.dgrad.a
+    _, _, dy_amax, dy_record = gemms.delayed
+    # the split's shape and dtype (in_proj's BF16 output), without memory
+    like = torch.empty((), device=u.device, dtype=torch.bfloat16).expand(*u.shape[:-1], in_proj.out_features)
+    scaling = FP8Scaling(dy_amax.reshape(1), dy_record.reshape(1), spec.format == "e5m2")
+    slab = GradSlab(like, list(widths), scaling)
+    blocks = _InProjSplitFn.apply(u2d, in_proj.weight, gemms, list(widths), slab, tuple(u.shape[:-1]))
+    return blocks, slab
+
+
+class _InProjSplitFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u2d, weight, gemms: LinearGEMMs, widths, slab: GradSlab, lead):
+        need_dx, need_dw = ctx.needs_input_grad[:2]
+        y, saved = gemms.forward(u2d, weight, need_dx=need_dx, need_dw=need_dw)  # y: [M, W] BF16
+        save_operands(ctx, saved)
+        ctx.gemms, ctx.slab, ctx.widths, ctx.x_dtype = gemms, slab, widths, u2d.dtype
+        ctx.set_materialize_grads(False)
+        return tuple(y.view(*lead, y.shape[-1]).split(widths, -1))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        slab, gemms = ctx.slab, ctx.gemms
+        if all(g is None for g in grads):
+            slab.buffer = None
+            return None, None, None, None, None, None
+        spec = gemms.recipe.dgrad.a
+        dtype = torch.float8_e5m2 if spec.format == "e5m2" else torch.float8_e4m3fn
+        for i, g in enumerate(grads):
+            block = slab.block(i)
+            if g is None:  # a block without a gradient: zero bytes (FP8 zero), nothing to record
+                block.data.zero_()
+            elif not slab.holds(g, i):  # a consumer that returned BF16 values (e.g. a compiled conv)
+                w = block.data.shape[-1]
+                q = fp8.quantize_tensorwise(
+                    g.reshape(-1, w), dtype, check=False, amax=block.amax, record=block.record
+                )  # the bytes the consumer's kernel would have written
+                block.data.view(-1, w).copy_(q.data.view(torch.uint8))
+        M, _, W = gemms.shape
+        rows = slab.buffer.view(M, W).view(dtype)  # dy: [M, W] FP8
+        slab.buffer = None
+        _, scale_inv = fp8.current_scale(slab.fp8.amax.reshape(()), fp8.FP8_MAX[dtype])
+        cols = fp8.transpose_tensorwise_bytes(rows)  # dyᵀ: [W, M]
+        pair = (
+            Operand(fp8.FP8Tensor(rows, scale_inv), spec),
+            Operand(fp8.FP8Tensor(cols, scale_inv), gemms.recipe.wgrad.a),
+        )
+        dx, dw = gemms.backward(saved_operands(ctx), None, ctx.x_dtype, pair_dy=pair)
+        return dx, dw, None, None, None, None

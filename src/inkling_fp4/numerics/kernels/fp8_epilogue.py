@@ -1,0 +1,92 @@
+"""Tensorwise FP8 written by the kernel that produces a tensor, and the transposed copy of those bytes.
+
+Why: under delayed scaling (``precision/amax_history.py``) a tensor's FP8 scale is known before the
+tensor exists, so the kernel computing it can store FP8 bytes instead of BF16 values and the separate
+quantizer pass (a read and two writes of the tensor) goes away. Mamba-2's backward kernels use this to
+write in_proj's output gradient (``model/grad_slab.py``). The pieces here are what such an epilogue
+needs, so that every producer rounds exactly as the quantizer does:
+
+    v (FP32) -> BF16 value r (round half to even: the tensor the unfused path would have stored)
+             -> byte = fp8(clamp(r · scale, ±fp8_max)),  scale = fp8_max / amax (the delayed amax)
+             -> running max |r| (NaN kept), one atomic max per program into the amax record word
+
+:func:`transpose_bytes` then makes the bytes' transposed copy (the wgrad operand) in one pass over
+1-byte elements, a third of the quantizer pair's traffic. A transpose of bytes loaded from memory is a
+plain layout change: the Triton issue with transposing the conversion instruction's output
+(``fp8_quantize._transposed_bytes``) does not arise, and the tests check every byte anyway.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inkling_fp4.numerics.kernels.common import bf16_round
+from inkling_fp4.numerics.kernels.fp8_quantize import _fp8_bytes, _max_nan, _scales
+
+TRANSPOSE_TILE = 64  # a program transposes a [64, 64] byte tile: 64-byte rows both ways
+TRANSPOSE_WARPS = 4
+
+
+@triton.jit
+def fp8_scale(amax_ptr, E5M2: tl.constexpr):
+    """The FP32 scale fp8_max / amax (1 for amax 0) from the delayed amax word, as the quantizer's."""
+    if E5M2:
+        scale, _ = _scales(tl.load(amax_ptr), 57344.0)
+    else:
+        scale, _ = _scales(tl.load(amax_ptr), 448.0)
+    return scale
+
+
+@triton.jit
+def bf16_fp8_bytes(v, scale, E5M2: tl.constexpr, HW: tl.constexpr):
+    """(FP8 bytes of v rounded to BF16 and scaled, that BF16 value in FP32) for FP32 v.
+
+    ``HW``: the GPU's conversions (sm_89+); otherwise bit arithmetic (the interpreter truncates)."""
+    r = bf16_round(v, HW)
+    if E5M2:
+        q = _fp8_bytes(r, scale, 2, 15, 57344.0, 65536.0, 0.00006103515625, HW)  # 2^16, 2^-14
+    else:
+        q = _fp8_bytes(r, scale, 3, 7, 448.0, 512.0, 0.015625, HW)  # 2^9, 2^-6
+    return q, r
+
+
+@triton.jit
+def running_amax(seen, r, mask):
+    """max(seen, |r|) over the stored elements (NaN kept, masked ones count 0)."""
+    return _max_nan(seen, tl.where(mask, tl.abs(r), 0.0))
+
+
+@triton.jit
+def record_amax(record_ptr, seen):
+    """Fold the program's running max (2-D) into the amax record word: NaN counts as Inf, and only a
+    program that would raise the word contends for it (it only grows)."""
+    m = tl.reduce(tl.reduce(seen, 1, _max_nan), 0, _max_nan)
+    m = tl.where(m == m, m, float("inf"))
+    if m > tl.load(record_ptr):
+        tl.atomic_max(record_ptr, m)
+
+
+@triton.jit
+def _transpose_bytes(src_ptr, dst_ptr, M, N, TILE: tl.constexpr):
+    rows = tl.program_id(0) * TILE + tl.arange(0, TILE)
+    cols = tl.program_id(1) * TILE + tl.arange(0, TILE)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    tile = tl.load(src_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0)
+    dst = dst_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
+    tl.store(dst, tl.trans(tile), mask=tl.trans(mask))
+
+
+def transpose_bytes(data: torch.Tensor) -> torch.Tensor:
+    """``data.t().contiguous()`` for a contiguous 2-D tensor of 1-byte elements [M, N] -> [N, M], in one
+    Triton pass (a torch copy of transposed FP8 bytes runs far below copy bandwidth)."""
+    if data.dim() != 2 or data.element_size() != 1 or not data.is_contiguous():
+        raise ValueError(f"transpose_bytes takes a contiguous 2-D byte tensor, got {tuple(data.shape)}")
+    m, n = data.shape
+    out = torch.empty(n, m, dtype=data.dtype, device=data.device)
+    if data.numel():
+        grid = (triton.cdiv(m, TRANSPOSE_TILE), triton.cdiv(n, TRANSPOSE_TILE))
+        src, dst = data.view(torch.uint8), out.view(torch.uint8)
+        _transpose_bytes[grid](src, dst, m, n, TILE=TRANSPOSE_TILE, num_warps=TRANSPOSE_WARPS)
+    return out

@@ -1,0 +1,317 @@
+"""Mamba-2's in_proj gradient written as FP8 by its consumers (model/in_proj_fp8.py, model/grad_slab.py,
+numerics/kernels/fp8_epilogue.py), each piece against an independent reference:
+
+- the byte transpose against ``t().contiguous()``;
+- each consumer kernel (gated norm, conv, dt softplus backwards) writing FP8 bytes against the same
+  kernel writing BF16 values, then quantized by the torch reference with the same delayed scale:
+  bytes, the recorded amax, and the consumer's other gradients unchanged; random inputs, a delayed
+  amax that saturates some values and zero-gradient rows;
+- in_proj + split as one function against QuantLinear and a plain split: the same gradients and
+  recorded amax, with blocks whose consumer returns BF16 values and a block without a gradient;
+- on the GPU, a model trained with the fused path against the same model without it, bit for bit.
+
+Kernel tests (marked ``gpu``) run on a CUDA device, or on CPU in a child pytest under
+TRITON_INTERPRET=1 (``test_kernels_under_triton_interpreter``).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from inkling_fp4.model import in_proj_fp8
+from inkling_fp4.model.grad_slab import FP8Scaling, GradSlab
+from inkling_fp4.numerics import fp8
+from interpreter import INTERPRET, run_interpreted
+
+DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+BF = torch.bfloat16
+
+
+def kernel_test(fn):
+    """A test that runs the kernels: on a CUDA device, or on CPU under the interpreter (the child)."""
+    marks = [
+        pytest.mark.gpu,
+        pytest.mark.skipif(
+            not (INTERPRET or torch.cuda.is_available()),
+            reason="runs on a CUDA device, or in the TRITON_INTERPRET=1 child process",
+        ),
+        pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered"),
+    ]
+    for mark in marks:
+        fn = mark(fn)
+    return fn
+
+
+def _seed() -> torch.Generator:
+    seed = random.randrange(2**31)
+    print(f"seed = {seed}")
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def _same(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    got, ref = got.cpu(), ref.cpu()
+    if got.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        got, ref = got.view(torch.uint8), ref.view(torch.uint8)
+    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    bad = (got != ref).nonzero()
+    assert len(bad) == 0, f"{what}: {len(bad)} elements differ, first at {bad[0].tolist()}"
+
+
+def _slabs(shape, widths, amax, e5m2):
+    """(a BF16 slab, an FP8 slab with a fresh record word) for a split of ``shape``."""
+    like = torch.empty((), dtype=BF, device=DEVICE).expand(*shape)
+    record = torch.full((1,), -1.0, device=DEVICE)
+    fp8_slab = GradSlab(like, widths, FP8Scaling(amax.reshape(1).to(DEVICE), record, e5m2))
+    return GradSlab(like, widths), fp8_slab, record
+
+
+def check_consumer(run, shape, widths, block: int, e5m2: bool) -> None:
+    """``run(into) -> (the block's gradient, the other gradients)``, one backward of a consumer of block
+    ``block`` writing into ``into``: the FP8 bytes equal the reference quantization of its BF16 gradient,
+    the record its amax, and the other gradients do not change."""
+    plain, _, _ = _slabs(shape, widths, torch.ones(1), e5m2)
+    grad, others = run(plain.into(block))
+    assert plain.holds(grad, block)  # the consumer wrote into the BF16 slab, as before
+    values = grad.clone()
+    own = values.float().abs().amax()
+    dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
+    for amax in (own / 16, own * 2):  # some values saturate; none do
+        _, slab, record = _slabs(shape, widths, amax, e5m2)
+        placeholder, others_fp8 = run(slab.into(block))
+        assert slab.holds(placeholder, block), "the consumer returned its block's placeholder"
+        ref = fp8.quantize_tensorwise_ref(values.cpu(), dtype, amax=amax.reshape(1).cpu())
+        _same(slab.block(block).data.view(dtype), ref.data, f"FP8 bytes, amax {float(amax):.3g}")
+        assert record.item() == own.item(), (record.item(), own.item())
+        for a, b in zip(others_fp8, others, strict=True):
+            _same(a, b, "another gradient of the consumer")
+
+
+@kernel_test
+@pytest.mark.parametrize("e5m2", [True, False])
+def test_gated_norm_backward_writes_fp8_dz(e5m2):
+    from inkling_fp4.model.glue_kernels.gated_norm_kernels import skip_gated_rms_norm
+
+    _seed()
+    B, L, H, P, G = 2, 80, 4, 32, 2
+    E = H * P
+    widths = [E, 96, 8]
+    zx = torch.randn(B, L, sum(widths), device=DEVICE).to(BF)  # in_proj's output; z its first block
+    y = torch.randn(B, L, H, P, device=DEVICE).to(BF)
+    x = torch.randn(B, L, H, P, device=DEVICE).to(BF)
+    D, w = torch.randn(H, device=DEVICE), torch.randn(E, device=DEVICE)
+    dout = torch.randn(B, L, E, device=DEVICE).to(BF)
+    dout[0, :5] = 0.0  # rows whose dz is zero
+
+    def run(into):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (y, x, D, zx, w)]
+        z = leaves[3][..., :E]
+        skip_gated_rms_norm(
+            leaves[0], leaves[1], leaves[2], z, leaves[4], G, 1e-5, BF, dz_into=into
+        ).backward(dout)
+        dz = _captured_grad()
+        return dz, [leaves[i].grad for i in (0, 1, 2, 4)]
+
+    check_consumer(run, (B, L, sum(widths)), widths, 0, e5m2)
+
+
+@kernel_test
+@pytest.mark.parametrize("e5m2", [True, False])
+def test_conv_backward_writes_fp8_dx(e5m2):
+    from inkling_fp4.model.conv_triton import conv_silu_triton
+
+    _seed()
+    B, L, C, K = 2, 72, 96, 4
+    widths = [16, C, 8]
+    xz = torch.randn(B, L, sum(widths), device=DEVICE).to(BF)  # xBC: the middle block
+    weight, bias = torch.randn(C, K, device=DEVICE) * 0.5, torch.randn(C, device=DEVICE)
+    douts = [torch.randn(B, L, c, device=DEVICE).to(BF) for c in (64, 16, 16)]
+
+    def run(into):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (xz, weight, bias)]
+        xBC = leaves[0][..., 16 : 16 + C]
+        outs = conv_silu_triton(xBC, leaves[1].to(BF), leaves[2].to(BF), None, [64, 16, 16], into)
+        torch.autograd.backward(outs, douts)
+        return _captured_grad(), [leaves[1].grad, leaves[2].grad]
+
+    check_consumer(run, (B, L, sum(widths)), widths, 1, e5m2)
+
+
+@kernel_test
+@pytest.mark.parametrize("e5m2", [True, False])
+def test_dt_softplus_backward_writes_fp8_ddt(e5m2):
+    from inkling_fp4.model.glue_kernels.pointwise_kernels import dt_softplus
+
+    _seed()
+    B, L, H = 2, 100, 8
+    widths = [32, 16, H]
+    zd = (torch.randn(B, L, sum(widths), device=DEVICE) * 4).to(BF)  # dt_raw: the last block
+    bias = torch.randn(H, device=DEVICE)
+    dout = torch.randn(B, L, H, device=DEVICE)
+
+    def run(into):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (zd, bias)]
+        dt_softplus(leaves[0][..., 48:], leaves[1], ddt_into=into).backward(dout)
+        return _captured_grad(), [leaves[1].grad]
+
+    check_consumer(run, (B, L, sum(widths)), widths, 2, e5m2)
+
+
+_GRADS: dict = {}
+
+
+def _captured_grad():
+    """The gradient the consumer returned for its block: the BF16 slab's block or the FP8 slab's
+    placeholder (captured by the hook that :func:`_capture` installs)."""
+    return _GRADS.pop("grad")
+
+
+@pytest.fixture(autouse=True)
+def _capture(monkeypatch):
+    """Record what each consumer's backward returns for its slab block (what the split would receive)."""
+    from inkling_fp4.model.glue_kernels import common
+
+    real = common.epilogue_args
+
+    def recording(target):
+        out, kw, grad = real(target)
+        _GRADS["grad"] = grad
+        return out, kw, grad
+
+    for module in ("gated_norm_kernels", "pointwise_kernels"):
+        monkeypatch.setattr(f"inkling_fp4.model.glue_kernels.{module}.epilogue_args", recording)
+    monkeypatch.setattr("inkling_fp4.model.conv_triton.epilogue_args", recording)
+
+
+@kernel_test
+def test_byte_transpose_equals_torch():
+    from inkling_fp4.numerics.kernels.fp8_epilogue import transpose_bytes
+
+    g = _seed()
+    for m, n in ((1, 1), (67, 130), (128, 64), (200, 48)):
+        data = torch.randint(0, 256, (m, n), generator=g, dtype=torch.uint8).to(DEVICE)
+        _same(
+            transpose_bytes(data.view(torch.float8_e5m2)).view(torch.uint8), data.t().contiguous(), f"{m}x{n}"
+        )
+    with pytest.raises(ValueError, match="contiguous 2-D byte tensor"):
+        transpose_bytes(torch.zeros(4, 4, device=DEVICE))
+
+
+def test_kernels_under_triton_interpreter():
+    """Run the kernel tests on CPU in a child process with TRITON_INTERPRET=1."""
+    if torch.cuda.is_available():
+        pytest.skip("the kernel tests run on the GPU here")
+    run_interpreted(__file__, "-m", "gpu", "-k", "not model")
+
+
+# -- in_proj + split -------------------------------------------------------------------------------
+
+
+def _delayed_in_proj(d: int, w: int):
+    from inkling_fp4.precision.amax_history import AmaxHistory
+    from inkling_fp4.precision.quant_linear import QuantLinear
+    from inkling_fp4.precision.recipes import fp8_tensorwise_recipe
+
+    torch.manual_seed(0)
+    lin = QuantLinear(d, w, layer_idx=0, name="mixer.in_proj")
+    history = AmaxHistory(1, 2, torch.device("cpu"))
+    lin.recipe, lin.amax_history, lin.amax_index = fp8_tensorwise_recipe(delayed=True), history, 0
+    history.state[0, :, 0] = torch.tensor([3.0, 0.05])  # the delayed amaxes of x and dy
+    history.ready = True
+    return lin, history
+
+
+def test_in_proj_split_equals_linear_then_split_when_consumers_return_values():
+    """On CPU the consumers are torch ops that return BF16 values (no FP8 epilogue): those are quantized
+    into the slab, an unused block is zeroed; in_proj's gradients and recorded amax equal the unfused
+    path's bit for bit."""
+    g = _seed()
+    widths = [32, 48, 16]
+    u = torch.randn(2, 24, 64, generator=g)
+    weights = [torch.randn(2, 24, w, generator=g) for w in widths[:2]]
+    results = []
+    for fused in (True, False):
+        lin, history = _delayed_in_proj(64, sum(widths))
+        uu = u.clone().requires_grad_(True)
+        if fused:
+            blocks, slab = in_proj_fp8.in_proj_split(lin, uu, widths)
+            assert slab.fp8 is not None
+        else:
+            blocks = lin(uu).split(widths, -1)
+        loss = sum((b.float() * wt).sum() for b, wt in zip(blocks, weights, strict=False))  # block 2 unused
+        loss.backward()
+        results.append((uu.grad, lin.weight.grad, history.state.clone()))
+    for a, b, what in zip(*results, ("u's gradient", "W's gradient", "amax history"), strict=True):
+        _same(a, b, what)
+    assert results[0][2][0, 1, 1] > 0  # dy's amax was recorded
+
+
+def test_in_proj_fp8_applies_only_to_delayed_pairs_on_the_kernels():
+    lin, history = _delayed_in_proj(64, 96)
+    u = torch.randn(2, 16, 64, requires_grad=True)
+    assert not in_proj_fp8.applies(lin, u)  # CPU: the consumers have no FP8 epilogue here
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(in_proj_fp8, "fast_forms_on", lambda t: True)
+        assert in_proj_fp8.applies(lin, u)
+        assert not in_proj_fp8.applies(lin, u[:, :15])  # 30 tokens: not a multiple of 16
+        history.ready = False
+        assert not in_proj_fp8.applies(lin, u)
+        history.ready = True
+        with torch.no_grad():
+            assert not in_proj_fp8.applies(lin, u)
+
+
+# -- the model on the GPU --------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_model_with_fp8_in_proj_gradient_trains_bit_for_bit(monkeypatch):
+    from inkling_fp4.model.config import ModelConfig
+    from inkling_fp4.model.hybrid import HybridLM
+    from inkling_fp4.precision.config import PrecisionConfig
+    from inkling_fp4.precision.policy import PrecisionPolicy
+
+    real_applies, real_split = in_proj_fp8.applies, in_proj_fp8.in_proj_split
+    runs = []
+    for fused in (True, False):
+        calls = []
+
+        def counted(*args, calls=calls):
+            calls.append(1)
+            return real_split(*args)
+
+        monkeypatch.setattr(in_proj_fp8, "in_proj_split", counted)
+        monkeypatch.setattr(in_proj_fp8, "applies", real_applies if fused else lambda *a: False)
+        torch.manual_seed(0)
+        cfg = ModelConfig(
+            pattern="M-M*-M-", vocab_size=1024, d_model=256, ffn_dim=1024, n_heads=4, n_kv_heads=2
+        )
+        model = HybridLM(cfg).cuda()
+        policy = PrecisionPolicy(
+            PrecisionConfig(
+                recipe="fp8-tensorwise", fp8_scaling="delayed", amax_history=4, backend="native-fp8"
+            ),
+            cfg.n_layers,
+        )
+        policy.apply(model)
+        g = torch.Generator().manual_seed(1)
+        out = []
+        for _ in range(3):
+            ids = torch.randint(0, cfg.vocab_size, (4, 256), generator=g).cuda()
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=BF):
+                loss = model.forward_hidden(ids).float().square().mean()
+            loss.backward()
+            out.append([loss.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None])
+            policy.end_step(skipped=False)
+        runs.append((out, policy.amax_history.state.clone(), len(calls)))
+    (fused_out, fused_state, n_fused), (plain_out, plain_state, n_plain) = runs
+    assert n_fused >= 2 and n_plain == 0, (n_fused, n_plain)  # steps 2 and 3, for the quantized mixers
+    for step, (a, b) in enumerate(zip(fused_out, plain_out, strict=True)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"step {step} {'loss' if i == 0 else f'gradient {i}'}")
+    _same(fused_state, plain_state, "amax history")
