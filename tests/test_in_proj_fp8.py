@@ -187,15 +187,28 @@ def _capture(monkeypatch):
 
 
 @kernel_test
-def test_byte_transpose_equals_torch():
+def test_byte_transpose_and_scale_equal_torch():
+    """The byte transpose against ``t().contiguous()``, and the scale_inv it writes against the
+    reference's for delayed amaxes (zero: scale 1; tiny: the scale clamps at FLT_MAX)."""
     from inkling_fp4.numerics.kernels.fp8_epilogue import transpose_bytes
 
     g = _seed()
     for m, n in ((1, 1), (67, 130), (128, 64), (200, 48)):
         data = torch.randint(0, 256, (m, n), generator=g, dtype=torch.uint8).to(DEVICE)
-        _same(
-            transpose_bytes(data.view(torch.float8_e5m2)).view(torch.uint8), data.t().contiguous(), f"{m}x{n}"
-        )
+        got, scale_inv = transpose_bytes(data.view(torch.float8_e5m2))
+        assert scale_inv is None
+        _same(got.view(torch.uint8), data.t().contiguous(), f"{m}x{n}")
+    rows = torch.randint(0, 256, (48, 80), generator=g, dtype=torch.uint8).to(DEVICE)
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        for amax in (0.0, 1e-40, 3.7, 6.5e4, 3e38):
+            word = torch.full((1,), amax, device=DEVICE)
+            _, ref = fp8.current_scale(torch.tensor(amax), fp8.FP8_MAX[dtype])
+            got, scale_inv = transpose_bytes(rows.view(dtype), word, fp8.FP8_MAX[dtype])  # the kernel
+            _same(scale_inv, ref, f"kernel scale_inv, amax {amax}")
+            x, xt = fp8.tensorwise_pair_from_rows(rows.view(dtype), word)  # the dispatch (CPU: torch)
+            _same(x.scale_inv, ref, f"scale_inv, amax {amax}")
+            _same(xt.scale_inv, ref, f"scale_inv, amax {amax}")
+            _same(xt.data, rows.view(dtype).t().contiguous(), "transposed bytes")
     with pytest.raises(ValueError, match="contiguous 2-D byte tensor"):
         transpose_bytes(torch.zeros(4, 4, device=DEVICE))
 

@@ -87,11 +87,7 @@ class _InProjSplitFn(torch.autograd.Function):
         M, _, W = gemms.shape
         rows = slab.buffer.view(M, W).view(dtype)  # dy: [M, W] FP8
         slab.buffer = None
-        _, scale_inv = fp8.current_scale(slab.fp8.amax.reshape(()), fp8.FP8_MAX[dtype])
-        cols = fp8.transpose_tensorwise_bytes(rows)  # dyᵀ: [W, M]
-        pair = (
-            Operand(fp8.FP8Tensor(rows, scale_inv), spec),
-            Operand(fp8.FP8Tensor(cols, scale_inv), gemms.recipe.wgrad.a),
-        )
+        rows, cols = fp8.tensorwise_pair_from_rows(rows, slab.fp8.amax)  # cols: dyᵀ [W, M]
+        pair = (Operand(rows, spec), Operand(cols, gemms.recipe.wgrad.a))
         dx, dw = gemms.backward(saved_operands(ctx), None, ctx.x_dtype, pair_dy=pair)
         return dx, dw, None, None, None, None

@@ -244,20 +244,36 @@ def quantize_tensorwise_pair(
     )
 
 
-def transpose_tensorwise_bytes(data: torch.Tensor) -> torch.Tensor:
-    """``data.t().contiguous()`` for contiguous 2-D FP8 data [M, N] -> [N, M]: the wgrad layout of a
-    tensorwise operand whose rows were written by its producer (``numerics/kernels/fp8_epilogue.py``);
-    one Triton pass over the bytes on CUDA."""
-    if data.dim() != 2 or data.dtype not in FP8_MAX:
-        raise NumericsError(
-            f"fp8.transpose_tensorwise_bytes: 2-D FP8 data expected, got {data.dtype} {tuple(data.shape)}"
-        )
-    data = data.contiguous()
+def transpose_fp8(data: torch.Tensor) -> torch.Tensor:
+    """``data.t().contiguous()`` for 2-D FP8 data [M, N] -> [N, M]: one Triton pass over the bytes on
+    CUDA, where a torch copy of transposed 1-byte elements runs far below copy bandwidth."""
+    op = "fp8.transpose_fp8"
+    _fp8_max(data.dtype, op)
+    if data.dim() != 2:
+        raise NumericsError(f"{op}: 2-D data expected, got shape {tuple(data.shape)}")
     if data.is_cuda and _kernels() is not None:
         from inkling_fp4.numerics.kernels.fp8_epilogue import transpose_bytes
 
-        return transpose_bytes(data)
+        return transpose_bytes(data.contiguous())[0]
     return data.t().contiguous()
+
+
+def tensorwise_pair_from_rows(rows: torch.Tensor, amax: torch.Tensor) -> tuple[FP8Tensor, FP8Tensor]:
+    """The tensorwise pair (x, xᵀ) of FP8 bytes [M, N] that their producer wrote under the delayed
+    ``amax`` (``numerics/kernels/fp8_epilogue.py``): the transposed bytes and the scale_inv the
+    quantizer would have written, in one launch on CUDA."""
+    op = "fp8.tensorwise_pair_from_rows"
+    fp8_max = _fp8_max(rows.dtype, op)
+    if rows.dim() != 2:
+        raise NumericsError(f"{op}: 2-D data expected, got shape {tuple(rows.shape)}")
+    if rows.is_cuda and _kernels() is not None:
+        from inkling_fp4.numerics.kernels.fp8_epilogue import transpose_bytes
+
+        cols, scale_inv = transpose_bytes(rows.contiguous(), amax.reshape(1).float(), fp8_max)
+    else:
+        _, scale_inv = current_scale(amax.reshape(()), fp8_max)
+        cols = rows.t().contiguous()
+    return FP8Tensor(rows, scale_inv), FP8Tensor(cols, scale_inv)
 
 
 def squared_relu_ref(h: torch.Tensor, dout: torch.Tensor | None = None) -> torch.Tensor:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from inkling_fp4.numerics import fp8
 from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant
 
 if TYPE_CHECKING:
@@ -32,15 +33,15 @@ def _row_major(op: Operand) -> torch.Tensor:
     """The operand's FP8 data as a row-major [rows, contraction] tensor."""
     data = op.q.data
     if op.transposed:
-        return data.t().contiguous()
+        return fp8.transpose_fp8(data)
     return data.contiguous()
 
 
 def _col_major_t(op: Operand) -> torch.Tensor:
     """The operand's FP8 data transposed, [contraction, rows], in column-major layout (mat2 form)."""
     data = op.q.data
-    if op.transposed:  # stored [contraction, rows]: make its transpose contiguous
-        return data.t().contiguous().t()
+    if op.transposed:  # stored [contraction, rows] (a weight's dgrad operand): its transpose, contiguous
+        return fp8.transpose_fp8(data).t()
     return data.contiguous().t()
 
 

@@ -69,24 +69,37 @@ def record_amax(record_ptr, seen):
 
 
 @triton.jit
-def _transpose_bytes(src_ptr, dst_ptr, M, N, TILE: tl.constexpr):
+def _transpose_bytes(src_ptr, dst_ptr, amax_ptr, scale_ptr, M, N, TILE: tl.constexpr, FP8_MAX: tl.constexpr):
+    """dst [N, M] = src [M, N]ᵀ by TILE x TILE tiles; with FP8_MAX > 0, program (0, 0) also stores the
+    tensorwise scale_inv of the delayed amax (what the quantizer would have written)."""
     rows = tl.program_id(0) * TILE + tl.arange(0, TILE)
     cols = tl.program_id(1) * TILE + tl.arange(0, TILE)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     tile = tl.load(src_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0)
     dst = dst_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
     tl.store(dst, tl.trans(tile), mask=tl.trans(mask))
+    if FP8_MAX > 0:
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            _, scale_inv = _scales(tl.load(amax_ptr), FP8_MAX)
+            tl.store(scale_ptr, scale_inv)
 
 
-def transpose_bytes(data: torch.Tensor) -> torch.Tensor:
-    """``data.t().contiguous()`` for a contiguous 2-D tensor of 1-byte elements [M, N] -> [N, M], in one
-    Triton pass (a torch copy of transposed FP8 bytes runs far below copy bandwidth)."""
+def transpose_bytes(
+    data: torch.Tensor, amax: torch.Tensor | None = None, fp8_max: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(``data.t().contiguous()``, scale_inv or None) for a contiguous 2-D tensor of 1-byte elements
+    [M, N] -> [N, M], in one Triton pass (a torch copy of transposed FP8 bytes runs far below copy
+    bandwidth). With ``amax`` (FP32 [1]) and the format's ``fp8_max``, the same launch returns the
+    tensorwise scale_inv = 1 / (fp8_max / amax) of that delayed amax, bit for bit the quantizer's."""
     if data.dim() != 2 or data.element_size() != 1 or not data.is_contiguous():
         raise ValueError(f"transpose_bytes takes a contiguous 2-D byte tensor, got {tuple(data.shape)}")
     m, n = data.shape
     out = torch.empty(n, m, dtype=data.dtype, device=data.device)
-    if data.numel():
-        grid = (triton.cdiv(m, TRANSPOSE_TILE), triton.cdiv(n, TRANSPOSE_TILE))
-        src, dst = data.view(torch.uint8), out.view(torch.uint8)
-        _transpose_bytes[grid](src, dst, m, n, TILE=TRANSPOSE_TILE, num_warps=TRANSPOSE_WARPS)
-    return out
+    scale_inv = None if amax is None else torch.empty((), dtype=torch.float32, device=data.device)
+    grid = (max(1, triton.cdiv(m, TRANSPOSE_TILE)), max(1, triton.cdiv(n, TRANSPOSE_TILE)))
+    src, dst = data.view(torch.uint8), out.view(torch.uint8)
+    _transpose_bytes[grid](
+        src, dst, dst if amax is None else amax, dst if amax is None else scale_inv, m, n,
+        TILE=TRANSPOSE_TILE, FP8_MAX=fp8_max if amax is not None else 0.0, num_warps=TRANSPOSE_WARPS,
+    )  # fmt: skip
+    return out, scale_inv
