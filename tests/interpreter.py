@@ -26,3 +26,22 @@ def run_interpreted(test_file: str, *select: str, timeout: int = 300) -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *select, test_file]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+def kernel_test(fn):
+    """A test that runs kernels: on a CUDA device (marked ``gpu``), or on CPU in the TRITON_INTERPRET=1
+    child process that :func:`run_interpreted` starts with ``-m gpu``."""
+    import torch
+
+    marks = [
+        pytest.mark.gpu,
+        pytest.mark.skipif(
+            not (INTERPRET or torch.cuda.is_available()),
+            reason="runs on a CUDA device, or in the TRITON_INTERPRET=1 child process",
+        ),
+        # the interpreter's numpy warns where the adversarial inputs overflow on purpose
+        pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered"),
+    ]
+    for mark in marks:
+        fn = mark(fn)
+    return fn

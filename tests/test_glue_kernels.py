@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from inkling_fp4.model import compiled, mamba2, mlp, norm
-from interpreter import INTERPRET, run_interpreted
+from interpreter import INTERPRET, kernel_test, run_interpreted
 
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 EPS = 1e-5
@@ -38,22 +38,6 @@ NORM_RTOL = 1.5e-6
 SOFTPLUS_ULPS = 4
 GRAD_RTOL = {torch.float32: 2e-5, torch.bfloat16: 4.5e-3}
 BF, F32 = torch.bfloat16, torch.float32
-
-
-def kernel_test(fn):
-    """A test that runs the kernels: on a CUDA device, or on CPU under the interpreter (the child)."""
-    marks = [
-        pytest.mark.gpu,
-        pytest.mark.skipif(
-            not (INTERPRET or torch.cuda.is_available()),
-            reason="runs on a CUDA device, or in the TRITON_INTERPRET=1 child process",
-        ),
-        # the interpreter's numpy warns where the adversarial inputs overflow on purpose
-        pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered"),
-    ]
-    for mark in marks:
-        fn = mark(fn)
-    return fn
 
 
 @pytest.fixture(autouse=True)

@@ -21,28 +21,14 @@ import random
 import pytest
 import torch
 
+from bits import same_bits
 from inkling_fp4.model import in_proj_fp8
 from inkling_fp4.model.grad_slab import FP8Scaling, GradSlab
 from inkling_fp4.numerics import fp8
-from interpreter import INTERPRET, run_interpreted
+from interpreter import INTERPRET, kernel_test, run_interpreted
 
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 BF = torch.bfloat16
-
-
-def kernel_test(fn):
-    """A test that runs the kernels: on a CUDA device, or on CPU under the interpreter (the child)."""
-    marks = [
-        pytest.mark.gpu,
-        pytest.mark.skipif(
-            not (INTERPRET or torch.cuda.is_available()),
-            reason="runs on a CUDA device, or in the TRITON_INTERPRET=1 child process",
-        ),
-        pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered"),
-    ]
-    for mark in marks:
-        fn = mark(fn)
-    return fn
 
 
 def _seed() -> torch.Generator:
@@ -50,15 +36,6 @@ def _seed() -> torch.Generator:
     print(f"seed = {seed}")
     torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)
-
-
-def _same(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    got, ref = got.cpu(), ref.cpu()
-    if got.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        got, ref = got.view(torch.uint8), ref.view(torch.uint8)
-    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    bad = (got != ref).nonzero()
-    assert len(bad) == 0, f"{what}: {len(bad)} elements differ, first at {bad[0].tolist()}"
 
 
 def _slabs(shape, widths, amax, e5m2):
@@ -84,10 +61,10 @@ def check_consumer(run, shape, widths, block: int, e5m2: bool) -> None:
         placeholder, others_fp8 = run(slab.into(block))
         assert slab.holds(placeholder, block), "the consumer returned its block's placeholder"
         ref = fp8.quantize_tensorwise_ref(values.cpu(), dtype, amax=amax.reshape(1).cpu())
-        _same(slab.block(block).data.view(dtype), ref.data, f"FP8 bytes, amax {float(amax):.3g}")
+        same_bits(slab.block(block).data.view(dtype), ref.data, f"FP8 bytes, amax {float(amax):.3g}")
         assert record.item() == own.item(), (record.item(), own.item())
         for a, b in zip(others_fp8, others, strict=True):
-            _same(a, b, "another gradient of the consumer")
+            same_bits(a, b, "another gradient of the consumer")
 
 
 @kernel_test
@@ -197,18 +174,18 @@ def test_byte_transpose_and_scale_equal_torch():
         data = torch.randint(0, 256, (m, n), generator=g, dtype=torch.uint8).to(DEVICE)
         got, scale_inv = transpose_bytes(data.view(torch.float8_e5m2))
         assert scale_inv is None
-        _same(got.view(torch.uint8), data.t().contiguous(), f"{m}x{n}")
+        same_bits(got.view(torch.uint8), data.t().contiguous(), f"{m}x{n}")
     rows = torch.randint(0, 256, (48, 80), generator=g, dtype=torch.uint8).to(DEVICE)
     for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         for amax in (0.0, 1e-40, 3.7, 6.5e4, 3e38):
             word = torch.full((1,), amax, device=DEVICE)
             _, ref = fp8.current_scale(torch.tensor(amax), fp8.FP8_MAX[dtype])
             got, scale_inv = transpose_bytes(rows.view(dtype), word, fp8.FP8_MAX[dtype])  # the kernel
-            _same(scale_inv, ref, f"kernel scale_inv, amax {amax}")
+            same_bits(scale_inv, ref, f"kernel scale_inv, amax {amax}")
             x, xt = fp8.tensorwise_pair_from_rows(rows.view(dtype), word)  # the dispatch (CPU: torch)
-            _same(x.scale_inv, ref, f"scale_inv, amax {amax}")
-            _same(xt.scale_inv, ref, f"scale_inv, amax {amax}")
-            _same(xt.data, rows.view(dtype).t().contiguous(), "transposed bytes")
+            same_bits(x.scale_inv, ref, f"scale_inv, amax {amax}")
+            same_bits(xt.scale_inv, ref, f"scale_inv, amax {amax}")
+            same_bits(xt.data, rows.view(dtype).t().contiguous(), "transposed bytes")
     with pytest.raises(ValueError, match="contiguous 2-D byte tensor"):
         transpose_bytes(torch.zeros(4, 4, device=DEVICE))
 
@@ -258,7 +235,7 @@ def test_in_proj_split_equals_linear_then_split_when_consumers_return_values():
         loss.backward()
         results.append((uu.grad, lin.weight.grad, history.state.clone()))
     for a, b, what in zip(*results, ("u's gradient", "W's gradient", "amax history"), strict=True):
-        _same(a, b, what)
+        same_bits(a, b, what)
     assert results[0][2][0, 1, 1] > 0  # dy's amax was recorded
 
 
@@ -326,5 +303,5 @@ def test_gpu_model_with_fp8_in_proj_gradient_trains_bit_for_bit(monkeypatch):
     assert n_fused >= 2 and n_plain == 0, (n_fused, n_plain)  # steps 2 and 3, for the quantized mixers
     for step, (a, b) in enumerate(zip(fused_out, plain_out, strict=True)):
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _same(x, y, f"step {step} {'loss' if i == 0 else f'gradient {i}'}")
-    _same(fused_state, plain_state, "amax history")
+            same_bits(x, y, f"step {step} {'loss' if i == 0 else f'gradient {i}'}")
+    same_bits(fused_state, plain_state, "amax history")

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bits import same_bits
 from interpreter import interpreted, run_interpreted
 
 pytest.importorskip("triton")
@@ -43,36 +44,27 @@ def _input(m: int, n: int, device="cpu", dtype=torch.float32) -> torch.Tensor:
     return x.to(dtype).to(device)
 
 
-def _same(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    got, ref = got.cpu(), ref.cpu()
-    if got.dtype in DTYPES:
-        got, ref = got.view(torch.uint8), ref.view(torch.uint8)
-    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    bad = (got != ref).nonzero()
-    assert len(bad) == 0, f"{what}: {len(bad)} elements differ, first at {bad[0].tolist()}"
-
-
 def check_all(x: torch.Tensor, dtype: torch.dtype, **launch) -> None:
     """Every kernel mode against the reference on x [M, N] (M a multiple of 128 for the transposed).
     ``launch``: ``hardware_cast`` and / or ``config`` for ``quantize_fp8``."""
     hw = launch
     ref = fp8.quantize_blockwise_ref(x, (1, 128), dtype)
     out = kern.quantize_fp8(x, dtype, mode=kern.MODE_BLOCKS, rows=True, cols=True, **hw)
-    _same(out["data"], ref.data, "1x128 data")
-    _same(out["scale_inv"], ref.scale_inv, "1x128 scale_inv")
+    same_bits(out["data"], ref.data, "1x128 data")
+    same_bits(out["scale_inv"], ref.scale_inv, "1x128 scale_inv")
     ref_t = fp8.quantize_blockwise_t_ref(x, dtype)
-    _same(out["data_t"], ref_t.data, "1x128 transposed data")
-    _same(out["scale_inv_t"], ref_t.scale_inv, "1x128 transposed scale_inv")
+    same_bits(out["data_t"], ref_t.data, "1x128 transposed data")
+    same_bits(out["scale_inv_t"], ref_t.scale_inv, "1x128 transposed scale_inv")
     part = x[: x.shape[0] - 37]  # a partial last 128-row tile
     ref = fp8.quantize_blockwise_ref(part, (128, 128), dtype)
     out = kern.quantize_fp8(part, dtype, mode=kern.MODE_TILE, **hw)
-    _same(out["data"], ref.data, "128x128 data")
-    _same(out["scale_inv"], ref.scale_inv, "128x128 scale_inv")
+    same_bits(out["data"], ref.data, "128x128 data")
+    same_bits(out["scale_inv"], ref.scale_inv, "128x128 scale_inv")
     ref = fp8.quantize_tensorwise_ref(x, dtype)
     out = kern.quantize_fp8(x, dtype, mode=kern.MODE_TENSOR, rows=True, cols=True, amax=abs_max(x), **hw)
-    _same(out["data"], ref.data, "tensorwise data")
-    _same(out["data_t"], ref.data.t(), "tensorwise transposed data")
-    _same(out["scale_inv"], ref.scale_inv, "tensorwise scale_inv")
+    same_bits(out["data"], ref.data, "tensorwise data")
+    same_bits(out["data_t"], ref.data.t(), "tensorwise transposed data")
+    same_bits(out["scale_inv"], ref.scale_inv, "tensorwise scale_inv")
 
 
 @interpreted
@@ -92,7 +84,7 @@ def test_interp_nan_gives_inf_scale_and_odd_width_tensorwise():
     y = _input(40, 48)  # tensorwise takes any width
     ref = fp8.quantize_tensorwise_ref(y, torch.float8_e5m2)
     out = kern.quantize_fp8(y, torch.float8_e5m2, mode=kern.MODE_TENSOR, amax=abs_max(y))
-    _same(out["data"], ref.data, "tensorwise data, N=48")
+    same_bits(out["data"], ref.data, "tensorwise data, N=48")
 
 
 def check_delayed(x: torch.Tensor, dtype: torch.dtype, **launch) -> None:
@@ -112,10 +104,10 @@ def check_delayed(x: torch.Tensor, dtype: torch.dtype, **launch) -> None:
             scale = torch.tensor(fp8_max) / given if given > 0 else torch.tensor(1.0)
             by_hand = (x.cpu().float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
             what = f"delayed amax {float(given):.3g}"
-            _same(ref.data, by_hand, f"{what}: reference vs the formula")
-            _same(out["data"], ref.data, f"{what} data")
-            _same(out["data_t"], ref.data.t(), f"{what} transposed data")
-            _same(out["scale_inv"], ref.scale_inv, f"{what} scale_inv")
+            same_bits(ref.data, by_hand, f"{what}: reference vs the formula")
+            same_bits(out["data"], ref.data, f"{what} data")
+            same_bits(out["data_t"], ref.data.t(), f"{what} transposed data")
+            same_bits(out["scale_inv"], ref.scale_inv, f"{what} scale_inv")
             assert record.item() == max(start, float(own)), (what, start, record.item(), float(own))
         if given == own / 64:  # the values above the delayed amax are clamped to the format's max
             big = x.cpu().float().abs() > float(given)
@@ -142,23 +134,23 @@ def check_padded(x: torch.Tensor, dtype: torch.dtype) -> None:
     xp = F.pad(x, (0, -x.shape[1] % 128))
     out = kern.quantize_fp8(x, dtype, mode=kern.MODE_BLOCKS, rows=True, cols=True, pad_to_block=True)
     ref, ref_t = fp8.quantize_blockwise_ref(xp, (1, 128), dtype), fp8.quantize_blockwise_t_ref(xp, dtype)
-    _same(out["data"], ref.data, "padded 1x128 data")
-    _same(out["scale_inv"], ref.scale_inv, "padded 1x128 scale_inv")
-    _same(out["data_t"], ref_t.data, "padded 1x128 transposed data")
-    _same(out["scale_inv_t"], ref_t.scale_inv, "padded 1x128 transposed scale_inv")
+    same_bits(out["data"], ref.data, "padded 1x128 data")
+    same_bits(out["scale_inv"], ref.scale_inv, "padded 1x128 scale_inv")
+    same_bits(out["data_t"], ref_t.data, "padded 1x128 transposed data")
+    same_bits(out["scale_inv_t"], ref_t.scale_inv, "padded 1x128 transposed scale_inv")
     n = x.shape[1]
     assert not out["data"][:, n:].view(torch.uint8).any() and not out["data_t"][n:].view(torch.uint8).any()
     assert bool((out["scale_inv_t"][n:] == 1.0).all())  # pad-only blocks: amax 0, scale 1
     assert out["scale_inv"].stride() == (1, x.shape[0]) and out["scale_inv_t"].stride() == (1, xp.shape[1])
     out = kern.quantize_fp8(x, dtype, mode=kern.MODE_BLOCKS, rows=False, cols=True)
     ref_t = fp8.quantize_blockwise_t_ref(x, dtype)
-    _same(out["data_t"], ref_t.data, "unpadded transposed data (cols only)")
-    _same(out["scale_inv_t"], ref_t.scale_inv, "unpadded transposed scale_inv (cols only)")
+    same_bits(out["data_t"], ref_t.data, "unpadded transposed data (cols only)")
+    same_bits(out["scale_inv_t"], ref_t.scale_inv, "unpadded transposed scale_inv (cols only)")
     part = x[: x.shape[0] - 37]
     out = kern.quantize_fp8(part, dtype, mode=kern.MODE_TILE, pad_to_block=True)
     ref = fp8.quantize_blockwise_ref(F.pad(part, (0, -n % 128)), (128, 128), dtype)
-    _same(out["data"], ref.data, "padded 128x128 data")
-    _same(out["scale_inv"], ref.scale_inv, "padded 128x128 scale_inv")
+    same_bits(out["data"], ref.data, "padded 128x128 data")
+    same_bits(out["scale_inv"], ref.scale_inv, "padded 128x128 scale_inv")
 
 
 @interpreted
@@ -216,8 +208,8 @@ def test_interp_tensorwise_dispatch_body(dtype):
         record = torch.full((1,), -1.0)
         out = fp8._tensorwise_kernel(x, dtype, "op", "x", True, amax, record, cols=True)
         ref = fp8.quantize_tensorwise_ref(x, dtype, amax=amax)
-        _same(out["data"], ref.data, f"amax {amax}")
-        _same(out["data_t"], ref.data.t(), f"amax {amax} transposed")
+        same_bits(out["data"], ref.data, f"amax {amax}")
+        same_bits(out["data_t"], ref.data.t(), f"amax {amax} transposed")
         assert record.item() == x.float().abs().max().item()
     bad = x.clone()
     bad[5, 5] = float("nan")
@@ -295,15 +287,17 @@ def test_gpu_padded_dispatch_equals_reference():
     x = _narrow_input(512, 800, dtype=torch.bfloat16)
     xp = F.pad(x, (0, -800 % 128))
     rows, cols = fp8.quantize_blockwise_pair(x.cuda(), pad=True)
-    _same(rows.data, fp8.quantize_blockwise_ref(xp).data, "dispatch padded pair rows")
-    _same(cols.data, fp8.quantize_blockwise_t_ref(xp).data, "dispatch padded pair cols")
-    _same(cols.scale_inv, fp8.quantize_blockwise_t_ref(xp).scale_inv, "dispatch padded pair cols scale_inv")
+    same_bits(rows.data, fp8.quantize_blockwise_ref(xp).data, "dispatch padded pair rows")
+    same_bits(cols.data, fp8.quantize_blockwise_t_ref(xp).data, "dispatch padded pair cols")
+    same_bits(
+        cols.scale_inv, fp8.quantize_blockwise_t_ref(xp).scale_inv, "dispatch padded pair cols scale_inv"
+    )
     got = fp8.quantize_blockwise_t(x.cuda())  # any width, unpadded
-    _same(got.data, fp8.quantize_blockwise_t_ref(x).data, "dispatch narrow transposed")
+    same_bits(got.data, fp8.quantize_blockwise_t_ref(x).data, "dispatch narrow transposed")
     for block in ((1, 128), (128, 128)):
         got, ref = fp8.quantize_blockwise(x.cuda(), block, pad=True), fp8.quantize_blockwise_ref(xp, block)
-        _same(got.data, ref.data, f"dispatch padded {block}")
-        _same(got.scale_inv, ref.scale_inv, f"dispatch padded {block} scale_inv")
+        same_bits(got.data, ref.data, f"dispatch padded {block}")
+        same_bits(got.scale_inv, ref.scale_inv, f"dispatch padded {block} scale_inv")
     got = fp8.quantize_blockwise(x.cuda().reshape(4, 128, 800), pad=True)  # leading dims kept
     assert got.data.shape == (4, 128, 896) and got.scale_inv.shape == (4, 128, 7)
 
@@ -313,14 +307,14 @@ def test_gpu_padded_dispatch_equals_reference():
 def test_gpu_dispatch_equals_reference():
     x = _input(512, 768, device="cuda", dtype=torch.bfloat16)
     xc = x.cpu()
-    _same(fp8.quantize_tensorwise(x).data, fp8.quantize_tensorwise_ref(xc).data, "dispatch tensorwise")
+    same_bits(fp8.quantize_tensorwise(x).data, fp8.quantize_tensorwise_ref(xc).data, "dispatch tensorwise")
     for block in ((1, 128), (128, 128)):
         got, ref = fp8.quantize_blockwise(x, block), fp8.quantize_blockwise_ref(xc, block)
-        _same(got.data, ref.data, f"dispatch {block}")
-        _same(got.scale_inv, ref.scale_inv, f"dispatch {block} scale_inv")
-        _same(got.dequantize(), ref.dequantize(), f"dispatch {block} dequantize")
+        same_bits(got.data, ref.data, f"dispatch {block}")
+        same_bits(got.scale_inv, ref.scale_inv, f"dispatch {block} scale_inv")
+        same_bits(got.dequantize(), ref.dequantize(), f"dispatch {block} dequantize")
     got, ref = fp8.quantize_blockwise_t(x), fp8.quantize_blockwise_t_ref(xc)
-    _same(got.data, ref.data, "dispatch transposed")
+    same_bits(got.data, ref.data, "dispatch transposed")
     bad = x.clone()
     bad[3, 4] = float("inf")
     with pytest.raises(Exception, match="non-finite"):

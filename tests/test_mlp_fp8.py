@@ -17,6 +17,7 @@ import random
 import pytest
 import torch
 
+from bits import same_bits
 from inkling_fp4.model import mlp_fp8
 from inkling_fp4.model.mlp import squared_relu
 from inkling_fp4.numerics import fp8
@@ -44,15 +45,6 @@ def _bf16_inputs(m: int, n: int, device="cpu") -> tuple[torch.Tensor, torch.Tens
     return h.bfloat16().to(device), dout.bfloat16().to(device)
 
 
-def _same(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    got, ref = got.cpu(), ref.cpu()
-    if got.dtype in DTYPES:
-        got, ref = got.view(torch.uint8), ref.view(torch.uint8)
-    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    bad = (got != ref).nonzero()
-    assert len(bad) == 0, f"{what}: {len(bad)} elements differ, first at {bad[0].tolist()}"
-
-
 def test_reference_is_the_models_squared_relu_forward_and_backward():
     h, dout = _bf16_inputs(64, 96)
     h = h.clamp(-1e15, 1e15)  # keep the autograd sum dout·r + dout·r away from BF16's subnormals
@@ -60,8 +52,8 @@ def test_reference_is_the_models_squared_relu_forward_and_backward():
     hr = h.clone().requires_grad_(True)
     out = squared_relu(hr)
     out.backward(dout)
-    _same(fp8.squared_relu_ref(h), out.detach(), "forward")
-    _same(fp8.squared_relu_ref(h, dout), hr.grad, "backward")
+    same_bits(fp8.squared_relu_ref(h), out.detach(), "forward")
+    same_bits(fp8.squared_relu_ref(h, dout), hr.grad, "backward")
 
 
 def check_prologue(h, dout, dtype, **launch) -> None:
@@ -82,9 +74,9 @@ def check_prologue(h, dout, dtype, **launch) -> None:
         )  # fmt: skip
         ref = fp8.quantize_tensorwise_ref(target, dtype, amax=amax.cpu())
         what = f"{'gradient' if dout is not None else 'forward'} {dtype} amax {float(given):.3g} {launch}"
-        _same(out["data"], ref.data, f"{what} data")
-        _same(out["data_t"], ref.data.t(), f"{what} transposed data")
-        _same(out["scale_inv"], ref.scale_inv, f"{what} scale_inv")
+        same_bits(out["data"], ref.data, f"{what} data")
+        same_bits(out["data_t"], ref.data.t(), f"{what} transposed data")
+        same_bits(out["scale_inv"], ref.scale_inv, f"{what} scale_inv")
         assert record.item() == own.item(), (what, record.item(), own.item())
 
 
@@ -124,8 +116,8 @@ def test_interp_public_pair_and_its_refusals():
     amax = fp8.squared_relu_ref(h, dout).float().abs().amax().reshape(1) / 4
     rows, cols = fp8.quantize_squared_relu_pair(h, dout, torch.float8_e5m2, amax=amax, check=False)
     ref = fp8.quantize_tensorwise_ref(fp8.squared_relu_ref(h, dout), torch.float8_e5m2, amax=amax)
-    _same(rows.data, ref.data, "rows")  # on CPU the public function runs the reference: same bits
-    _same(cols.data, ref.data.t(), "cols")
+    same_bits(rows.data, ref.data, "rows")  # on CPU the public function runs the reference: same bits
+    same_bits(cols.data, ref.data.t(), "cols")
     with pytest.raises(NumericsError, match="bfloat16"):
         fp8.quantize_squared_relu_pair(h.float(), amax=amax)
     kw = dict(mode=kern.MODE_TENSOR, amax=amax)
@@ -192,11 +184,11 @@ def _assert_fused_equals_unfused(device, cfg_kw, batch, monkeypatch):
     mlps = cfg_kw["pattern"].count("-")
     assert fused[3] >= 1 and fused[3] <= mlps and plain[3] == 0, (fused[3], plain[3])  # ran on step 2 only
     for step in range(2):
-        _same(fused[0][step], plain[0][step], f"loss {step}")
+        same_bits(fused[0][step], plain[0][step], f"loss {step}")
         assert len(fused[1][step]) == len(plain[1][step])
         for i, (a, b) in enumerate(zip(fused[1][step], plain[1][step], strict=True)):
-            _same(a, b, f"step {step} gradient {i}")
-    _same(fused[2], plain[2], "amax history")
+            same_bits(a, b, f"step {step} gradient {i}")
+    same_bits(fused[2], plain[2], "amax history")
 
 
 def test_fused_mlp_trains_bit_for_bit_as_the_unfused_one(monkeypatch):
