@@ -16,6 +16,7 @@ The split and in_proj are one autograd function, whose backward receives from ea
 block's placeholder (the bytes are written), None (an unused block: its bytes are zeroed) or BF16
 values (a consumer without the FP8 epilogue, such as a compiled conv: they are quantized into the
 block, the same bytes).
+
 Shape letters: M tokens, D d_model, W in_proj's width.
 """
 
@@ -57,12 +58,14 @@ def in_proj_split(
 
 
 class _InProjSplitFn(torch.autograd.Function):
+    """in_proj (its three GEMMs) and the split of its output; the output's gradient comes as FP8."""
+
     @staticmethod
     def forward(ctx, u2d, weight, gemms: LinearGEMMs, widths, slab: GradSlab, lead):
         need_dx, need_dw = ctx.needs_input_grad[:2]
         y, saved = gemms.forward(u2d, weight, need_dx=need_dx, need_dw=need_dw)  # y: [M, W] BF16
         save_operands(ctx, saved)
-        ctx.gemms, ctx.slab, ctx.widths, ctx.x_dtype = gemms, slab, widths, u2d.dtype
+        ctx.gemms, ctx.slab, ctx.x_dtype = gemms, slab, u2d.dtype
         ctx.set_materialize_grads(False)
         return tuple(y.view(*lead, y.shape[-1]).split(widths, -1))
 

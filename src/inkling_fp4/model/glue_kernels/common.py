@@ -164,9 +164,9 @@ def epilogue_args(target: torch.Tensor | FP8GradBlock) -> tuple[torch.Tensor, di
     returns as the gradient) for a :func:`grad_buffer` target: for an FP8 block, its bytes, its
     scaling (``numerics/kernels/fp8_epilogue.py``) and its placeholder; for a tensor, FP8=False."""
     if isinstance(target, FP8GradBlock):
-        from inkling_fp4.numerics.kernels.fp8_quantize import _hardware_cast
+        from inkling_fp4.numerics.kernels.fp8_quantize import conversion_instruction
 
-        hw = _hardware_cast(target.data.device)
+        hw = conversion_instruction(target.data.device)
         kw = dict(amax_ptr=target.amax, record_ptr=target.record, FP8=True, E5M2=target.e5m2, HW=hw)
         return target.data, kw, target.placeholder
     return target, dict(amax_ptr=target, record_ptr=target, FP8=False, E5M2=False, HW=False), target

@@ -318,7 +318,7 @@ def _quantize_fp8_kernel(
 
 
 @functools.cache
-def _hardware_cast(device: torch.device) -> bool:
+def conversion_instruction(device: torch.device) -> bool:
     """Whether ``device``'s FP8 conversion instruction can make the bytes (CUDA sm_89+; the integer
     arithmetic elsewhere, e.g. under the interpreter, whose downcasts truncate)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
@@ -407,7 +407,7 @@ def quantize_fp8(
             scale.fill_(1.0)
         return out
     dummy = x
-    hw = _hardware_cast(x.device) if hardware_cast is None else hardware_cast
+    hw = conversion_instruction(x.device) if hardware_cast is None else hardware_cast
     hw_t = hw and (x.dtype == torch.bfloat16 if transposed_cast is None else transposed_cast)
     grid = (triton.cdiv(m, block_m), triton.cdiv(np_, BLOCK))
     kernel, launch = _quantize_fp8_kernel, {}
