@@ -215,6 +215,9 @@ def test_fused_path_needs_delayed_pairs_and_a_history():
     assert mlp_fp8.applies(up, down, x)
     with torch.no_grad():
         assert not mlp_fp8.applies(up, down, x)  # evaluation scales currently
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.compiler, "is_compiling", lambda: True)
+        assert not mlp_fp8.applies(up, down, x)  # torch.compile traces the linears one by one
 
 
 # -- on the GPU ------------------------------------------------------------------------------------

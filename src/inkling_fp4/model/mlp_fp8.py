@@ -26,9 +26,11 @@ from inkling_fp4.precision.quant_linear import LinearGEMMs, QuantLinear, save_op
 
 
 def applies(up: QuantLinear, down: QuantLinear, x: torch.Tensor) -> bool:
-    """Whether :func:`squared_relu_mlp` runs (a training forward, both linears delayed FP8 pairs)."""
+    """Whether :func:`squared_relu_mlp` runs: a training forward, not traced by torch.compile (which
+    then sees the linears one by one, as before), both linears delayed FP8 pairs."""
     grads = x.requires_grad or up.weight.requires_grad or down.weight.requires_grad
-    return torch.is_grad_enabled() and grads and up.delayed_fp8_pairs() and down.delayed_fp8_pairs()
+    eager = not torch.compiler.is_compiling()
+    return torch.is_grad_enabled() and grads and eager and up.delayed_fp8_pairs() and down.delayed_fp8_pairs()
 
 
 def squared_relu_mlp(up: QuantLinear, down: QuantLinear, x: torch.Tensor) -> torch.Tensor:
