@@ -188,6 +188,15 @@ def test_byte_transpose_and_scale_equal_torch():
             same_bits(xt.data, rows.view(dtype).t().contiguous(), "transposed bytes")
     with pytest.raises(ValueError, match="contiguous 2-D byte tensor"):
         transpose_bytes(torch.zeros(4, 4, device=DEVICE))
+    # the dispatch the native FP8 GEMMs use for a weight's dgrad operand (a strided input is copied first)
+    wide = torch.randint(0, 256, (96, 160), generator=g, dtype=torch.uint8).to(DEVICE)
+    wide = wide.view(torch.float8_e4m3fn)
+    for data in (wide, wide[:, 16:144]):
+        same_bits(fp8.transpose_fp8(data), data.t().contiguous(), f"transpose_fp8 {tuple(data.stride())}")
+    from inkling_fp4.errors import NumericsError
+
+    with pytest.raises(NumericsError, match="2-D"):
+        fp8.transpose_fp8(wide.reshape(2, 48, 160))
 
 
 def test_kernels_under_triton_interpreter():

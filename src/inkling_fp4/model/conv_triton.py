@@ -54,7 +54,8 @@ import triton.language as tl
 
 from inkling_fp4.model.glue_kernels.common import epilogue_args, grad_buffer, round_to
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET, autotune, configs
-from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, record_amax, running_amax
+from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
+from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
 
 CHUNK_L = 256  # positions per backward program (one row of the dweight / dbias partial sums)
 

@@ -30,33 +30,31 @@ import torch
 
 
 @dataclass
-class FP8GradBlock:
-    """A block of the gradient to be written as tensorwise FP8 bytes under a delayed scale.
+class FP8Scaling:
+    """How an FP8 slab's consumers quantize."""
 
-    The consumer's kernel rounds each gradient value to BF16 (the value a BF16 buffer would hold),
-    stores ``fp8(value · fp8_max / amax)`` in ``data`` and folds max |value| into ``record``
-    (``numerics/kernels/fp8_epilogue.py``)."""
-
-    data: torch.Tensor
-    """uint8 [..., width], a column block of the byte buffer (rows of one stride)."""
     amax: torch.Tensor
     """FP32 [1]: the delayed scale's amax."""
     record: torch.Tensor
     """FP32 [1]: this step's amax record word."""
     e5m2: bool
     """The format: E5M2, else E4M3."""
-    placeholder: torch.Tensor
-    """What the consumer's backward returns as the block's gradient: zeros of its shape and dtype
-    (an expanded scalar), which tell the split's backward the bytes were written."""
 
 
 @dataclass
-class FP8Scaling:
-    """How an FP8 slab's consumers quantize: the delayed amax, the record word, the format."""
+class FP8GradBlock:
+    """A block of the gradient to be written as tensorwise FP8 bytes under a delayed scale.
 
-    amax: torch.Tensor
-    record: torch.Tensor
-    e5m2: bool
+    The consumer's kernel rounds each gradient value to BF16 (the value a BF16 buffer would hold),
+    stores ``fp8(value · fp8_max / amax)`` in ``data`` and folds max |value| into the record word
+    (``numerics/kernels/fp8_epilogue.py``)."""
+
+    data: torch.Tensor
+    """uint8 [..., width], a column block of the byte buffer (rows of one stride)."""
+    scaling: FP8Scaling
+    placeholder: torch.Tensor
+    """What the consumer's backward returns as the block's gradient: zeros of its shape and dtype
+    (an expanded scalar), which tell the split's backward the bytes were written."""
 
 
 class GradSlab:
@@ -84,8 +82,7 @@ class GradSlab:
         view = self._view(i)
         if self.fp8 is None:
             return view
-        f = self.fp8
-        return FP8GradBlock(view, f.amax, f.record, f.e5m2, self._zero.expand(view.shape))
+        return FP8GradBlock(view, self.fp8, self._zero.expand(view.shape))
 
     def into(self, i: int) -> Callable[[], torch.Tensor | FP8GradBlock]:
         """What a consumer of block i takes as its ``*_into`` argument: called in its backward, it

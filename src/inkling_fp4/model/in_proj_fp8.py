@@ -84,7 +84,7 @@ class _InProjSplitFn(torch.autograd.Function):
             elif not slab.holds(g, i):  # a consumer that returned BF16 values (e.g. a compiled conv)
                 w = block.data.shape[-1]
                 q = fp8.quantize_tensorwise(
-                    g.reshape(-1, w), dtype, check=False, amax=block.amax, record=block.record
+                    g.reshape(-1, w), dtype, check=False, amax=slab.fp8.amax, record=slab.fp8.record
                 )  # the bytes the consumer's kernel would have written
                 block.data.view(-1, w).copy_(q.data.view(torch.uint8))
         M, _, W = gemms.shape

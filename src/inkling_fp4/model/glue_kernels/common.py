@@ -166,8 +166,8 @@ def epilogue_args(target: torch.Tensor | FP8GradBlock) -> tuple[torch.Tensor, di
     if isinstance(target, FP8GradBlock):
         from inkling_fp4.numerics.kernels.fp8_quantize import conversion_instruction
 
-        hw = conversion_instruction(target.data.device)
-        kw = dict(amax_ptr=target.amax, record_ptr=target.record, FP8=True, E5M2=target.e5m2, HW=hw)
+        f, hw = target.scaling, conversion_instruction(target.data.device)
+        kw = dict(amax_ptr=f.amax, record_ptr=f.record, FP8=True, E5M2=f.e5m2, HW=hw)
         return target.data, kw, target.placeholder
     return target, dict(amax_ptr=target, record_ptr=target, FP8=False, E5M2=False, HW=False), target
 

@@ -39,7 +39,8 @@ from inkling_fp4.model.glue_kernels.common import (
     to_f32,
 )
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
-from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, record_amax, running_amax
+from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
+from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
 
 # The backward's tile: 8 elements per thread (a group row of 256 is then one warp's, so its sums stay in
 # the warp) and 128 rows per program. On an H200 at hybrid-350m's shape (32768 rows, 8 groups of 256)

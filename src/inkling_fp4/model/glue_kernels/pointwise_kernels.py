@@ -33,7 +33,8 @@ from inkling_fp4.model.glue_kernels.common import (
     on_device,
     round_to,
 )
-from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, record_amax, running_amax
+from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
+from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
 
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # F.softplus's default: above it softplus(v) = v
 SQUARED_RELU_BLOCK = 4096  # elements per program of the flat squared ReLU

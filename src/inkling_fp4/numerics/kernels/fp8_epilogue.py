@@ -9,6 +9,7 @@ needs, so that every producer rounds exactly as the quantizer does:
     v (FP32) -> BF16 value r (round half to even: the tensor the unfused path would have stored)
              -> byte = fp8(clamp(r · scale, ±fp8_max)),  scale = fp8_max / amax (the delayed amax)
              -> running max |r| (NaN kept), one atomic max per program into the amax record word
+                (``fp8_quantize.record_amax``, the quantizer's own)
 
 :func:`transpose_bytes` then makes the bytes' transposed copy (the wgrad operand) in one pass over
 1-byte elements, a third of the quantizer pair's traffic. A transpose of bytes loaded from memory is a
@@ -56,16 +57,6 @@ def bf16_fp8_bytes(v, scale, E5M2: tl.constexpr, HW: tl.constexpr):
 def running_amax(seen, r, mask):
     """max(seen, |r|) over the stored elements (NaN kept, masked ones count 0)."""
     return _max_nan(seen, tl.where(mask, tl.abs(r), 0.0))
-
-
-@triton.jit
-def record_amax(record_ptr, seen):
-    """Fold the program's running max (2-D) into the amax record word: NaN counts as Inf, and only a
-    program that would raise the word contends for it (it only grows)."""
-    m = tl.reduce(tl.reduce(seen, 1, _max_nan), 0, _max_nan)
-    m = tl.where(m == m, m, float("inf"))
-    if m > tl.load(record_ptr):
-        tl.atomic_max(record_ptr, m)
 
 
 @triton.jit

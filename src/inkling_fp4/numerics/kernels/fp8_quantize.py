@@ -116,6 +116,17 @@ def _max_nan(a, b):
 
 
 @triton.jit
+def record_amax(record_ptr, seen):
+    """Fold a program's running max |x| (2-D, NaN kept) into the amax record word of delayed scaling:
+    one reduction per program, NaN counted as Inf, and only a program that would raise the word
+    contends for it (thousands share it; it only grows, so skipping a smaller value loses nothing)."""
+    m = tl.reduce(tl.reduce(seen, 1, _max_nan), 0, _max_nan)
+    m = tl.where(m == m, m, float("inf"))
+    if m > tl.load(record_ptr):
+        tl.atomic_max(record_ptr, m)
+
+
+@triton.jit
 def _transposed_bytes(
     x, scale, scale_t, MANT: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
     SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr, HW_T: tl.constexpr,
@@ -252,12 +263,7 @@ def _tensor_scaled(
             t_ptrs = data_t_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
             tl.store(t_ptrs, q_t, mask=tl.trans(mask))
     if RECORD:  # magnitudes are >= 0 and the word starts at 0 or -1 (AmaxHistory's "nothing yet")
-        seen_max = tl.reduce(tl.reduce(seen, 1, _max_nan), 0, _max_nan)
-        seen_max = tl.where(seen_max == seen_max, seen_max, float("inf"))
-        # thousands of programs share the word: only those above what it already holds contend for it
-        # (it only grows, so skipping a smaller value loses nothing)
-        if seen_max > tl.load(record_ptr):
-            tl.atomic_max(record_ptr, seen_max)
+        record_amax(record_ptr, seen)
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(scale_ptr, scale_inv)
 
