@@ -25,7 +25,7 @@ from inkling_fp4.precision.recipes import fp8_tensorwise_recipe
 
 def _model_of_the_rule(events, layers: int, length: int):
     """(used, history) per (layer, operand) after ``events``: [(skipped, {(l, o): amax})]."""
-    hist = {(l, o): [] for l in range(layers) for o in (0, 1)}
+    hist = {(l, o): [] for l in range(layers) for o in (0, 1, 2)}
     for skipped, recorded in events:
         if skipped:
             continue
@@ -45,7 +45,7 @@ def test_history_follows_the_rule(length):
     for _ in range(40):
         skipped = rng.random() < 0.15
         recorded = {}
-        for key in [(l, o) for l in range(layers) for o in (0, 1)]:
+        for key in [(l, o) for l in range(layers) for o in (0, 1, 2)]:
             if rng.random() < 0.8:  # some rows record nothing this step (a layer in BF16)
                 v = rng.choice([rng.uniform(0, 10) * 10 ** rng.randint(-8, 8), 0.0, math.inf, math.nan])
                 used, rec = h.row(*key)
@@ -122,6 +122,7 @@ def test_layer_records_and_matches_current_scaling_before_the_first_step():
         assert torch.equal(a, b)
     assert h.row(0, 0)[1].item() == x.abs().max().item()
     assert h.row(0, 1)[1].item() == dy.bfloat16().abs().max().item()  # y is BF16, so is its gradient
+    assert h.row(0, 2)[1].item() == delayed.weight.abs().max().item()
 
 
 def test_layer_scales_from_the_history_once_a_step_is_rolled_in():
@@ -132,20 +133,26 @@ def test_layer_scales_from_the_history_once_a_step_is_rolled_in():
     _fwd_bwd(m, x0, dy0)
     h.end_step(skipped=False)
     m.weight.grad = None
-    x, dy = _inputs(amax_scale=4.0)  # 4x the history: the largest values saturate
+    w0_amax = m.weight.abs().max().item()
+    with torch.no_grad():
+        m.weight.mul_(2.0)  # outgrows its history, as x and dy below: the largest values saturate
+    x, dy = _inputs(amax_scale=4.0)  # 4x the history
     y, dx, dw = _fwd_bwd(m, x, dy)
-    x_amax, dy_amax = h.state[0, 0, USED], h.state[0, 1, USED]
+    x_amax, dy_amax, w_amax = h.state[0, 0, USED], h.state[0, 1, USED], h.state[0, 2, USED]
     assert x_amax.item() == x0.abs().max().item() and dy_amax.item() == dy0.bfloat16().abs().max().item()
-    # by hand from the reference quantizer: x and dy at the history's scale, W at its own
+    assert w_amax.item() == w0_amax
+    # by hand from the reference quantizer: x, dy and W at the history's scales
     xq = fp8.quantize_tensorwise_ref(x, torch.float8_e4m3fn, amax=x_amax)
     dyq = fp8.quantize_tensorwise_ref(dy.bfloat16(), torch.float8_e5m2, amax=dy_amax)
-    wq = fp8.quantize_tensorwise_ref(m.weight.detach(), torch.float8_e4m3fn)
-    assert (xq.data.float().abs() == 448.0).any()  # saturated codes: the delayed scale is in use
+    wq = fp8.quantize_tensorwise_ref(m.weight.detach(), torch.float8_e4m3fn, amax=w_amax)
+    for q in (xq, wq):  # saturated codes: the delayed scales are in use
+        assert (q.data.float().abs() == 448.0).any()
     xd, dyd, wd = xq.dequantize(), dyq.dequantize(), wq.dequantize()
     torch.testing.assert_close(y.float(), (xd @ wd.t()).bfloat16().float(), rtol=0, atol=0)
     torch.testing.assert_close(dx, dyd @ wd, rtol=1e-6, atol=0)  # dx in x's dtype (FP32)
     torch.testing.assert_close(dw, dyd.t() @ xd, rtol=1e-6, atol=0)
-    assert h.row(0, 0)[1].item() == x.abs().max().item()  # this step's amax recorded for the next
+    assert h.row(0, 0)[1].item() == x.abs().max().item()  # this step's amaxes recorded for the next
+    assert h.row(0, 2)[1].item() == m.weight.abs().max().item()
 
 
 def test_policy_gives_quantized_layers_their_rows_and_checkpoints_the_history():
@@ -158,7 +165,7 @@ def test_policy_gives_quantized_layers_their_rows_and_checkpoints_the_history():
     policy = PrecisionPolicy(pc, cfg.n_layers)
     policy.apply(model)
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
-    assert policy.amax_history.state.shape == (len(layers), 2, 2 + 3)
+    assert policy.amax_history.state.shape == (len(layers), 3, 2 + 3)  # x, dy, W
     assert [m.amax_index for m in layers] == list(range(len(layers)))
     assert all((m.amax_history is policy.amax_history) == (m.recipe is not None) for m in layers)
     assert any(m.recipe is None for m in layers) and any(m.recipe is not None for m in layers)

@@ -218,7 +218,7 @@ def _delayed_in_proj(d: int, w: int):
     lin = QuantLinear(d, w, layer_idx=0, name="mixer.in_proj")
     history = AmaxHistory(1, 2, torch.device("cpu"))
     lin.recipe, lin.amax_history, lin.amax_index = fp8_tensorwise_recipe(delayed=True), history, 0
-    history.state[0, :, 0] = torch.tensor([3.0, 0.05])  # the delayed amaxes of x and dy
+    history.state[0, :, 0] = torch.tensor([3.0, 0.05, 0.4])  # the delayed amaxes of x, dy and W
     history.ready = True
     return lin, history
 

@@ -48,7 +48,7 @@ def in_proj_split(
     u2d = u.reshape(-1, in_proj.in_features)  # u2d: [M, D]
     gemms = in_proj.gemms(u2d.shape[0], u.device)
     spec = in_proj.recipe.dgrad.a
-    _, _, dy_amax, dy_record = gemms.delayed
+    dy_amax, dy_record = gemms.delayed.dy_used, gemms.delayed.dy_record
     # the split's shape and dtype (in_proj's BF16 output), without memory
     like = torch.empty((), device=u.device, dtype=torch.bfloat16).expand(*u.shape[:-1], in_proj.out_features)
     scaling = FP8Scaling(dy_amax.reshape(1), dy_record.reshape(1), spec.format == "e5m2")

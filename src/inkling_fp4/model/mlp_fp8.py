@@ -51,7 +51,7 @@ class _SquaredReLUMLPFn(torch.autograd.Function):
         need_dx, need_dw_up, need_dw_down = ctx.needs_input_grad[:3]
         h, saved_up = up.forward(x2d, w_up, need_dx=need_dx, need_dw=need_dw_up)  # h: [M, F] BF16
         spec = down.recipe.fprop.a
-        x_used, x_record = down.delayed[:2]
+        x_used, x_record = down.delayed.x_used, down.delayed.x_record
         pair_r = gemm.fp8_operand_pair(
             h, spec, down.recipe.wgrad.b, f"{down.name} x", amax=x_used, record=x_record, squared_relu=True
         )  # r = relu(h)²: [M, F] as fprop and wgrad operands
@@ -67,7 +67,7 @@ class _SquaredReLUMLPFn(torch.autograd.Function):
         saved = saved_operands(ctx)
         h = saved.pop("h")
         dr, dw_down = down.backward(_part(saved, "down."), dy, h.dtype)  # dr: [M, F] BF16
-        dy_used, dy_record = up.delayed[2:]
+        dy_used, dy_record = up.delayed.dy_used, up.delayed.dy_record
         pair_dh = gemm.fp8_operand_pair(
             h, up.recipe.dgrad.a, up.recipe.wgrad.a, f"{up.name} dy", amax=dy_used, record=dy_record,
             squared_relu=True, dout=dr,

@@ -1,15 +1,17 @@
-"""Delayed scaling for tensorwise FP8: each quantized activation and gradient takes its scale from the
-largest amax of the last few steps instead of its own.
+"""Delayed scaling for tensorwise FP8: each quantized activation, gradient and weight takes its scale from
+the largest amax of the last few steps instead of its own.
 
 Why: a current scale needs ``max|x|`` before the first byte can be written, so the quantizer reads x
 twice (an amax pass, then the bytes). At hybrid-350m's shapes on an H200 the amax passes are 7 of
 the fp8-tensorwise step's ~170 ms. With the scale known in advance, x is read once, and the same
 read records this step's amax for later steps. This is Transformer Engine's ``DelayedScaling``
-(amax history, ``max`` over it, margin 0); weights keep current scaling (they are FP32 masters that
-change every step, and their amax pass is small).
+(amax history, ``max`` over it, margin 0), which scales the weights this way too: a weight's amax
+pass is a separate launch per layer every step (0.9 ms of hybrid-350m's step, 66 small launches), and
+an FP32 master moves by about the learning rate per step, so its largest element can outgrow the
+history's by that much and saturate at fp8_max, as in Transformer Engine.
 
-The state, one row per (quantized linear, operand) with operand 0 = x, 1 = dy, in one device tensor
-``state [layers, 2, 2 + history]``:
+The state, one row per (quantized linear, operand) with operand 0 = x, 1 = dy, 2 = W, in one device
+tensor ``state [layers, 3, 2 + history]``:
 
     slot 0        the amax the scale comes from: max of the history (0 → scale 1)
     slot 1        this step's running amax: the quantizers atomic-max into it; -1 = nothing recorded
@@ -42,19 +44,21 @@ from inkling_fp4.precision import finite_guard
 
 USED, CURRENT, HISTORY = 0, 1, 2
 """Slots of a row: the scale's amax, this step's running amax, the first (newest) history entry."""
+OPERANDS = ("x", "dy", "W")
+"""The operands of a layer's rows, in order."""
 
 
 class AmaxHistory:
-    """The delayed-scaling amaxes of ``layers`` quantized linears (x and dy each), ``length`` steps."""
+    """The delayed-scaling amaxes of ``layers`` quantized linears (x, dy and W each), ``length`` steps."""
 
     def __init__(self, layers: int, length: int, device: torch.device, names: list[str] | None = None):
         if length < 1:
             raise ValueError(f"the amax history needs at least one step, got {length}")
         names = names or [f"linear {i}" for i in range(layers)]
-        self.labels = [f"{n} {op} (delayed FP8 scaling, amax history)" for n in names for op in ("x", "dy")]
+        self.labels = [f"{n} {op} (delayed FP8 scaling, amax history)" for n in names for op in OPERANDS]
         """One per row, [layer][operand] order: what a NaN/Inf error names."""
         self.length = length
-        self.state = torch.zeros(layers, 2, HISTORY + length, dtype=torch.float32, device=device)
+        self.state = torch.zeros(layers, len(OPERANDS), HISTORY + length, dtype=torch.float32, device=device)
         self.state[..., CURRENT] = -1.0
         self.ready = False
         """Whether a step has been rolled in: before that, scales come from the tensors themselves."""
@@ -64,13 +68,13 @@ class AmaxHistory:
         return self.state.shape[0]
 
     def row(self, layer: int, operand: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the scale's amax word, the word to record into) of operand 0 (x) or 1 (dy) of a layer."""
+        """(the scale's amax word, the word to record into) of operand 0 (x), 1 (dy) or 2 (W) of a layer."""
         r = self.state[layer, operand]
         return r[USED : USED + 1], r[CURRENT : CURRENT + 1]
 
     def end_step(self, skipped: bool, reduce_max: Callable[[torch.Tensor], None] | None = None) -> None:
         """Roll this step's recorded amaxes into the history (or drop them if the step was skipped)."""
-        current = self.state[..., CURRENT]  # [layers, 2]
+        current = self.state[..., CURRENT]  # [layers, 3]
         if not skipped:
             if reduce_max is not None:  # collectives need contiguous tensors; this is a strided view
                 gathered = current.contiguous()
@@ -79,7 +83,7 @@ class AmaxHistory:
             recorded = current >= 0
             # a non-finite amax only comes with a non-finite step, which is skipped; never keep one
             value = torch.where(torch.isfinite(current), current, 0.0)
-            history = self.state[..., HISTORY:]  # [layers, 2, length], newest first
+            history = self.state[..., HISTORY:]  # [layers, 3, length], newest first
             rolled = torch.cat([value.unsqueeze(-1), history[..., :-1]], dim=-1)
             history.copy_(torch.where(recorded.unsqueeze(-1), rolled, history))
             self.state[..., USED] = history.amax(dim=-1)
@@ -105,8 +109,9 @@ class AmaxHistory:
 
             raise ConfigError(
                 f"the checkpoint's FP8 amax history has shape {list(shape)}, this run's is "
-                f"{list(self.state.shape)} (layers, operands, 2 + precision.amax_history); resume with "
-                "the same model and precision.amax_history"
+                f"{list(self.state.shape)} (layers, operands x / dy / W, 2 + precision.amax_history); "
+                "resume with the same model and precision.amax_history (a checkpoint from before weights "
+                "took delayed scales has 2 operands: resume it with precision.fp8_scaling=current)"
             )
         raw = bytearray(base64.b64decode(d["state"]))
         loaded = torch.frombuffer(raw, dtype=torch.float32).reshape(shape)

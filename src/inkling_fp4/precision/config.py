@@ -34,8 +34,8 @@ class PrecisionConfig:
     switch_scope: str = "all"
     """What the switch moves to BF16: 'all' GEMMs, or 'forward' passes only (paper appendix D)."""
     fp8_scaling: str = "current"
-    """fp8-tensorwise: 'current' (each tensor's own amax) or 'delayed' (activations and gradients
-    scaled from the largest amax of the last ``amax_history`` steps: one read of each, not two)."""
+    """fp8-tensorwise: 'current' (each tensor's own amax) or 'delayed' (activations, gradients and
+    weights scaled from the largest amax of the last ``amax_history`` steps: one read of each, not two)."""
     amax_history: int = 16
     """Steps of amax history behind delayed scaling."""
 

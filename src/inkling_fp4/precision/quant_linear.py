@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,19 @@ from torch import nn
 
 from inkling_fp4.precision import gemm
 from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant, Recipe
+
+
+class DelayedWords(NamedTuple):
+    """A layer's delayed-scaling words, views of the policy's persistent amax state
+    (``precision/amax_history.py``): per operand, the amax its scale comes from (None: current
+    scaling, the history has no step yet) and the word its own amax is recorded into."""
+
+    x_used: torch.Tensor | None
+    x_record: torch.Tensor
+    dy_used: torch.Tensor | None
+    dy_record: torch.Tensor
+    w_used: torch.Tensor | None
+    w_record: torch.Tensor
 
 
 class QuantLinear(nn.Module):
@@ -94,17 +108,17 @@ class QuantLinear(nn.Module):
         shape = (tokens, self.in_features, self.out_features)
         return LinearGEMMs(self.recipe, generator, self.full_name, self._delayed_words(), shape)
 
-    def _delayed_words(self) -> tuple | None:
-        """(x's scale amax, x's record word, dy's scale amax, dy's record word) for delayed scaling; a
-        scale amax is None (current scaling, still recorded) until the history has a step. None: the
-        layer scales from each tensor's own amax. Evaluation and other no-grad forwards always do."""
+    def _delayed_words(self) -> DelayedWords | None:
+        """The words of delayed scaling; a scale amax is None (current scaling, still recorded) until
+        the history has a step. None: the layer scales from each tensor's own amax. Evaluation and
+        other no-grad forwards always do."""
         history = self.amax_history
         if history is None:
             return None
-        (x_used, x_rec), (dy_used, dy_rec) = history.row(self.amax_index, 0), history.row(self.amax_index, 1)
+        rows = [history.row(self.amax_index, operand) for operand in range(3)]  # x, dy, W
         if not history.ready:
-            x_used = dy_used = None
-        return x_used, x_rec, dy_used, dy_rec
+            rows = [(None, record) for _, record in rows]
+        return DelayedWords(*(word for row in rows for word in row))
 
     def extra_repr(self) -> str:
         r = self.recipe.name if self.recipe is not None else "bf16"
@@ -200,10 +214,11 @@ def quantized_forward(
 
 def _fprop(
     x2d, weight, recipe: Recipe, name: str, out_dtype, keep_x=False, keep_w=False, amax_x=None, xq=None,
-    record_x=None, rows=None,
+    record_x=None, rows=None, amax_w=None, record_w=None,
 ):  # fmt: skip
     """y [M, N] = x · Wᵀ, and the quantized operands (packed codes kept where asked for); ``xq``:
-    x already quantized (:func:`gemm.fp8_operand_pair`; x2d may then be None and ``rows`` gives M)."""
+    x already quantized (:func:`gemm.fp8_operand_pair`; x2d may then be None and ``rows`` gives M).
+    ``amax_*`` / ``record_*``: delayed scaling of x and W (see :func:`gemm.quantize`)."""
     M, N = x2d.shape[0] if rows is None else rows, weight.shape[0]
     if recipe.fprop is None:
         return gemm.bf16_matmul(x2d, weight).to(out_dtype), None, None  # y: [M, N]
@@ -212,8 +227,9 @@ def _fprop(
             x2d, recipe.fprop.a, codes=keep_x, values=True, name=f"{name} x", amax=amax_x, record=record_x
         )
     wq = gemm.quantize(
-        weight, recipe.fprop.b, codes=keep_w, values=True, name=f"{name} W", scale_with=xq.decode_scale
-    )  # wq: [N, K]
+        weight, recipe.fprop.b, codes=keep_w, values=True, name=f"{name} W", scale_with=xq.decode_scale,
+        amax=amax_w, record=record_w,
+    )  # wq: [N, K]  # fmt: skip
     y = gemm.matmul(xq, wq, backend=recipe.backend, out_dtype=out_dtype, size=(M, N))  # y: [M, N]
     return y, xq, wq
 
@@ -248,9 +264,8 @@ class LinearGEMMs:
     recipe: Recipe
     generator: torch.Generator | None
     name: str
-    delayed: tuple | None
-    """(x's scale amax, x's record word, dy's scale amax, dy's record word), views of the policy's
-    persistent amax state (:meth:`QuantLinear._delayed_words`), or None: current scaling."""
+    delayed: DelayedWords | None
+    """The delayed-scaling words (:meth:`QuantLinear._delayed_words`), or None: current scaling."""
     shape: tuple[int, int, int]
     """(M tokens, K in_features, N out_features)."""
 
@@ -269,7 +284,8 @@ class LinearGEMMs:
         reuse_x = reuse_x and fprop.a.block == TENSORWISE
         amax_x = amax_xt = None
         with torch.autocast(device_type=weight.device.type, enabled=False):
-            x_used, x_rec = (None, None) if delayed is None else delayed[:2]
+            x_used, x_rec = (None, None) if delayed is None else (delayed.x_used, delayed.x_record)
+            w_delayed = delayed is not None and fprop is not None and fprop.b.delayed
             if pair_x is None:
                 # x is quantized along rows (fprop) and after the RHT along tokens (wgrad): one read of x
                 # gives both tensor amaxes where the fused kernels run.
@@ -288,6 +304,8 @@ class LinearGEMMs:
                 x2d, weight, recipe, name, torch.bfloat16, keep_x=reuse_x, keep_w=reuse_w, amax_x=amax_x,
                 xq=pair_x[0] if pair_x else None,
                 record_x=x_rec if fprop is not None and fprop.a.delayed else None, rows=self.shape[0],
+                amax_w=delayed.w_used if w_delayed else None,
+                record_w=delayed.w_record if w_delayed else None,
             )  # fmt: skip
             saved = {}
             if need_dx:
@@ -296,9 +314,12 @@ class LinearGEMMs:
                 elif reuse_w:
                     saved["w"] = dataclasses.replace(wq.packed(), transposed=True)  # [K, N] logical
                 else:
+                    w_delayed = delayed is not None and dgrad.b.delayed
                     saved["w"] = _transposed_operand(
-                        weight, dgrad.b, recipe, generator, f"{name} W", keep=True
-                    )
+                        weight, dgrad.b, recipe, generator, f"{name} W", keep=True,
+                        amax=delayed.w_used if w_delayed else None,
+                        record=delayed.w_record if w_delayed else None,
+                    )  # fmt: skip
             if need_dw:
                 if wgrad is None:
                     saved["x"] = x2d.to(torch.bfloat16)
@@ -325,7 +346,8 @@ class LinearGEMMs:
         with torch.autocast(device_type=device.type, enabled=False):
             dyq = None
             amax_dy = amax_dyt = None
-            dy_used, dy_rec = (None, None) if self.delayed is None else self.delayed[2:]
+            delayed = self.delayed
+            dy_used, dy_rec = (None, None) if delayed is None else (delayed.dy_used, delayed.dy_record)
             if pair_dy is None:
                 dy = dy.reshape(M, N)  # dy: [M, N]
                 # dy is quantized along rows (dgrad) and after the RHT along tokens (wgrad): both amaxes

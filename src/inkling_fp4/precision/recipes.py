@@ -26,7 +26,7 @@ always 1×32 (no 2D variant: the MX format defines 1-D blocks), so W and Wᵀ qu
 which is one of the reasons the paper's NVFP4 recipe does better. The FP8 baseline is E4M3 with
 FP32 scales, 1×128 blocks for activations and gradients and 128×128 for weights (as in
 DeepSeek-V3 and the paper's FP8 runs); ``fp8-tensorwise`` is E4M3 forward, E5M2 gradients, one
-scale per tensor: current, or for x and dy delayed (``precision.fp8_scaling``). The RHT/SR/2D
+scale per tensor: current, or delayed (``precision.fp8_scaling``). The RHT/SR/2D
 switches do not apply to the FP8 recipes.
 
 Which layers stay in BF16 is also part of a recipe (see :func:`default_bf16_layers`); the per-layer
@@ -166,9 +166,9 @@ def fp8_recipe() -> Recipe:
 
 def fp8_tensorwise_recipe(*, delayed: bool = False) -> Recipe:
     """Per-tensor scaling: E4M3 for x and W, E5M2 for the gradient dy (wider range). Current scaling,
-    or with ``delayed`` x and dy scaled from an amax history (W stays current)."""
+    or with ``delayed`` x, dy and W scaled from an amax history (``precision/amax_history.py``)."""
     x = OperandQuant("e4m3", TENSORWISE, delayed=delayed)
-    w = OperandQuant("e4m3", TENSORWISE)
+    w = OperandQuant("e4m3", TENSORWISE, delayed=delayed)
     grad = OperandQuant("e5m2", TENSORWISE, delayed=delayed)
     return Recipe(
         name="fp8-tensorwise",
