@@ -170,7 +170,7 @@ def test_byte_transpose_and_scale_equal_torch():
     from inkling_fp4.numerics.kernels.fp8_epilogue import transpose_bytes
 
     g = _seed()
-    for m, n in ((1, 1), (67, 130), (128, 64), (200, 48)):
+    for m, n in ((1, 1), (67, 130), (128, 64), (200, 48), (130, 600)):  # partial tiles both ways
         data = torch.randint(0, 256, (m, n), generator=g, dtype=torch.uint8).to(DEVICE)
         got, scale_inv = transpose_bytes(data.view(torch.float8_e5m2))
         assert scale_inv is None

@@ -26,8 +26,10 @@ import triton.language as tl
 from inkling_fp4.numerics.kernels.common import bf16_round
 from inkling_fp4.numerics.kernels.fp8_quantize import _fp8_bytes, _max_nan, _scales
 
-TRANSPOSE_TILE = 64  # a program transposes a [64, 64] byte tile: 64-byte rows both ways
-TRANSPOSE_WARPS = 4
+# A program transposes a [64, 256] byte tile (64-byte rows written): on an H200, 32768 x 4096 / 6176
+# bytes took 72 / 112 us against 90 / 134 us with [64, 64] tiles at 4 warps (3.6-3.7 TB/s read + write).
+TRANSPOSE_TILE = (64, 256)
+TRANSPOSE_WARPS = 8
 
 
 @triton.jit
@@ -60,11 +62,14 @@ def running_amax(seen, r, mask):
 
 
 @triton.jit
-def _transpose_bytes(src_ptr, dst_ptr, amax_ptr, scale_ptr, M, N, TILE: tl.constexpr, FP8_MAX: tl.constexpr):
-    """dst [N, M] = src [M, N]ᵀ by TILE x TILE tiles; with FP8_MAX > 0, program (0, 0) also stores the
-    tensorwise scale_inv of the delayed amax (what the quantizer would have written)."""
-    rows = tl.program_id(0) * TILE + tl.arange(0, TILE)
-    cols = tl.program_id(1) * TILE + tl.arange(0, TILE)
+def _transpose_bytes(
+    src_ptr, dst_ptr, amax_ptr, scale_ptr, M, N, TILE_M: tl.constexpr, TILE_N: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+):  # fmt: skip
+    """dst [N, M] = src [M, N]ᵀ by TILE_M x TILE_N tiles; with FP8_MAX > 0, program (0, 0) also stores
+    the tensorwise scale_inv of the delayed amax (what the quantizer would have written)."""
+    rows = tl.program_id(0) * TILE_M + tl.arange(0, TILE_M)
+    cols = tl.program_id(1) * TILE_N + tl.arange(0, TILE_N)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     tile = tl.load(src_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0)
     dst = dst_ptr + cols.to(tl.int64)[:, None] * M + rows[None, :]
@@ -87,10 +92,11 @@ def transpose_bytes(
     m, n = data.shape
     out = torch.empty(n, m, dtype=data.dtype, device=data.device)
     scale_inv = None if amax is None else torch.empty((), dtype=torch.float32, device=data.device)
-    grid = (max(1, triton.cdiv(m, TRANSPOSE_TILE)), max(1, triton.cdiv(n, TRANSPOSE_TILE)))
+    grid = (max(1, triton.cdiv(m, TRANSPOSE_TILE[0])), max(1, triton.cdiv(n, TRANSPOSE_TILE[1])))
     src, dst = data.view(torch.uint8), out.view(torch.uint8)
     _transpose_bytes[grid](
         src, dst, dst if amax is None else amax, dst if amax is None else scale_inv, m, n,
-        TILE=TRANSPOSE_TILE, FP8_MAX=fp8_max if amax is not None else 0.0, num_warps=TRANSPOSE_WARPS,
+        TILE_M=TRANSPOSE_TILE[0], TILE_N=TRANSPOSE_TILE[1], FP8_MAX=fp8_max if amax is not None else 0.0,
+        num_warps=TRANSPOSE_WARPS,
     )  # fmt: skip
     return out, scale_inv
