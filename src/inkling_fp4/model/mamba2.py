@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inkling_fp4.model import in_proj_fp8
+from inkling_fp4.model import in_proj_fp8, out_proj_fp8
 from inkling_fp4.model.cache import InferenceCache, MambaState
 from inkling_fp4.model.compiled import cuda_kernel, fast_forms_on
 from inkling_fp4.model.config import ModelConfig
@@ -158,6 +158,10 @@ class Mamba2Mixer(nn.Module):
         summed = torch.promote_types(torch.promote_types(y.dtype, x.dtype), self.D.dtype)
         out_dtype = output_dtype(summed, y.device)
         norm = self.norm
+        if out_proj_fp8.applies(self.out_proj, z, out_dtype):  # delayed FP8: the norm writes out_proj's x
+            return out_proj_fp8.skip_gated_norm_out_proj(
+                y, x, self.D, z, norm.weight, self.G, norm.eps, self.out_proj, dz_into
+            )
         h = skip_gated_rms_norm(y, x, self.D, z, norm.weight, self.G, norm.eps, out_dtype, dz_into=dz_into)
         return self.out_proj(h)
 

@@ -38,6 +38,7 @@ from inkling_fp4.model.glue_kernels.common import (
     rsqrt,
     to_f32,
 )
+from inkling_fp4.model.grad_slab import FP8Scaling
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
 from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
 from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
@@ -66,9 +67,10 @@ _skip_gate = _skip_gate_math if INTERPRET else triton.jit(_skip_gate_math)
 
 @triton.jit
 def _gated_fwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, out_ptr, rstd_ptr, R, E, GW, sy, sx, sz, eps,
-               P: tl.constexpr, S_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr,
-               BLOCK_C: tl.constexpr):  # fmt: skip
-    """Group program_id(1) of BLOCK_R rows: out = (u r) w, u = (y + x D) silu(z)."""
+               P: tl.constexpr, S_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+               amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr):  # fmt: skip
+    """Group program_id(1) of BLOCK_R rows: out = (u r) w, u = (y + x D) silu(z). ``FP8``: out as
+    delayed-scaled FP8 bytes (of out rounded to BF16), its amax recorded (``fp8_epilogue.py``)."""
     grp = tl.program_id(1)
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     lane = tl.arange(0, BLOCK_C)
@@ -80,7 +82,14 @@ def _gated_fwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, out_ptr, rstd_ptr, R, E, GW, s
     rstd = rsqrt(tl.div_rn(tl.sum(u * u, 1), (GW * 1.0)) + eps)  # [BLOCK_R]
     w = load_f32(w_ptr + cols, lane < GW)
     out = (u * rstd[:, None]) * w[None, :]
-    tl.store(out_ptr + rows[:, None] * E + cols[None, :], round_to(out, out_ptr.dtype.element_ty), mask=mask)
+    if FP8:
+        q, r = bf16_fp8_bytes(out, fp8_scale(amax_ptr, E5M2), E5M2, HW)
+        tl.store(out_ptr + rows[:, None] * E + cols[None, :], q, mask=mask)
+        record_amax(record_ptr, running_amax(tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32), r, mask))
+    else:
+        tl.store(
+            out_ptr + rows[:, None] * E + cols[None, :], round_to(out, out_ptr.dtype.element_ty), mask=mask
+        )
     tl.store(rstd_ptr + rows * tl.num_programs(1) + grp, rstd, mask=rows < R)
 
 
@@ -139,53 +148,82 @@ def _gated_bwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, rstd_ptr, dout_ptr, dy_ptr, dx
         record_amax(record_ptr, seen)
 
 
+def gated_forward(
+    y, x, D, z, weight, n_groups: int, eps: float, out_dtype, fp8_out: FP8Scaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [..., E], rstd [R, G]) of the forward kernel (the arguments of :func:`skip_gated_rms_norm`).
+    ``fp8_out``: out as uint8 FP8 bytes, the BF16 values scaled by ``fp8_out``'s delayed amax, their
+    amax folded into its record word (out_dtype must then be BF16)."""
+    H, P = y.shape[-2:]
+    E = H * P
+    s_dtype = skip_dtype(y, x, D)
+    y2, x2, z2 = as_rows(y, E), as_rows(x, E), as_rows(z, E)
+    R, GW = y2.shape[0], E // n_groups
+    if fp8_out is not None:
+        assert out_dtype == torch.bfloat16, "FP8 bytes are of the BF16 output"
+        from inkling_fp4.numerics.kernels.fp8_quantize import conversion_instruction
+
+        out = torch.empty(z.shape, device=z.device, dtype=torch.uint8)
+        f, hw = fp8_out, conversion_instruction(z.device)
+        fp8_kw = dict(amax_ptr=f.amax, record_ptr=f.record, FP8=True, E5M2=f.e5m2, HW=hw)
+    else:
+        out = torch.empty(z.shape, device=z.device, dtype=out_dtype or s_dtype)
+        fp8_kw = dict(amax_ptr=out, record_ptr=out, FP8=False, E5M2=False, HW=False)
+    rstd = torch.empty(R, n_groups, device=z.device, dtype=torch.float32)
+    block_c, block_r, warps = forward_tile(GW)
+    with on_device(z):
+        _gated_fwd[(max(1, cdiv(R, block_r)), n_groups)](
+            y2, x2, D, z2, weight, out, rstd, R, E, GW, y2.stride(0), x2.stride(0), z2.stride(0), eps,
+            P=P, S_DTYPE=TL_DTYPES[s_dtype], BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
+            enable_fp_fusion=False, **fp8_kw,
+        )  # fmt: skip
+    return out, rstd
+
+
+def gated_backward(y, x, D, z, weight, rstd, dout, dz_into=None):
+    """(dy, dx, dD, dz, dweight) for dout [..., E], from the forward's inputs and rstd. ``dz_into``: as
+    for :func:`skip_gated_rms_norm` (dz is then its placeholder where the kernel stored FP8 bytes)."""
+    H, P = y.shape[-2:]
+    E = H * P
+    y2, x2, z2, dout2 = as_rows(y, E), as_rows(x, E), as_rows(z, E), as_rows(dout, E)
+    R, G = rstd.shape
+    dy = torch.empty(y.shape, device=y.device, dtype=y.dtype)
+    dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    # [..., E]; a column block of in_proj's gradient in the mixer (BF16 values or FP8 bytes)
+    dz_out, fp8_kw, dz = epilogue_args(grad_buffer(dz_into, z))
+    dz2 = dz_out.view(-1, E)
+    block_c, block_r, warps, chunk = backward_tile(E // G, BWD_PER_THREAD, BWD_CHUNK_ROWS)
+    n_prog = max(1, cdiv(R, chunk))
+    part = torch.empty(n_prog, 2, E, device=z.device, dtype=torch.float32)  # dweight, dD partial sums
+    with on_device(z):
+        _gated_bwd[(n_prog, G)](
+            y2, x2, D, z2, weight, rstd, dout2, dy, dx, dz2, part, R, E, E // G,
+            y2.stride(0), x2.stride(0), z2.stride(0), dout2.stride(0), dz2.stride(0),
+            P=P, S_DTYPE=TL_DTYPES[skip_dtype(y, x, D)], CHUNK=chunk, BLOCK_R=block_r, BLOCK_C=block_c,
+            num_warps=warps, enable_fp_fusion=True, **fp8_kw,
+        )  # fmt: skip
+    sums = part.sum(0)  # [2, E]
+    dD = sums[1].view(H, P).sum(1).to(D.dtype)  # [H]
+    return dy, dx, dD, dz, sums[0].to(weight.dtype)
+
+
+def skip_dtype(y: torch.Tensor, x: torch.Tensor, D: torch.Tensor) -> torch.dtype:
+    """The dtype of the skip sum y + x D (the promoted dtype of the three)."""
+    return torch.promote_types(torch.promote_types(y.dtype, x.dtype), D.dtype)
+
+
 class _SkipGatedRMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, x, D, z, weight, n_groups, eps, out_dtype, dz_into):
-        H, P = y.shape[-2:]
-        E = H * P
-        s_dtype = torch.promote_types(torch.promote_types(y.dtype, x.dtype), D.dtype)
-        y2, x2, z2 = as_rows(y, E), as_rows(x, E), as_rows(z, E)
-        R, GW = y2.shape[0], E // n_groups
-        out = torch.empty(z.shape, device=z.device, dtype=out_dtype or s_dtype)
-        rstd = torch.empty(R, n_groups, device=z.device, dtype=torch.float32)
-        block_c, block_r, warps = forward_tile(GW)
-        with on_device(z):
-            _gated_fwd[(max(1, cdiv(R, block_r)), n_groups)](
-                y2, x2, D, z2, weight, out, rstd, R, E, GW, y2.stride(0), x2.stride(0), z2.stride(0), eps,
-                P=P, S_DTYPE=TL_DTYPES[s_dtype], BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
-                enable_fp_fusion=False,
-            )  # fmt: skip
+        out, rstd = gated_forward(y, x, D, z, weight, n_groups, eps, out_dtype)
         ctx.save_for_backward(y, x, D, z, weight, rstd)
-        ctx.s_dtype = s_dtype
         ctx.dz_into = dz_into
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        y, x, D, z, weight, rstd = ctx.saved_tensors
-        H, P = y.shape[-2:]
-        E = H * P
-        y2, x2, z2, dout2 = as_rows(y, E), as_rows(x, E), as_rows(z, E), as_rows(dout, E)
-        R, G = rstd.shape
-        dy = torch.empty(y.shape, device=y.device, dtype=y.dtype)
-        dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-        # [..., E]; a column block of in_proj's gradient in the mixer (BF16 values or FP8 bytes)
-        dz_out, fp8_kw, dz = epilogue_args(grad_buffer(ctx.dz_into, z))
-        dz2 = dz_out.view(-1, E)
-        block_c, block_r, warps, chunk = backward_tile(E // G, BWD_PER_THREAD, BWD_CHUNK_ROWS)
-        n_prog = max(1, cdiv(R, chunk))
-        part = torch.empty(n_prog, 2, E, device=z.device, dtype=torch.float32)  # dweight, dD partial sums
-        with on_device(z):
-            _gated_bwd[(n_prog, G)](
-                y2, x2, D, z2, weight, rstd, dout2, dy, dx, dz2, part, R, E, E // G,
-                y2.stride(0), x2.stride(0), z2.stride(0), dout2.stride(0), dz2.stride(0),
-                P=P, S_DTYPE=TL_DTYPES[ctx.s_dtype], CHUNK=chunk, BLOCK_R=block_r, BLOCK_C=block_c,
-                num_warps=warps, enable_fp_fusion=True, **fp8_kw,
-            )  # fmt: skip
-        sums = part.sum(0)  # [2, E]
-        dD = sums[1].view(H, P).sum(1).to(D.dtype)  # [H]
-        return dy, dx, dD, dz, sums[0].to(weight.dtype), None, None, None, None
+        grads = gated_backward(*ctx.saved_tensors, dout, ctx.dz_into)
+        return *grads, None, None, None, None
 
 
 def skip_gated_rms_norm(

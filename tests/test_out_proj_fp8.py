@@ -1,0 +1,187 @@
+"""Mamba-2's gated norm writing out_proj's x as FP8 (model/out_proj_fp8.py), each piece against an
+independent reference:
+
+- the norm's forward kernel storing FP8 bytes against the same kernel storing BF16 values, then
+  quantized by the torch reference with the same delayed scale: bytes, recorded amax and rstd, with a
+  delayed amax that saturates some values and one that does not, and zero rows;
+- the norm and out_proj as one function against the norm and QuantLinear run one after the other: the
+  same output, every gradient and the same amax history, bit for bit (CPU, the reference norm);
+- on the GPU, a model trained with the fused path against the same model without it, bit for bit.
+
+Kernel tests (marked ``gpu``) run on a CUDA device, or on CPU in a child pytest under
+TRITON_INTERPRET=1 (``test_kernels_under_triton_interpreter``).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from bits import same_bits
+from inkling_fp4.model import out_proj_fp8
+from inkling_fp4.model.grad_slab import FP8Scaling
+from inkling_fp4.model.norm import skip_gated_rms_norm
+from inkling_fp4.numerics import fp8
+from interpreter import INTERPRET, kernel_test, run_interpreted
+
+DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+BF = torch.bfloat16
+
+
+def _seed() -> torch.Generator:
+    seed = random.randrange(2**31)
+    print(f"seed = {seed}")
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def _norm_inputs(B, L, H, P, device, g):
+    """y, x [B, L, H, P] BF16 (x a strided view, as the conv's output is), D [H], z [B, L, H P],
+    the norm's weight [H P]; the first rows of y, x and z zero."""
+    E = H * P
+    y = torch.randn(B, L, H, P, generator=g).to(BF)
+    xz = torch.randn(B, L, E + 24, generator=g).to(BF)
+    z = torch.randn(B, L, E, generator=g).to(BF)
+    y[0, :3], xz[0, :3], z[0, :3] = 0.0, 0.0, 0.0
+    D, w = torch.randn(H, generator=g), torch.randn(E, generator=g)
+    x = xz.to(device)[..., :E].unflatten(-1, (H, P))
+    return y.to(device), x, D.to(device), z.to(device), w.to(device)
+
+
+@kernel_test
+@pytest.mark.parametrize("e5m2", [False, True])
+def test_gated_norm_forward_writes_fp8_bytes(e5m2):
+    from inkling_fp4.model.glue_kernels.gated_norm_kernels import gated_forward
+
+    g = _seed()
+    H, P, G = 4, 32, 2
+    y, x, D, z, w = _norm_inputs(2, 72, H, P, DEVICE, g)
+    values, rstd = gated_forward(y, x, D, z, w, G, 1e-5, BF)  # the BF16 store, as before
+    own = values.float().abs().amax()
+    dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
+    for amax in (own / 16, own * 2):  # some values saturate; none do
+        record = torch.full((1,), -1.0, device=DEVICE)
+        scaling = FP8Scaling(amax.reshape(1), record, e5m2)
+        q, rstd_fp8 = gated_forward(y, x, D, z, w, G, 1e-5, BF, fp8_out=scaling)
+        assert q.dtype == torch.uint8 and q.shape == values.shape
+        ref = fp8.quantize_tensorwise_ref(values.cpu(), dtype, amax=amax.reshape(1).cpu())
+        same_bits(q.view(dtype).cpu(), ref.data, f"FP8 bytes, amax {float(amax):.3g}")
+        assert record.item() == own.item(), (record.item(), own.item())
+        same_bits(rstd_fp8, rstd, "rstd")
+
+
+def test_kernels_under_triton_interpreter():
+    """Run the kernel tests on CPU in a child process with TRITON_INTERPRET=1."""
+    if torch.cuda.is_available():
+        pytest.skip("the kernel tests run on the GPU here")
+    run_interpreted(__file__, "-m", "gpu", "-k", "not model")
+
+
+def _delayed_out_proj(E: int, D: int):
+    from inkling_fp4.precision.amax_history import AmaxHistory
+    from inkling_fp4.precision.quant_linear import QuantLinear
+    from inkling_fp4.precision.recipes import fp8_tensorwise_recipe
+
+    torch.manual_seed(0)
+    lin = QuantLinear(E, D, layer_idx=0, name="mixer.out_proj")
+    history = AmaxHistory(1, 2, torch.device("cpu"))
+    lin.recipe, lin.amax_history, lin.amax_index = fp8_tensorwise_recipe(delayed=True), history, 0
+    history.state[0, :, 0] = torch.tensor([0.5, 0.02, 0.1])  # the delayed amaxes of x, dy and W
+    history.ready = True
+    return lin, history
+
+
+def test_norm_and_out_proj_equal_the_norm_then_the_linear():
+    """On CPU the function runs the reference norm and quantizes its BF16 output: its output, every
+    gradient and the amax history equal the unfused path's bit for bit, with the delayed scales in use
+    (some of h saturates at the x amax chosen)."""
+    g = _seed()
+    H, P, G = 4, 16, 2
+    inputs = _norm_inputs(2, 24, H, P, "cpu", g)
+    dout = torch.randn(2, 24, 48, generator=g).to(BF)
+    results = []
+    for fused in (True, False):
+        lin, history = _delayed_out_proj(H * P, 48)
+        leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+        y, x, D, z, w = leaves
+        if fused:
+            out = out_proj_fp8.skip_gated_norm_out_proj(y, x, D, z, w, G, 1e-5, lin)
+        else:
+            out = lin(skip_gated_rms_norm(y, x, D, z, w, G, 1e-5, BF))
+        out.backward(dout)
+        results.append([out, *(t.grad for t in leaves), lin.weight.grad, history.state.clone()])
+    names = ["output", "dy", "dx", "dD", "dz", "d norm weight", "d out_proj weight", "amax history"]
+    for a, b, what in zip(*results, names, strict=True):
+        same_bits(a, b, what)
+    assert results[0][-1][0, 0, 1] > 0.5  # x's own amax recorded, above the delayed one: saturated
+
+
+def test_out_proj_fp8_applies_only_to_delayed_pairs_on_the_kernels():
+    lin, history = _delayed_out_proj(64, 32)
+    z = torch.randn(2, 16, 64, requires_grad=True)
+    assert not out_proj_fp8.applies(lin, z, BF)  # CPU: the norm has no FP8 epilogue here
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(out_proj_fp8, "fast_forms_on", lambda t: True)
+        assert out_proj_fp8.applies(lin, z, BF)
+        assert not out_proj_fp8.applies(lin, z, torch.float32)  # no autocast: the norm writes FP32
+        assert not out_proj_fp8.applies(lin, z[:, :15], BF)  # 30 tokens: not a multiple of 16
+        history.ready = False
+        assert not out_proj_fp8.applies(lin, z, BF)
+        history.ready = True
+        with torch.no_grad():
+            assert not out_proj_fp8.applies(lin, z, BF)
+
+
+# -- the model on the GPU --------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_model_with_fp8_norm_output_trains_bit_for_bit(monkeypatch):
+    from inkling_fp4.model.config import ModelConfig
+    from inkling_fp4.model.hybrid import HybridLM
+    from inkling_fp4.precision.config import PrecisionConfig
+    from inkling_fp4.precision.policy import PrecisionPolicy
+
+    real_applies, real_fn = out_proj_fp8.applies, out_proj_fp8.skip_gated_norm_out_proj
+    runs = []
+    for fused in (True, False):
+        calls = []
+
+        def counted(*args, calls=calls):
+            calls.append(1)
+            return real_fn(*args)
+
+        monkeypatch.setattr(out_proj_fp8, "skip_gated_norm_out_proj", counted)
+        monkeypatch.setattr(out_proj_fp8, "applies", real_applies if fused else lambda *a: False)
+        torch.manual_seed(0)
+        cfg = ModelConfig(
+            pattern="M-M*-M-", vocab_size=1024, d_model=256, ffn_dim=1024, n_heads=4, n_kv_heads=2
+        )
+        model = HybridLM(cfg).cuda()
+        policy = PrecisionPolicy(
+            PrecisionConfig(
+                recipe="fp8-tensorwise", fp8_scaling="delayed", amax_history=4, backend="native-fp8"
+            ),
+            cfg.n_layers,
+        )
+        policy.apply(model)
+        g = torch.Generator().manual_seed(1)
+        out = []
+        for _ in range(3):
+            ids = torch.randint(0, cfg.vocab_size, (4, 256), generator=g).cuda()
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=BF):
+                loss = model.forward_hidden(ids).float().square().mean()
+            loss.backward()
+            out.append([loss.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None])
+            policy.end_step(skipped=False)
+        runs.append((out, policy.amax_history.state.clone(), len(calls)))
+    (fused_out, fused_state, n_fused), (plain_out, plain_state, n_plain) = runs
+    assert n_fused >= 2 and n_plain == 0, (n_fused, n_plain)  # steps 2 and 3, for the quantized mixers
+    for step, (a, b) in enumerate(zip(fused_out, plain_out, strict=True)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same_bits(x, y, f"step {step} {'loss' if i == 0 else f'gradient {i}'}")
+    same_bits(fused_state, plain_state, "amax history")
