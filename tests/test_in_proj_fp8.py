@@ -16,12 +16,12 @@ TRITON_INTERPRET=1 (``test_kernels_under_triton_interpreter``).
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from bits import same_bits
+from fresh_seed import fresh_generator
+from fused_fp8 import delayed_linear, fused_path_trains_bit_for_bit
 from inkling_fp4.model import in_proj_fp8
 from inkling_fp4.model.grad_slab import FP8Scaling, GradSlab
 from inkling_fp4.numerics import fp8
@@ -29,13 +29,6 @@ from interpreter import INTERPRET, kernel_test, run_interpreted
 
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 BF = torch.bfloat16
-
-
-def _seed() -> torch.Generator:
-    seed = random.randrange(2**31)
-    print(f"seed = {seed}")
-    torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
 
 
 def _slabs(shape, widths, amax, e5m2):
@@ -72,7 +65,7 @@ def check_consumer(run, shape, widths, block: int, e5m2: bool) -> None:
 def test_gated_norm_backward_writes_fp8_dz(e5m2):
     from inkling_fp4.model.glue_kernels.gated_norm_kernels import skip_gated_rms_norm
 
-    _seed()
+    fresh_generator()
     B, L, H, P, G = 2, 80, 4, 32, 2
     E = H * P
     widths = [E, 96, 8]
@@ -100,7 +93,7 @@ def test_gated_norm_backward_writes_fp8_dz(e5m2):
 def test_conv_backward_writes_fp8_dx(e5m2):
     from inkling_fp4.model.conv_triton import conv_silu_triton
 
-    _seed()
+    fresh_generator()
     B, L, C, K = 2, 72, 96, 4
     widths = [16, C, 8]
     xz = torch.randn(B, L, sum(widths), device=DEVICE).to(BF)  # xBC: the middle block
@@ -122,7 +115,7 @@ def test_conv_backward_writes_fp8_dx(e5m2):
 def test_dt_softplus_backward_writes_fp8_ddt(e5m2):
     from inkling_fp4.model.glue_kernels.pointwise_kernels import dt_softplus
 
-    _seed()
+    fresh_generator()
     B, L, H = 2, 100, 8
     widths = [32, 16, H]
     zd = (torch.randn(B, L, sum(widths), device=DEVICE) * 4).to(BF)  # dt_raw: the last block
@@ -169,7 +162,7 @@ def test_byte_transpose_and_scale_equal_torch():
     reference's for delayed amaxes (zero: scale 1; tiny: the scale clamps at FLT_MAX)."""
     from inkling_fp4.numerics.kernels.fp8_epilogue import transpose_bytes
 
-    g = _seed()
+    g = fresh_generator()
     for m, n in ((1, 1), (67, 130), (128, 64), (200, 48), (130, 600)):  # partial tiles both ways
         data = torch.randint(0, 256, (m, n), generator=g, dtype=torch.uint8).to(DEVICE)
         got, scale_inv = transpose_bytes(data.view(torch.float8_e5m2))
@@ -209,31 +202,17 @@ def test_kernels_under_triton_interpreter():
 # -- in_proj + split -------------------------------------------------------------------------------
 
 
-def _delayed_in_proj(d: int, w: int):
-    from inkling_fp4.precision.amax_history import AmaxHistory
-    from inkling_fp4.precision.quant_linear import QuantLinear
-    from inkling_fp4.precision.recipes import fp8_tensorwise_recipe
-
-    torch.manual_seed(0)
-    lin = QuantLinear(d, w, layer_idx=0, name="mixer.in_proj")
-    history = AmaxHistory(1, 2, torch.device("cpu"))
-    lin.recipe, lin.amax_history, lin.amax_index = fp8_tensorwise_recipe(delayed=True), history, 0
-    history.state[0, :, 0] = torch.tensor([3.0, 0.05, 0.4])  # the delayed amaxes of x, dy and W
-    history.ready = True
-    return lin, history
-
-
 def test_in_proj_split_equals_linear_then_split_when_consumers_return_values():
     """On CPU the consumers are torch ops that return BF16 values (no FP8 epilogue): those are quantized
     into the slab, an unused block is zeroed; in_proj's gradients and recorded amax equal the unfused
     path's bit for bit."""
-    g = _seed()
+    g = fresh_generator()
     widths = [32, 48, 16]
     u = torch.randn(2, 24, 64, generator=g)
     weights = [torch.randn(2, 24, w, generator=g) for w in widths[:2]]
     results = []
     for fused in (True, False):
-        lin, history = _delayed_in_proj(64, sum(widths))
+        lin, history = delayed_linear(64, sum(widths), "mixer.in_proj", (3.0, 0.05, 0.4))
         uu = u.clone().requires_grad_(True)
         if fused:
             blocks, slab = in_proj_fp8.in_proj_split(lin, uu, widths)
@@ -249,7 +228,7 @@ def test_in_proj_split_equals_linear_then_split_when_consumers_return_values():
 
 
 def test_in_proj_fp8_applies_only_to_delayed_pairs_on_the_kernels():
-    lin, history = _delayed_in_proj(64, 96)
+    lin, history = delayed_linear(64, 96, "mixer.in_proj", (3.0, 0.05, 0.4))
     u = torch.randn(2, 16, 64, requires_grad=True)
     assert not in_proj_fp8.applies(lin, u)  # CPU: the consumers have no FP8 epilogue here
     with pytest.MonkeyPatch.context() as mp:
@@ -269,48 +248,9 @@ def test_in_proj_fp8_applies_only_to_delayed_pairs_on_the_kernels():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_model_with_fp8_in_proj_gradient_trains_bit_for_bit(monkeypatch):
-    from inkling_fp4.model.config import ModelConfig
-    from inkling_fp4.model.hybrid import HybridLM
-    from inkling_fp4.precision.config import PrecisionConfig
-    from inkling_fp4.precision.policy import PrecisionPolicy
-
-    real_applies, real_split = in_proj_fp8.applies, in_proj_fp8.in_proj_split
-    runs = []
-    for fused in (True, False):
-        calls = []
-
-        def counted(*args, calls=calls):
-            calls.append(1)
-            return real_split(*args)
-
-        monkeypatch.setattr(in_proj_fp8, "in_proj_split", counted)
-        monkeypatch.setattr(in_proj_fp8, "applies", real_applies if fused else lambda *a: False)
-        torch.manual_seed(0)
-        cfg = ModelConfig(
-            pattern="M-M*-M-", vocab_size=1024, d_model=256, ffn_dim=1024, n_heads=4, n_kv_heads=2
-        )
-        model = HybridLM(cfg).cuda()
-        policy = PrecisionPolicy(
-            PrecisionConfig(
-                recipe="fp8-tensorwise", fp8_scaling="delayed", amax_history=4, backend="native-fp8"
-            ),
-            cfg.n_layers,
-        )
-        policy.apply(model)
-        g = torch.Generator().manual_seed(1)
-        out = []
-        for _ in range(3):
-            ids = torch.randint(0, cfg.vocab_size, (4, 256), generator=g).cuda()
-            model.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=BF):
-                loss = model.forward_hidden(ids).float().square().mean()
-            loss.backward()
-            out.append([loss.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None])
-            policy.end_step(skipped=False)
-        runs.append((out, policy.amax_history.state.clone(), len(calls)))
-    (fused_out, fused_state, n_fused), (plain_out, plain_state, n_plain) = runs
-    assert n_fused >= 2 and n_plain == 0, (n_fused, n_plain)  # steps 2 and 3, for the quantized mixers
-    for step, (a, b) in enumerate(zip(fused_out, plain_out, strict=True)):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            same_bits(x, y, f"step {step} {'loss' if i == 0 else f'gradient {i}'}")
-    same_bits(fused_state, plain_state, "amax history")
+    cfg = dict(pattern="M-M*-M-", vocab_size=1024, d_model=256, ffn_dim=1024, n_heads=4, n_kv_heads=2)
+    n = fused_path_trains_bit_for_bit(
+        monkeypatch, in_proj_fp8, "in_proj_split", device="cuda", model_kw=cfg, batch=(4, 256), steps=3,
+        autocast=True,
+    )  # fmt: skip
+    assert n >= 2, n  # steps 2 and 3, for the quantized mixers

@@ -14,12 +14,12 @@ TRITON_INTERPRET=1 (``test_kernels_under_triton_interpreter``).
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from bits import same_bits
+from fresh_seed import fresh_generator
+from fused_fp8 import delayed_linear, fused_path_trains_bit_for_bit
 from inkling_fp4.model import out_proj_fp8
 from inkling_fp4.model.grad_slab import FP8Scaling
 from inkling_fp4.model.norm import skip_gated_rms_norm
@@ -28,13 +28,6 @@ from interpreter import INTERPRET, kernel_test, run_interpreted
 
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 BF = torch.bfloat16
-
-
-def _seed() -> torch.Generator:
-    seed = random.randrange(2**31)
-    print(f"seed = {seed}")
-    torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
 
 
 def _norm_inputs(B, L, H, P, device, g):
@@ -55,7 +48,7 @@ def _norm_inputs(B, L, H, P, device, g):
 def test_gated_norm_forward_writes_fp8_bytes(e5m2):
     from inkling_fp4.model.glue_kernels.gated_norm_kernels import gated_forward
 
-    g = _seed()
+    g = fresh_generator()
     H, P, G = 4, 32, 2
     y, x, D, z, w = _norm_inputs(2, 72, H, P, DEVICE, g)
     values, rstd = gated_forward(y, x, D, z, w, G, 1e-5, BF)  # the BF16 store, as before
@@ -79,31 +72,17 @@ def test_kernels_under_triton_interpreter():
     run_interpreted(__file__, "-m", "gpu", "-k", "not model")
 
 
-def _delayed_out_proj(E: int, D: int):
-    from inkling_fp4.precision.amax_history import AmaxHistory
-    from inkling_fp4.precision.quant_linear import QuantLinear
-    from inkling_fp4.precision.recipes import fp8_tensorwise_recipe
-
-    torch.manual_seed(0)
-    lin = QuantLinear(E, D, layer_idx=0, name="mixer.out_proj")
-    history = AmaxHistory(1, 2, torch.device("cpu"))
-    lin.recipe, lin.amax_history, lin.amax_index = fp8_tensorwise_recipe(delayed=True), history, 0
-    history.state[0, :, 0] = torch.tensor([0.5, 0.02, 0.1])  # the delayed amaxes of x, dy and W
-    history.ready = True
-    return lin, history
-
-
 def test_norm_and_out_proj_equal_the_norm_then_the_linear():
     """On CPU the function runs the reference norm and quantizes its BF16 output: its output, every
     gradient and the amax history equal the unfused path's bit for bit, with the delayed scales in use
     (some of h saturates at the x amax chosen)."""
-    g = _seed()
+    g = fresh_generator()
     H, P, G = 4, 16, 2
     inputs = _norm_inputs(2, 24, H, P, "cpu", g)
     dout = torch.randn(2, 24, 48, generator=g).to(BF)
     results = []
     for fused in (True, False):
-        lin, history = _delayed_out_proj(H * P, 48)
+        lin, history = delayed_linear(H * P, 48, "mixer.out_proj", (0.5, 0.02, 0.1))
         leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
         y, x, D, z, w = leaves
         if fused:
@@ -119,7 +98,7 @@ def test_norm_and_out_proj_equal_the_norm_then_the_linear():
 
 
 def test_out_proj_fp8_applies_only_to_delayed_pairs_on_the_kernels():
-    lin, history = _delayed_out_proj(64, 32)
+    lin, history = delayed_linear(64, 32, "mixer.out_proj", (0.5, 0.02, 0.1))
     z = torch.randn(2, 16, 64, requires_grad=True)
     assert not out_proj_fp8.applies(lin, z, BF)  # CPU: the norm has no FP8 epilogue here
     with pytest.MonkeyPatch.context() as mp:
@@ -140,48 +119,9 @@ def test_out_proj_fp8_applies_only_to_delayed_pairs_on_the_kernels():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_model_with_fp8_norm_output_trains_bit_for_bit(monkeypatch):
-    from inkling_fp4.model.config import ModelConfig
-    from inkling_fp4.model.hybrid import HybridLM
-    from inkling_fp4.precision.config import PrecisionConfig
-    from inkling_fp4.precision.policy import PrecisionPolicy
-
-    real_applies, real_fn = out_proj_fp8.applies, out_proj_fp8.skip_gated_norm_out_proj
-    runs = []
-    for fused in (True, False):
-        calls = []
-
-        def counted(*args, calls=calls):
-            calls.append(1)
-            return real_fn(*args)
-
-        monkeypatch.setattr(out_proj_fp8, "skip_gated_norm_out_proj", counted)
-        monkeypatch.setattr(out_proj_fp8, "applies", real_applies if fused else lambda *a: False)
-        torch.manual_seed(0)
-        cfg = ModelConfig(
-            pattern="M-M*-M-", vocab_size=1024, d_model=256, ffn_dim=1024, n_heads=4, n_kv_heads=2
-        )
-        model = HybridLM(cfg).cuda()
-        policy = PrecisionPolicy(
-            PrecisionConfig(
-                recipe="fp8-tensorwise", fp8_scaling="delayed", amax_history=4, backend="native-fp8"
-            ),
-            cfg.n_layers,
-        )
-        policy.apply(model)
-        g = torch.Generator().manual_seed(1)
-        out = []
-        for _ in range(3):
-            ids = torch.randint(0, cfg.vocab_size, (4, 256), generator=g).cuda()
-            model.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=BF):
-                loss = model.forward_hidden(ids).float().square().mean()
-            loss.backward()
-            out.append([loss.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None])
-            policy.end_step(skipped=False)
-        runs.append((out, policy.amax_history.state.clone(), len(calls)))
-    (fused_out, fused_state, n_fused), (plain_out, plain_state, n_plain) = runs
-    assert n_fused >= 2 and n_plain == 0, (n_fused, n_plain)  # steps 2 and 3, for the quantized mixers
-    for step, (a, b) in enumerate(zip(fused_out, plain_out, strict=True)):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            same_bits(x, y, f"step {step} {'loss' if i == 0 else f'gradient {i}'}")
-    same_bits(fused_state, plain_state, "amax history")
+    cfg = dict(pattern="M-M*-M-", vocab_size=1024, d_model=256, ffn_dim=1024, n_heads=4, n_kv_heads=2)
+    n = fused_path_trains_bit_for_bit(
+        monkeypatch, out_proj_fp8, "skip_gated_norm_out_proj", device="cuda", model_kw=cfg, batch=(4, 256),
+        steps=3, autocast=True,
+    )  # fmt: skip
+    assert n >= 2, n  # steps 2 and 3, for the quantized mixers

@@ -1,0 +1,86 @@
+"""The model-level check of a fused FP8 path (``model/mlp_fp8.py``, ``in_proj_fp8.py``,
+``out_proj_fp8.py``): a small model under delayed-scaled fp8-tensorwise trains the same with the path
+as with its linears run one by one, loss, every gradient and the amax history bit for bit."""
+
+from __future__ import annotations
+
+import torch
+
+from bits import same_bits
+
+
+def fused_path_trains_bit_for_bit(
+    monkeypatch,
+    module,
+    fn_name: str,
+    *,
+    device: str,
+    model_kw: dict,
+    batch: tuple,
+    steps: int,
+    autocast: bool,
+) -> int:
+    """Train ``steps`` optimizer-free steps twice: with ``module.applies`` as it is, and patched to
+    False (the unfused path). The first step scales currently (the history has no step yet, so no
+    fused path runs), the later ones from the history. Asserts the two runs equal bit for bit and that
+    the unfused run never called ``module.<fn_name>``; returns how often the fused run did."""
+    from inkling_fp4.model.config import ModelConfig
+    from inkling_fp4.model.hybrid import HybridLM
+    from inkling_fp4.precision.config import PrecisionConfig
+    from inkling_fp4.precision.policy import PrecisionPolicy
+
+    real_applies, real_fn = module.applies, getattr(module, fn_name)
+    runs = []
+    for fused in (True, False):
+        calls = []
+
+        def counted(*args, calls=calls):
+            calls.append(1)
+            return real_fn(*args)
+
+        monkeypatch.setattr(module, fn_name, counted)
+        monkeypatch.setattr(module, "applies", real_applies if fused else lambda *a: False)
+        torch.manual_seed(0)
+        cfg = ModelConfig(**model_kw)
+        model = HybridLM(cfg).to(device)
+        pc = PrecisionConfig(recipe="fp8-tensorwise", fp8_scaling="delayed", amax_history=4)
+        if device == "cuda":
+            pc.backend = "native-fp8"
+        policy = PrecisionPolicy(pc, cfg.n_layers)
+        policy.apply(model)
+        g = torch.Generator().manual_seed(1)
+        out = []
+        for _ in range(steps):
+            ids = torch.randint(0, cfg.vocab_size, batch, generator=g).to(device)
+            model.zero_grad(set_to_none=True)
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+                loss = model.forward_hidden(ids).float().square().mean()
+            loss.backward()
+            out.append([loss.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None])
+            policy.end_step(skipped=False)
+        runs.append((out, policy.amax_history.state.clone(), len(calls)))
+    monkeypatch.setattr(module, fn_name, real_fn)
+    monkeypatch.setattr(module, "applies", real_applies)
+    (fused_out, fused_state, n_fused), (plain_out, plain_state, n_plain) = runs
+    assert n_plain == 0, n_plain
+    for step, (a, b) in enumerate(zip(fused_out, plain_out, strict=True)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same_bits(x, y, f"step {step} {'loss' if i == 0 else f'gradient {i}'}")
+    same_bits(fused_state, plain_state, "amax history")
+    return n_fused
+
+
+def delayed_linear(in_features: int, out_features: int, name: str, amaxes: tuple[float, float, float]):
+    """(a QuantLinear under delayed fp8-tensorwise, its AmaxHistory) on CPU, the history ready with the
+    delayed amaxes of x, dy and W given (seeded weights)."""
+    from inkling_fp4.precision.amax_history import AmaxHistory
+    from inkling_fp4.precision.quant_linear import QuantLinear
+    from inkling_fp4.precision.recipes import fp8_tensorwise_recipe
+
+    torch.manual_seed(0)
+    lin = QuantLinear(in_features, out_features, layer_idx=0, name=name)
+    history = AmaxHistory(1, 2, torch.device("cpu"))
+    lin.recipe, lin.amax_history, lin.amax_index = fp8_tensorwise_recipe(delayed=True), history, 0
+    history.state[0, :, 0] = torch.tensor(amaxes)
+    history.ready = True
+    return lin, history
