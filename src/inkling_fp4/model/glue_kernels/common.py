@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inkling_fp4.model.grad_slab import FP8GradBlock
+from inkling_fp4.model.grad_slab import FP8GradBlock, FP8Scaling
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
 
 CHUNK_ROWS = 64  # rows per backward program: one row of the parameter-gradient partial sums
@@ -164,12 +164,20 @@ def epilogue_args(target: torch.Tensor | FP8GradBlock) -> tuple[torch.Tensor, di
     returns as the gradient) for a :func:`grad_buffer` target: for an FP8 block, its bytes, its
     scaling (``numerics/kernels/fp8_epilogue.py``) and its placeholder; for a tensor, FP8=False."""
     if isinstance(target, FP8GradBlock):
-        from inkling_fp4.numerics.kernels.fp8_quantize import conversion_instruction
+        return target.data, fp8_epilogue_kwargs(target.scaling, target.data), target.placeholder
+    return target, fp8_epilogue_kwargs(None, target), target
 
-        f, hw = target.scaling, conversion_instruction(target.data.device)
-        kw = dict(amax_ptr=f.amax, record_ptr=f.record, FP8=True, E5M2=f.e5m2, HW=hw)
-        return target.data, kw, target.placeholder
-    return target, dict(amax_ptr=target, record_ptr=target, FP8=False, E5M2=False, HW=False), target
+
+def fp8_epilogue_kwargs(scaling: FP8Scaling | None, out: torch.Tensor) -> dict:
+    """The FP8 epilogue's launch arguments for a kernel storing into ``out``: the delayed amax and
+    record words, the format and whether the GPU's conversion instruction makes the bytes; with no
+    ``scaling``, FP8=False (``out`` fills the unused pointer slots)."""
+    if scaling is None:
+        return dict(amax_ptr=out, record_ptr=out, FP8=False, E5M2=False, HW=False)
+    from inkling_fp4.numerics.kernels.fp8_quantize import conversion_instruction
+
+    hw = conversion_instruction(out.device)
+    return dict(amax_ptr=scaling.amax, record_ptr=scaling.record, FP8=True, E5M2=scaling.e5m2, HW=hw)
 
 
 def _rows_of_one_stride(t: torch.Tensor) -> bool:

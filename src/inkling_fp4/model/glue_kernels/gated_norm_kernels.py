@@ -31,6 +31,7 @@ from inkling_fp4.model.glue_kernels.common import (
     check_inputs,
     epilogue_args,
     forward_tile,
+    fp8_epilogue_kwargs,
     grad_buffer,
     load_f32,
     on_device,
@@ -159,16 +160,10 @@ def gated_forward(
     s_dtype = skip_dtype(y, x, D)
     y2, x2, z2 = as_rows(y, E), as_rows(x, E), as_rows(z, E)
     R, GW = y2.shape[0], E // n_groups
-    if fp8_out is not None:
-        assert out_dtype == torch.bfloat16, "FP8 bytes are of the BF16 output"
-        from inkling_fp4.numerics.kernels.fp8_quantize import conversion_instruction
-
-        out = torch.empty(z.shape, device=z.device, dtype=torch.uint8)
-        f, hw = fp8_out, conversion_instruction(z.device)
-        fp8_kw = dict(amax_ptr=f.amax, record_ptr=f.record, FP8=True, E5M2=f.e5m2, HW=hw)
-    else:
-        out = torch.empty(z.shape, device=z.device, dtype=out_dtype or s_dtype)
-        fp8_kw = dict(amax_ptr=out, record_ptr=out, FP8=False, E5M2=False, HW=False)
+    assert fp8_out is None or out_dtype == torch.bfloat16, "FP8 bytes are of the BF16 output"
+    out_dtype = torch.uint8 if fp8_out is not None else out_dtype or s_dtype
+    out = torch.empty(z.shape, device=z.device, dtype=out_dtype)
+    fp8_kw = fp8_epilogue_kwargs(fp8_out, out)
     rstd = torch.empty(R, n_groups, device=z.device, dtype=torch.float32)
     block_c, block_r, warps = forward_tile(GW)
     with on_device(z):

@@ -27,6 +27,7 @@ from inkling_fp4.model.glue_kernels.common import (
     epilogue_args,
     exp,
     forward_tile,
+    fp8_epilogue_kwargs,
     grad_buffer,
     load_f32,
     log1p,
@@ -126,7 +127,7 @@ class _DtSoftplus(torch.autograd.Function):
             _dt_softplus[(max(1, cdiv(R, block_r)),)](
                 dt2, dt_bias, dt2, out, out, R, H, dt2.stride(0), 0, H,
                 GRAD=False, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=warps, enable_fp_fusion=False,
-                amax_ptr=out, record_ptr=out, FP8=False, E5M2=False, HW=False,
+                **fp8_epilogue_kwargs(None, out),
             )  # fmt: skip
         ctx.save_for_backward(dt_raw, dt_bias)
         return out
