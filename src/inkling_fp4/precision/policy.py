@@ -135,7 +135,7 @@ class PrecisionPolicy:
         layers = list(_quant_linears(model))
         delayed = self.recipe is not None and self.cfg.fp8_scaling == "delayed"
         if delayed and self.amax_history is None:
-            names = [f"layers.{m.layer_idx}.{m.name or 'linear'}" for m in layers]
+            names = [m.full_name for m in layers]
             self.amax_history = AmaxHistory(len(layers), self.cfg.amax_history, self._device, names)
         if self.amax_history is not None:
             if self.amax_history.layers != len(layers):

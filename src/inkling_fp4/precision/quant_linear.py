@@ -65,7 +65,7 @@ class QuantLinear(nn.Module):
         None: torch's default generator."""
         self.amax_history = None
         """The delayed-scaling :class:`~inkling_fp4.precision.amax_history.AmaxHistory` this layer
-        records into (row ``amax_index``), set by the policy when the recipe scales x and dy that way."""
+        records into (row ``amax_index``), set by the policy when the recipe scales x, dy and W that way."""
         self.amax_index = 0
         nn.init.normal_(self.weight, std=1.0 / math.sqrt(in_features))
 
@@ -368,7 +368,7 @@ class LinearGEMMs:
                     amax=dy_used,
                     record=dy_rec,
                 )
-                if self.delayed is not None and not pair_dy:  # dy quantized for one GEMM only
+                if delayed is not None and not pair_dy:  # dy quantized for one GEMM only
                     amax_dy = amax_dyt = dy_used
             if "w" in saved:
                 if recipe.dgrad is None:
