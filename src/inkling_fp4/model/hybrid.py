@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from inkling_fp4.errors import UserError
-from inkling_fp4.model import flops
+from inkling_fp4.model import flops, norm_fp8
 from inkling_fp4.model.attention import Attention
 from inkling_fp4.model.cache import InferenceCache
 from inkling_fp4.model.config import ModelConfig
@@ -74,6 +74,11 @@ class Block(nn.Module):
         yet added (None for the first block). Returns (x + pending, this block's mixer output): the
         residual add happens in the same fused kernel as this block's norm, and the caller adds the
         last block's output (:meth:`HybridLM.forward_hidden`)."""
+        h_dtype = x.dtype if pending is None else torch.promote_types(x.dtype, pending.dtype)
+        linear = self.mixer.input_linear()
+        if norm_fp8.applies(linear, x, h_dtype):  # delayed FP8: the norm writes the mixer's x as FP8
+            x, placeholder, fp8_in = norm_fp8.norm(self.norm, x, pending, linear)
+            return x, self.mixer(placeholder, packing, fp8_in)
         if pending is None:
             return x, self.mixer(self.norm(x), packing)
         x, normed = self.norm.add_and_norm(x, pending)

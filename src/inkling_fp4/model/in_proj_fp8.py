@@ -41,10 +41,11 @@ def applies(in_proj: QuantLinear, u: torch.Tensor) -> bool:
 
 
 def in_proj_split(
-    in_proj: QuantLinear, u: torch.Tensor, widths: list[int]
+    in_proj: QuantLinear, u: torch.Tensor, widths: list[int], pair_x: tuple | None = None
 ) -> tuple[tuple[torch.Tensor, ...], GradSlab]:
     """``in_proj(u).split(widths, -1)`` for u [..., D], and the FP8 :class:`GradSlab` whose blocks the
-    consumers of the pieces write their gradients into (``slab.into(i)``)."""
+    consumers of the pieces write their gradients into (``slab.into(i)``). ``pair_x``: u already
+    quantized (``QuantLinear.forward``)."""
     u2d = u.reshape(-1, in_proj.in_features)  # u2d: [M, D]
     gemms = in_proj.gemms(u2d.shape[0], u.device)
     spec = in_proj.recipe.dgrad.a
@@ -53,7 +54,7 @@ def in_proj_split(
     like = torch.empty((), device=u.device, dtype=torch.bfloat16).expand(*u.shape[:-1], in_proj.out_features)
     scaling = FP8Scaling(dy_amax.reshape(1), dy_record.reshape(1), spec.format == "e5m2")
     slab = GradSlab(like, list(widths), scaling)
-    blocks = _InProjSplitFn.apply(u2d, in_proj.weight, gemms, list(widths), slab, tuple(u.shape[:-1]))
+    blocks = _InProjSplitFn.apply(u2d, in_proj.weight, gemms, list(widths), slab, tuple(u.shape[:-1]), pair_x)
     return blocks, slab
 
 
@@ -61,9 +62,9 @@ class _InProjSplitFn(torch.autograd.Function):
     """in_proj (its three GEMMs) and the split of its output; the output's gradient comes as FP8."""
 
     @staticmethod
-    def forward(ctx, u2d, weight, gemms: LinearGEMMs, widths, slab: GradSlab, lead):
+    def forward(ctx, u2d, weight, gemms: LinearGEMMs, widths, slab: GradSlab, lead, pair_x):
         need_dx, need_dw = ctx.needs_input_grad[:2]
-        y, saved = gemms.forward(u2d, weight, need_dx=need_dx, need_dw=need_dw)  # y: [M, W] BF16
+        y, saved = gemms.forward(u2d, weight, need_dx=need_dx, need_dw=need_dw, pair_x=pair_x)  # y: [M, W]
         save_operands(ctx, saved)
         ctx.gemms, ctx.slab, ctx.x_dtype = gemms, slab, u2d.dtype
         ctx.set_materialize_grads(False)
@@ -74,7 +75,7 @@ class _InProjSplitFn(torch.autograd.Function):
         slab, gemms = ctx.slab, ctx.gemms
         if all(g is None for g in grads):
             slab.buffer = None
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         spec = gemms.recipe.dgrad.a
         dtype = torch.float8_e5m2 if spec.format == "e5m2" else torch.float8_e4m3fn
         for i, g in enumerate(grads):
@@ -93,4 +94,4 @@ class _InProjSplitFn(torch.autograd.Function):
         rows, cols = fp8.tensorwise_pair_from_rows(rows, slab.fp8.amax)  # cols: dyᵀ [W, M]
         pair = (Operand(rows, spec), Operand(cols, gemms.recipe.wgrad.a))
         dx, dw = gemms.backward(saved_operands(ctx), None, ctx.x_dtype, pair_dy=pair)
-        return dx, dw, None, None, None, None
+        return dx, dw, None, None, None, None, None

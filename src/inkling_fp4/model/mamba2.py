@@ -165,15 +165,16 @@ class Mamba2Mixer(nn.Module):
         h = skip_gated_rms_norm(y, x, self.D, z, norm.weight, self.G, norm.eps, out_dtype, dz_into=dz_into)
         return self.out_proj(h)
 
-    def _mix(self, u: torch.Tensor, seg: torch.Tensor | None, valid: torch.Tensor | None):
-        """The sequence path shared by forward and prefill. u: [B, L, D]; valid: [B, L] bool or None.
-        Returns the output [B, L, D], the pre-conv inputs xBC [B, L, C] and the final SSM state."""
+    def _mix(self, u: torch.Tensor, seg: torch.Tensor | None, valid: torch.Tensor | None, fp8_in=None):
+        """The sequence path shared by forward and prefill. u: [B, L, D]; valid: [B, L] bool or None;
+        fp8_in: u already quantized for in_proj (its ``pair_x``). Returns the output [B, L, D], the
+        pre-conv inputs xBC [B, L, C] and the final SSM state."""
         into = [None] * 3  # where the consumers of z, xBC, dt write their gradients (None: autograd's)
         if in_proj_fp8.applies(self.in_proj, u):  # delayed FP8: the consumers write in_proj's FP8 dy
-            (z, xBC_in, dt_raw), slab = in_proj_fp8.in_proj_split(self.in_proj, u, self.in_widths)
+            (z, xBC_in, dt_raw), slab = in_proj_fp8.in_proj_split(self.in_proj, u, self.in_widths, fp8_in)
             into = [slab.into(i) for i in range(3)]
         else:
-            zxbcdt = self.in_proj(u)  # [B, L, 2E + 2GN + H]
+            zxbcdt = self.in_proj(u, fp8_in)  # [B, L, 2E + 2GN + H]
             if torch.is_grad_enabled() and zxbcdt.requires_grad and fast_forms_on(zxbcdt):
                 (z, xBC_in, dt_raw), slab = split_with_grad_slab(zxbcdt, self.in_widths)
                 into = [slab.into(i) for i in range(3)]  # in_proj's gradient: written in place, no concat
@@ -188,9 +189,13 @@ class Mamba2Mixer(nn.Module):
         y, final = ssd(x, dt, A, B, C, self.chunk_size, doc_ids=seg, impl=self.ssd_impl)  # y: [B, L, H, P]
         return self._output(y, x, z, into[0]), xBC_in, final
 
-    def forward(self, u: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
-        """u: [B, L, D] -> [B, L, D]."""
-        out, _, _ = self._mix(u, None if packing is None else packing.seg, None)
+    def input_linear(self) -> QuantLinear:
+        """The linear that reads the block's normed input (``model/norm_fp8.py``)."""
+        return self.in_proj
+
+    def forward(self, u: torch.Tensor, packing: Packing | None = None, fp8_in: tuple | None = None):
+        """u: [B, L, D] -> [B, L, D]. ``fp8_in``: u already quantized for in_proj (its ``pair_x``)."""
+        out, _, _ = self._mix(u, None if packing is None else packing.seg, None, fp8_in)
         return out
 
     def allocate_state(self, batch: int, max_len: int, device, dtype) -> MambaState:

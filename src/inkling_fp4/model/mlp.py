@@ -39,11 +39,16 @@ class MLP(nn.Module):
     def output_projections(self) -> list[QuantLinear]:
         return [self.down_proj]
 
-    def forward(self, x: torch.Tensor, packing=None) -> torch.Tensor:
-        """x: [..., D] -> [..., D]. ``packing`` is ignored: an MLP mixes no positions."""
+    def input_linear(self) -> QuantLinear:
+        """The linear that reads the block's normed input (``model/norm_fp8.py``)."""
+        return self.up_proj
+
+    def forward(self, x: torch.Tensor, packing=None, fp8_in: tuple | None = None) -> torch.Tensor:
+        """x: [..., D] -> [..., D]. ``packing`` is ignored: an MLP mixes no positions. ``fp8_in``: x
+        already quantized for up_proj (``QuantLinear.forward``'s ``pair_x``)."""
         if mlp_fp8.applies(self.up_proj, self.down_proj, x):  # FP8 with delayed scales: one fused path
-            return mlp_fp8.squared_relu_mlp(self.up_proj, self.down_proj, x)
-        h = squared_relu(self.up_proj(x))  # [..., F]
+            return mlp_fp8.squared_relu_mlp(self.up_proj, self.down_proj, x, fp8_in)
+        h = squared_relu(self.up_proj(x, fp8_in))  # [..., F]
         return self.down_proj(h)  # [..., D]
 
     def allocate_state(self, batch: int, max_len: int, device, dtype) -> None:

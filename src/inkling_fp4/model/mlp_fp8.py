@@ -33,12 +33,13 @@ def applies(up: QuantLinear, down: QuantLinear, x: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and grads and eager and up.delayed_fp8_pairs() and down.delayed_fp8_pairs()
 
 
-def squared_relu_mlp(up: QuantLinear, down: QuantLinear, x: torch.Tensor) -> torch.Tensor:
-    """``down(relu(up(x))²)`` for x [..., D] -> [..., D], the squared ReLU fused into the quantizers."""
+def squared_relu_mlp(up: QuantLinear, down: QuantLinear, x: torch.Tensor, pair_x: tuple | None = None):
+    """``down(relu(up(x))²)`` for x [..., D] -> [..., D], the squared ReLU fused into the quantizers.
+    ``pair_x``: x already quantized for up (``QuantLinear.forward``)."""
     x2d = x.reshape(-1, up.in_features)  # x2d: [M, D]
     tokens = x2d.shape[0]
     y = _SquaredReLUMLPFn.apply(
-        x2d, up.weight, down.weight, up.gemms(tokens, x.device), down.gemms(tokens, x.device)
+        x2d, up.weight, down.weight, up.gemms(tokens, x.device), down.gemms(tokens, x.device), pair_x
     )
     return y.reshape(*x.shape[:-1], down.out_features)
 
@@ -47,9 +48,9 @@ class _SquaredReLUMLPFn(torch.autograd.Function):
     """Both linears and the squared ReLU between them, whose output and gradient exist only as FP8."""
 
     @staticmethod
-    def forward(ctx, x2d, w_up, w_down, up: LinearGEMMs, down: LinearGEMMs):
+    def forward(ctx, x2d, w_up, w_down, up: LinearGEMMs, down: LinearGEMMs, pair_x):
         need_dx, need_dw_up, need_dw_down = ctx.needs_input_grad[:3]
-        h, saved_up = up.forward(x2d, w_up, need_dx=need_dx, need_dw=need_dw_up)  # h: [M, F] BF16
+        h, saved_up = up.forward(x2d, w_up, need_dx=need_dx, need_dw=need_dw_up, pair_x=pair_x)  # [M, F]
         spec = down.recipe.fprop.a
         x_used, x_record = down.delayed.x_used, down.delayed.x_record
         pair_r = gemm.fp8_operand_pair(
@@ -73,7 +74,7 @@ class _SquaredReLUMLPFn(torch.autograd.Function):
             squared_relu=True, dout=dr,
         )  # dh = 2·dr·h where h > 0: [M, F] as dgrad and wgrad operands  # fmt: skip
         dx, dw_up = up.backward(_part(saved, "up."), None, ctx.x_dtype, pair_dy=pair_dh)
-        return dx, dw_up, dw_down, None, None
+        return dx, dw_up, dw_down, None, None, None
 
 
 def _part(saved: dict, prefix: str) -> dict:

@@ -69,8 +69,13 @@ class QuantLinear(nn.Module):
         self.amax_index = 0
         nn.init.normal_(self.weight, std=1.0 / math.sqrt(in_features))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pair_x: tuple | None = None) -> torch.Tensor:
+        """x [..., K] -> [..., N]. ``pair_x``: x's fprop and wgrad operands, already quantized by x's
+        producer under this layer's delayed scale (``model/norm_fp8.py``; x is then not read, only its
+        gradient flows); only for a training forward of delayed FP8 pairs (:meth:`delayed_fp8_pairs`)."""
         recipe = self.recipe
+        if pair_x is not None and not (torch.is_grad_enabled() and self.delayed_fp8_pairs()):
+            raise ValueError(f"{self.full_name}: pair_x is for training forwards of delayed FP8 pairs only")
         if recipe is None or not recipe.quantizes_anything:
             return _bf16_linear(x, self.weight)
         if recipe.backend == "te" and recipe.fprop is not None:
@@ -80,7 +85,7 @@ class QuantLinear(nn.Module):
         lead = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)  # x2d: [M, K]
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            y = _QuantLinearFn.apply(x2d, self.weight, self.gemms(x2d.shape[0], x2d.device))
+            y = _QuantLinearFn.apply(x2d, self.weight, self.gemms(x2d.shape[0], x2d.device), pair_x)
         else:
             y = quantized_forward(x2d, self.weight, recipe, name=self.full_name, out_dtype=torch.bfloat16)
         return y.reshape(*lead, self.out_features)
@@ -238,9 +243,9 @@ class _QuantLinearFn(torch.autograd.Function):
     """The autograd function of a quantized linear layer (see the module docstring for the GEMMs)."""
 
     @staticmethod
-    def forward(ctx, x2d, weight, layer: LinearGEMMs):
+    def forward(ctx, x2d, weight, layer: LinearGEMMs, pair_x):
         need_dx, need_dw = ctx.needs_input_grad[:2]
-        y, saved = layer.forward(x2d, weight, need_dx=need_dx, need_dw=need_dw)
+        y, saved = layer.forward(x2d, weight, need_dx=need_dx, need_dw=need_dw, pair_x=pair_x)
         save_operands(ctx, saved)
         ctx.layer, ctx.x_dtype = layer, x2d.dtype
         return y
@@ -248,7 +253,7 @@ class _QuantLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         dx, dw = ctx.layer.backward(saved_operands(ctx), dy, ctx.x_dtype)
-        return dx, dw, None
+        return dx, dw, None, None
 
 
 @dataclasses.dataclass

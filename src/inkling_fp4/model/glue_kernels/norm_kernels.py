@@ -25,18 +25,24 @@ from inkling_fp4.model.glue_kernels.common import (
     cdiv,
     check_inputs,
     forward_tile,
+    fp8_epilogue_kwargs,
     load_f32,
     on_device,
     round_to,
     rsqrt,
     to_f32,
 )
+from inkling_fp4.model.grad_slab import FP8Scaling
+from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
+from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
 
 
 @triton.jit
 def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
-              ADD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
-    """rms_norm of BLOCK_R rows: out = (h r) w, h = x, or with ADD h = x + y (also stored)."""
+              ADD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+              amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr):  # fmt: skip
+    """rms_norm of BLOCK_R rows: out = (h r) w, h = x, or with ADD h = x + y (also stored). ``FP8``: out
+    as delayed-scaled FP8 bytes (of out rounded to BF16), its amax recorded (``fp8_epilogue.py``)."""
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (cols < D)[None, :]
@@ -49,7 +55,14 @@ def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
     rstd = rsqrt(tl.div_rn(tl.sum(h * h, 1), (D * 1.0)) + eps)  # [BLOCK_R]
     w = load_f32(w_ptr + cols, cols < D)
     out = (h * rstd[:, None]) * w[None, :]
-    tl.store(out_ptr + rows[:, None] * D + cols[None, :], round_to(out, out_ptr.dtype.element_ty), mask=mask)
+    if FP8:
+        q, r = bf16_fp8_bytes(out, fp8_scale(amax_ptr, E5M2), E5M2, HW)
+        tl.store(out_ptr + rows[:, None] * D + cols[None, :], q, mask=mask)
+        record_amax(record_ptr, running_amax(tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32), r, mask))
+    else:
+        tl.store(
+            out_ptr + rows[:, None] * D + cols[None, :], round_to(out, out_ptr.dtype.element_ty), mask=mask
+        )
     tl.store(rstd_ptr + rows, rstd, mask=rows < R)
 
 
@@ -85,24 +98,28 @@ def _norm_bwd(h_ptr, w_ptr, rstd_ptr, dout_ptr, dh_ptr, dx_ptr, dy_ptr, dw_ptr, 
     tl.store(dw_ptr + pid * D + cols, dw, mask=col_ok)
 
 
-def _norm_forward(x, y, weight, eps, out_dtype, h):
-    """Launch the (add +) rms_norm forward (h: the buffer for x + y, or None); returns (normed, rstd [R])."""
+def norm_forward(x, y, weight, eps, out_dtype, h, fp8_out: FP8Scaling | None = None):
+    """Launch the (add +) rms_norm forward (h: the buffer for x + y, or None); returns (normed, rstd [R]).
+    ``fp8_out``: normed as uint8 FP8 bytes, the BF16 values scaled by its delayed amax, their amax
+    folded into its record word (out_dtype must then be BF16)."""
     D = x.shape[-1]
     x2 = as_rows(x, D)
     y2 = x2 if y is None else as_rows(y, D)
     R = x2.shape[0]
-    out = torch.empty(x.shape, device=x.device, dtype=out_dtype)
+    assert fp8_out is None or out_dtype == torch.bfloat16, "FP8 bytes are of the BF16 output"
+    out = torch.empty(x.shape, device=x.device, dtype=torch.uint8 if fp8_out is not None else out_dtype)
     rstd = torch.empty(R, device=x.device, dtype=torch.float32)
     block_d, block_r, warps = forward_tile(D)
     with on_device(x):
         _norm_fwd[(max(1, cdiv(R, block_r)),)](
             x2, y2, weight, out if h is None else h, out, rstd, R, D, x2.stride(0), y2.stride(0), eps,
             ADD=y is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, enable_fp_fusion=False,
+            **fp8_epilogue_kwargs(fp8_out, out),
         )  # fmt: skip
     return out, rstd
 
 
-def _norm_backward(h, weight, rstd, dout, dh, dx_dtype, dy_dtype):
+def norm_backward(h, weight, rstd, dout, dh, dx_dtype, dy_dtype):
     """The (add +) rms_norm backward: dx, dy (dx itself when the dtypes agree) and dweight."""
     D = h.shape[-1]
     h2, dout2 = as_rows(h, D), as_rows(dout, D)
@@ -127,14 +144,14 @@ def _norm_backward(h, weight, rstd, dout, dh, dx_dtype, dy_dtype):
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, out_dtype):
-        out, rstd = _norm_forward(x, None, weight, eps, out_dtype, None)
+        out, rstd = norm_forward(x, None, weight, eps, out_dtype, None)
         ctx.save_for_backward(x, weight, rstd)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         x, weight, rstd = ctx.saved_tensors
-        dx, _, dweight = _norm_backward(x, weight, rstd, dout, None, x.dtype, None)
+        dx, _, dweight = norm_backward(x, weight, rstd, dout, None, x.dtype, None)
         return dx, dweight, None, None
 
 
@@ -143,7 +160,7 @@ class _AddRMSNorm(torch.autograd.Function):
     def forward(ctx, x, y, weight, eps, out_dtype):
         ctx.set_materialize_grads(False)  # h is often dropped (the final norm): no zeros to add
         h = torch.empty(x.shape, device=x.device, dtype=torch.promote_types(x.dtype, y.dtype))
-        out, rstd = _norm_forward(x, y, weight, eps, out_dtype, h)
+        out, rstd = norm_forward(x, y, weight, eps, out_dtype, h)
         ctx.save_for_backward(h, weight, rstd)
         ctx.dtypes = (x.dtype, y.dtype)
         return h, out
@@ -154,7 +171,7 @@ class _AddRMSNorm(torch.autograd.Function):
         x_dtype, y_dtype = ctx.dtypes
         if dnormed is None:  # only h was used: its gradient passes straight through the add
             return (None,) * 5 if dh is None else (dh.to(x_dtype), dh.to(y_dtype), None, None, None)
-        dx, dy, dweight = _norm_backward(h, weight, rstd, dnormed, dh, x_dtype, y_dtype)
+        dx, dy, dweight = norm_backward(h, weight, rstd, dnormed, dh, x_dtype, y_dtype)
         return dx, dy, dweight, None, None
 
 

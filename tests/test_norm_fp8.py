@@ -1,0 +1,156 @@
+"""The block norms writing their output as FP8 (the next mixer's x under delayed scaling): the forward
+kernel storing FP8 bytes against the same kernel storing BF16 values, then quantized by the torch
+reference with the same delayed scale: bytes, recorded amax, rstd and h, with a saturating and a
+non-saturating amax and zero rows.
+
+Kernel tests (marked ``gpu``) run on a CUDA device, or on CPU in a child pytest under
+TRITON_INTERPRET=1 (``test_kernels_under_triton_interpreter``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bits import same_bits
+from fresh_seed import fresh_generator
+from fused_fp8 import delayed_linear, fused_path_trains_bit_for_bit
+from inkling_fp4.model.grad_slab import FP8Scaling
+from inkling_fp4.numerics import fp8
+from interpreter import INTERPRET, kernel_test, run_interpreted
+
+DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+
+
+@kernel_test
+@pytest.mark.parametrize("add", [False, True])
+@pytest.mark.parametrize("e5m2", [False, True])
+def test_norm_forward_writes_fp8_bytes(add, e5m2):
+    from inkling_fp4.model.glue_kernels.norm_kernels import norm_forward
+
+    g = fresh_generator()
+    R, D = 96, 160
+    x = torch.randn(R, D, generator=g) * torch.pow(10.0, torch.empty(R, 1).uniform_(-3, 3, generator=g))
+    y = torch.randn(R, D, generator=g).to(torch.bfloat16)
+    x[:4] = 0.0
+    if add:
+        y[:4] = 0.0
+    x, y, w = x.to(DEVICE), y.to(DEVICE), torch.randn(D, generator=g).to(DEVICE)
+    h_plain = torch.empty(R, D, device=DEVICE) if add else None
+    values, rstd = norm_forward(x, y if add else None, w, 1e-5, torch.bfloat16, h_plain)
+    own = values.float().abs().amax()
+    dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
+    for amax in (own / 16, own * 2):  # some values saturate; none do
+        record = torch.full((1,), -1.0, device=DEVICE)
+        h = torch.empty(R, D, device=DEVICE) if add else None
+        scaling = FP8Scaling(amax.reshape(1), record, e5m2)
+        q, rstd_fp8 = norm_forward(x, y if add else None, w, 1e-5, torch.bfloat16, h, fp8_out=scaling)
+        assert q.dtype == torch.uint8 and q.shape == values.shape
+        ref = fp8.quantize_tensorwise_ref(values.cpu(), dtype, amax=amax.reshape(1).cpu())
+        same_bits(q.view(dtype).cpu(), ref.data, f"FP8 bytes, amax {float(amax):.3g}")
+        assert record.item() == own.item(), (record.item(), own.item())
+        same_bits(rstd_fp8, rstd, "rstd")
+        if add:
+            same_bits(h, h_plain, "h")
+
+
+def test_kernels_under_triton_interpreter():
+    """Run the kernel tests on CPU in a child process with TRITON_INTERPRET=1."""
+    if torch.cuda.is_available():
+        pytest.skip("the kernel tests run on the GPU here")
+    run_interpreted(__file__, "-m", "gpu", "-k", "not model")
+
+
+# -- the norm and the mixer's first linear ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("add", [False, True])
+def test_norm_fp8_equals_the_norm_then_the_linear(add):
+    """On CPU the function runs the reference norm and quantizes its BF16 output: h, the linear's
+    output, every gradient and the amax history equal the unfused path's bit for bit, with the delayed
+    scales in use (some of the norm's output saturates at the x amax chosen)."""
+    from inkling_fp4.model import norm_fp8
+    from inkling_fp4.model.norm import RMSNorm, add_rms_norm, rms_norm
+
+    g = fresh_generator()
+    D, N = 64, 48
+    x = torch.randn(2, 24, D, generator=g) * 3
+    y = torch.randn(2, 24, D, generator=g).to(torch.bfloat16)
+    dout = torch.randn(2, 24, N, generator=g).to(torch.bfloat16)
+    dh = torch.randn(2, 24, D, generator=g)  # the residual stream's own gradient
+    norm = RMSNorm(D, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(D, generator=g) + 0.5)
+    results = []
+    for fused in (True, False):
+        lin, history = delayed_linear(D, N, "mixer.in_proj", (1.5, 0.02, 0.1))
+        xx, yy = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+        norm.weight.grad = None
+        if fused:
+            h, placeholder, pair = norm_fp8.norm(norm, xx, yy if add else None, lin)
+            out = lin(placeholder, pair)
+        else:
+            if add:  # the norm's BF16 output, as under autocast
+                h, normed = add_rms_norm(xx, yy, norm.weight, norm.eps, torch.bfloat16)
+            else:
+                h, normed = xx, rms_norm(xx, norm.weight, norm.eps, torch.bfloat16)
+            out = lin(normed)
+        torch.autograd.backward([out, h] if add else [out], [dout, dh] if add else [dout])
+        grads = [xx.grad, yy.grad if add else torch.zeros(()), norm.weight.grad, lin.weight.grad]
+        results.append([h, out, *grads, history.state.clone()])
+    names = ["h", "output", "dx", "dy", "d norm weight", "d linear weight", "amax history"]
+    for a, b, what in zip(*results, names, strict=True):
+        same_bits(a, b, what)
+    assert results[0][-1][0, 0, 1] > 1.5  # x's own amax recorded, above the delayed one: saturated
+
+
+def test_norm_fp8_applies_only_to_delayed_pairs_on_the_kernels():
+    from inkling_fp4.model import norm_fp8
+
+    lin, history = delayed_linear(64, 32, "mixer.in_proj", (1.0, 0.02, 0.1))
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not norm_fp8.applies(lin, x, torch.float32)  # CPU: the norm has no FP8 epilogue here
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(norm_fp8, "fast_forms_on", lambda t: True)
+            assert norm_fp8.applies(lin, x, torch.float32)
+            assert not norm_fp8.applies(None, x, torch.float32)  # a mixer without one first linear
+            assert not norm_fp8.applies(lin, x[:, :15], torch.float32)  # 30 tokens: not 16 | tokens
+            history.ready = False
+            assert not norm_fp8.applies(lin, x, torch.float32)
+            history.ready = True
+            with torch.no_grad():
+                assert not norm_fp8.applies(lin, x, torch.float32)
+    with pytest.MonkeyPatch.context() as mp:  # no autocast: the norm writes FP32, not BF16
+        mp.setattr(norm_fp8, "fast_forms_on", lambda t: True)
+        assert not norm_fp8.applies(lin, x, torch.float32)
+    with pytest.raises(ValueError, match="pair_x"):
+        with torch.no_grad():
+            lin(x, ("not", "used"))
+
+
+def test_model_with_fp8_norm_output_trains_bit_for_bit(monkeypatch):
+    """A model under CPU autocast with the norms' FP8 path (their reference form) against the same model
+    without it: Mamba-2, attention and MLP blocks, the first block's plain norm and the fused adds."""
+    from inkling_fp4.model import norm_fp8
+
+    monkeypatch.setattr(
+        norm_fp8, "fast_forms_on", lambda t: True
+    )  # applies() on CPU; the norm's reference runs
+    cfg = dict(pattern="M-*-M-", vocab_size=256, d_model=64, ffn_dim=160, n_heads=4, n_kv_heads=2)
+    n = fused_path_trains_bit_for_bit(
+        monkeypatch, norm_fp8, "norm", device="cpu", model_kw=cfg, batch=(2, 48), steps=2, autocast=True
+    )
+    assert n == 4, n  # step 2, every block but the first and last (BF16 in the recipe)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_model_with_fp8_norm_output_trains_bit_for_bit(monkeypatch):
+    from inkling_fp4.model import norm_fp8
+
+    cfg = dict(pattern="M-M*-M-", vocab_size=1024, d_model=256, ffn_dim=1024, n_heads=4, n_kv_heads=2)
+    n = fused_path_trains_bit_for_bit(
+        monkeypatch, norm_fp8, "norm", device="cuda", model_kw=cfg, batch=(4, 256), steps=3, autocast=True
+    )
+    assert n == 10, n  # steps 2 and 3, the 5 quantized blocks
