@@ -76,11 +76,14 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
         return y.transpose(1, 2).flatten(2)  # [B, Lq, H E]
 
-    def forward(self, x: torch.Tensor, packing: Packing | None = None, fp8_in: tuple | None = None):
-        """x: [B, L, D] -> [B, L, D]. ``fp8_in``: x already quantized for qkv_proj (its ``pair_x``)."""
+    def forward(
+        self, x: torch.Tensor, packing: Packing | None = None, fp8_in: tuple | None = None, dy_fp8=None
+    ):
+        """x: [B, L, D] -> [B, L, D]. ``fp8_in``: x already quantized for qkv_proj (its ``pair_x``);
+        ``dy_fp8``: the output's FP8 gradient slab (o_proj's ``dy_fp8``)."""
         q, k, v = self._qkv(x, fp8_in)
         y = self._attend(q, k, v, None if packing is None else packing.attn_mask)
-        return self.o_proj(y)
+        return self.o_proj(y, dy_fp8=dy_fp8)
 
     def allocate_state(self, batch: int, max_len: int, device, dtype) -> AttentionState:
         shape = (batch, max_len, self.n_kv_heads, self.head_dim)

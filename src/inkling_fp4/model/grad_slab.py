@@ -28,6 +28,10 @@ from dataclasses import dataclass
 
 import torch
 
+from inkling_fp4.numerics import fp8
+from inkling_fp4.precision.gemm import Operand
+from inkling_fp4.precision.recipes import OperandQuant
+
 
 @dataclass
 class FP8Scaling:
@@ -95,15 +99,37 @@ class GradSlab:
         if grad is None or self.buffer is None:
             return False
         b = self._view(i)
-        if self.fp8 is not None:
+        if self.fp8 is not None:  # leading dims may come flattened (a linear's [M, W] view of them)
             zeros = grad.data_ptr() == self._zero.data_ptr() and not any(grad.stride())
-            return zeros and grad.shape == b.shape
+            return zeros and grad.shape[-1] == b.shape[-1] and grad.numel() == b.numel()
         return (
             grad.data_ptr() == b.data_ptr()
             and grad.shape == b.shape
             and grad.stride() == b.stride()
             and grad.dtype == b.dtype
         )
+
+    def fp8_operands(self, grads: tuple, dgrad: OperandQuant, wgrad: OperandQuant) -> tuple[Operand, Operand]:
+        """An FP8 slab's tensor gradient as its dgrad and wgrad operands (dy [M, W] and dyᵀ [W, M],
+        ``gemm.fp8_operand_pair``'s form) from the bytes the consumers wrote, ``grads`` holding each
+        block's gradient as received. A block whose consumer returned values instead of its
+        placeholder is quantized into the buffer (the bytes its kernel would have written); a block
+        without a gradient is zero. The buffer is handed over (the slab lets go of it)."""
+        dtype = torch.float8_e5m2 if self.fp8.e5m2 else torch.float8_e4m3fn
+        for i, g in enumerate(grads):
+            block = self.block(i)
+            if g is None:  # zero bytes (FP8 zero), nothing to record
+                block.data.zero_()
+            elif not self.holds(g, i):
+                w = block.data.shape[-1]
+                q = fp8.quantize_tensorwise(
+                    g.reshape(-1, w), dtype, check=False, amax=self.fp8.amax, record=self.fp8.record
+                )
+                block.data.view(-1, w).copy_(q.data.view(torch.uint8))
+        rows = self.buffer.view(-1, self._bounds[-1]).view(dtype)  # [M, W]
+        self.buffer = None
+        rows, cols = fp8.tensorwise_pair_from_rows(rows, self.fp8.amax)  # cols: [W, M]
+        return Operand(rows, dgrad), Operand(cols, wgrad)
 
 
 class _SplitColumns(torch.autograd.Function):

@@ -26,8 +26,6 @@ import torch
 
 from inkling_fp4.model.compiled import fast_forms_on
 from inkling_fp4.model.grad_slab import FP8Scaling, GradSlab
-from inkling_fp4.numerics import fp8
-from inkling_fp4.precision.gemm import Operand
 from inkling_fp4.precision.quant_linear import LinearGEMMs, QuantLinear, save_operands, saved_operands
 
 
@@ -76,22 +74,6 @@ class _InProjSplitFn(torch.autograd.Function):
         if all(g is None for g in grads):
             slab.buffer = None
             return None, None, None, None, None, None, None
-        spec = gemms.recipe.dgrad.a
-        dtype = torch.float8_e5m2 if spec.format == "e5m2" else torch.float8_e4m3fn
-        for i, g in enumerate(grads):
-            block = slab.block(i)
-            if g is None:  # a block without a gradient: zero bytes (FP8 zero), nothing to record
-                block.data.zero_()
-            elif not slab.holds(g, i):  # a consumer that returned BF16 values (e.g. a compiled conv)
-                w = block.data.shape[-1]
-                q = fp8.quantize_tensorwise(
-                    g.reshape(-1, w), dtype, check=False, amax=slab.fp8.amax, record=slab.fp8.record
-                )  # the bytes the consumer's kernel would have written
-                block.data.view(-1, w).copy_(q.data.view(torch.uint8))
-        M, _, W = gemms.shape
-        rows = slab.buffer.view(M, W).view(dtype)  # dy: [M, W] FP8
-        slab.buffer = None
-        rows, cols = fp8.tensorwise_pair_from_rows(rows, slab.fp8.amax)  # cols: dyᵀ [W, M]
-        pair = (Operand(rows, spec), Operand(cols, gemms.recipe.wgrad.a))
+        pair = slab.fp8_operands(grads, gemms.recipe.dgrad.a, gemms.recipe.wgrad.a)  # dy, dyᵀ
         dx, dw = gemms.backward(saved_operands(ctx), None, ctx.x_dtype, pair_dy=pair)
         return dx, dw, None, None, None, None, None

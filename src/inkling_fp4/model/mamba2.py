@@ -152,23 +152,28 @@ class Mamba2Mixer(nn.Module):
             dt,
         )
 
-    def _output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dz_into=None) -> torch.Tensor:
-        """y, x: [..., H, P]; z: [..., E] -> out_proj(norm((y + D x) * silu(z))) [..., D]."""
+    def _output(
+        self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dz_into=None, dy_fp8=None
+    ) -> torch.Tensor:
+        """y, x: [..., H, P]; z: [..., E] -> out_proj(norm((y + D x) * silu(z))) [..., D]. ``dy_fp8``:
+        the output's FP8 gradient slab (``QuantLinear.forward``)."""
         # out_proj's input: the skip sum's dtype (FP32, as D is) unless autocast narrows it
         summed = torch.promote_types(torch.promote_types(y.dtype, x.dtype), self.D.dtype)
         out_dtype = output_dtype(summed, y.device)
         norm = self.norm
         if out_proj_fp8.applies(self.out_proj, z, out_dtype):  # delayed FP8: the norm writes out_proj's x
             return out_proj_fp8.skip_gated_norm_out_proj(
-                y, x, self.D, z, norm.weight, self.G, norm.eps, self.out_proj, dz_into
+                y, x, self.D, z, norm.weight, self.G, norm.eps, self.out_proj, dz_into, dy_fp8
             )
         h = skip_gated_rms_norm(y, x, self.D, z, norm.weight, self.G, norm.eps, out_dtype, dz_into=dz_into)
-        return self.out_proj(h)
+        return self.out_proj(h, dy_fp8=dy_fp8)
 
-    def _mix(self, u: torch.Tensor, seg: torch.Tensor | None, valid: torch.Tensor | None, fp8_in=None):
+    def _mix(
+        self, u: torch.Tensor, seg: torch.Tensor | None, valid: torch.Tensor | None, fp8_in=None, dy_fp8=None
+    ):
         """The sequence path shared by forward and prefill. u: [B, L, D]; valid: [B, L] bool or None;
-        fp8_in: u already quantized for in_proj (its ``pair_x``). Returns the output [B, L, D], the
-        pre-conv inputs xBC [B, L, C] and the final SSM state."""
+        fp8_in: u already quantized for in_proj (its ``pair_x``); dy_fp8: the output's FP8 gradient
+        slab. Returns the output [B, L, D], the pre-conv inputs xBC [B, L, C] and the final SSM state."""
         into = [None] * 3  # where the consumers of z, xBC, dt write their gradients (None: autograd's)
         if in_proj_fp8.applies(self.in_proj, u):  # delayed FP8: the consumers write in_proj's FP8 dy
             (z, xBC_in, dt_raw), slab = in_proj_fp8.in_proj_split(self.in_proj, u, self.in_widths, fp8_in)
@@ -187,15 +192,18 @@ class Mamba2Mixer(nn.Module):
             dt = dt * valid[..., None]  # padded positions: no decay, no input (the state is untouched)
         A = -torch.exp(self.A_log)  # [H]
         y, final = ssd(x, dt, A, B, C, self.chunk_size, doc_ids=seg, impl=self.ssd_impl)  # y: [B, L, H, P]
-        return self._output(y, x, z, into[0]), xBC_in, final
+        return self._output(y, x, z, into[0], dy_fp8), xBC_in, final
 
     def input_linear(self) -> QuantLinear:
         """The linear that reads the block's normed input (``model/norm_fp8.py``)."""
         return self.in_proj
 
-    def forward(self, u: torch.Tensor, packing: Packing | None = None, fp8_in: tuple | None = None):
-        """u: [B, L, D] -> [B, L, D]. ``fp8_in``: u already quantized for in_proj (its ``pair_x``)."""
-        out, _, _ = self._mix(u, None if packing is None else packing.seg, None, fp8_in)
+    def forward(
+        self, u: torch.Tensor, packing: Packing | None = None, fp8_in: tuple | None = None, dy_fp8=None
+    ):
+        """u: [B, L, D] -> [B, L, D]. ``fp8_in``: u already quantized for in_proj (its ``pair_x``);
+        ``dy_fp8``: the output's FP8 gradient slab (out_proj's, ``model/residual_fp8.py``)."""
+        out, _, _ = self._mix(u, None if packing is None else packing.seg, None, fp8_in, dy_fp8)
         return out
 
     def allocate_state(self, batch: int, max_len: int, device, dtype) -> MambaState:

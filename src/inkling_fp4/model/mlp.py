@@ -43,13 +43,16 @@ class MLP(nn.Module):
         """The linear that reads the block's normed input (``model/norm_fp8.py``)."""
         return self.up_proj
 
-    def forward(self, x: torch.Tensor, packing=None, fp8_in: tuple | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, packing=None, fp8_in: tuple | None = None, dy_fp8=None
+    ) -> torch.Tensor:
         """x: [..., D] -> [..., D]. ``packing`` is ignored: an MLP mixes no positions. ``fp8_in``: x
-        already quantized for up_proj (``QuantLinear.forward``'s ``pair_x``)."""
+        already quantized for up_proj (``QuantLinear.forward``'s ``pair_x``); ``dy_fp8``: the output's
+        FP8 gradient slab (down_proj's ``dy_fp8``)."""
         if mlp_fp8.applies(self.up_proj, self.down_proj, x):  # FP8 with delayed scales: one fused path
-            return mlp_fp8.squared_relu_mlp(self.up_proj, self.down_proj, x, fp8_in)
+            return mlp_fp8.squared_relu_mlp(self.up_proj, self.down_proj, x, fp8_in, dy_fp8)
         h = squared_relu(self.up_proj(x, fp8_in))  # [..., F]
-        return self.down_proj(h)  # [..., D]
+        return self.down_proj(h, dy_fp8=dy_fp8)  # [..., D]
 
     def allocate_state(self, batch: int, max_len: int, device, dtype) -> None:
         return None

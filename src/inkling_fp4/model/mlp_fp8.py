@@ -33,13 +33,16 @@ def applies(up: QuantLinear, down: QuantLinear, x: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and grads and eager and up.delayed_fp8_pairs() and down.delayed_fp8_pairs()
 
 
-def squared_relu_mlp(up: QuantLinear, down: QuantLinear, x: torch.Tensor, pair_x: tuple | None = None):
+def squared_relu_mlp(
+    up: QuantLinear, down: QuantLinear, x: torch.Tensor, pair_x: tuple | None = None, dy_fp8=None
+):
     """``down(relu(up(x))²)`` for x [..., D] -> [..., D], the squared ReLU fused into the quantizers.
-    ``pair_x``: x already quantized for up (``QuantLinear.forward``)."""
+    ``pair_x`` / ``dy_fp8``: x already quantized for up, the output's gradient slab for down
+    (``QuantLinear.forward``)."""
     x2d = x.reshape(-1, up.in_features)  # x2d: [M, D]
     tokens = x2d.shape[0]
     y = _SquaredReLUMLPFn.apply(
-        x2d, up.weight, down.weight, up.gemms(tokens, x.device), down.gemms(tokens, x.device), pair_x
+        x2d, up.weight, down.weight, up.gemms(tokens, x.device), down.gemms(tokens, x.device), pair_x, dy_fp8
     )
     return y.reshape(*x.shape[:-1], down.out_features)
 
@@ -48,7 +51,7 @@ class _SquaredReLUMLPFn(torch.autograd.Function):
     """Both linears and the squared ReLU between them, whose output and gradient exist only as FP8."""
 
     @staticmethod
-    def forward(ctx, x2d, w_up, w_down, up: LinearGEMMs, down: LinearGEMMs, pair_x):
+    def forward(ctx, x2d, w_up, w_down, up: LinearGEMMs, down: LinearGEMMs, pair_x, dy_fp8):
         need_dx, need_dw_up, need_dw_down = ctx.needs_input_grad[:3]
         h, saved_up = up.forward(x2d, w_up, need_dx=need_dx, need_dw=need_dw_up, pair_x=pair_x)  # [M, F]
         spec = down.recipe.fprop.a
@@ -59,7 +62,7 @@ class _SquaredReLUMLPFn(torch.autograd.Function):
         y, saved_down = down.forward(None, w_down, need_dx=True, need_dw=need_dw_down, pair_x=pair_r)
         saved = {"h": h} | {f"up.{k}": v for k, v in saved_up.items()}
         save_operands(ctx, saved | {f"down.{k}": v for k, v in saved_down.items()})
-        ctx.up, ctx.down, ctx.x_dtype = up, down, x2d.dtype
+        ctx.up, ctx.down, ctx.x_dtype, ctx.dy_fp8 = up, down, x2d.dtype, dy_fp8
         return y  # y: [M, D]
 
     @staticmethod
@@ -67,14 +70,14 @@ class _SquaredReLUMLPFn(torch.autograd.Function):
         up, down = ctx.up, ctx.down
         saved = saved_operands(ctx)
         h = saved.pop("h")
-        dr, dw_down = down.backward(_part(saved, "down."), dy, h.dtype)  # dr: [M, F] BF16
+        dr, dw_down = down.backward(_part(saved, "down."), dy, h.dtype, dy_fp8=ctx.dy_fp8)  # dr: [M, F]
         dy_used, dy_record = up.delayed.dy_used, up.delayed.dy_record
         pair_dh = gemm.fp8_operand_pair(
             h, up.recipe.dgrad.a, up.recipe.wgrad.a, f"{up.name} dy", amax=dy_used, record=dy_record,
             squared_relu=True, dout=dr,
         )  # dh = 2·dr·h where h > 0: [M, F] as dgrad and wgrad operands  # fmt: skip
         dx, dw_up = up.backward(_part(saved, "up."), None, ctx.x_dtype, pair_dy=pair_dh)
-        return dx, dw_up, dw_down, None, None, None
+        return dx, dw_up, dw_down, None, None, None, None
 
 
 def _part(saved: dict, prefix: str) -> dict:

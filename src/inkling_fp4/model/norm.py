@@ -52,11 +52,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
 
 
 @cuda_kernel("norm_kernels.add_rms_norm")
-def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype):
+def add_rms_norm(
+    x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype, dy_into=None
+):
     """The pre-norm residual step: h = x + y (x's promoted dtype, FP32 for the FP32 residual stream)
     and rms_norm(h) in ``out_dtype``, as one Triton kernel per direction on CUDA: h is written once
     and never read back for the norm, and the backward adds the two gradients of h in the norm's
-    kernel instead of a pass of its own. x, y: [..., D] (one shape) -> (h, norm(h))."""
+    kernel instead of a pass of its own. x, y: [..., D] (one shape) -> (h, norm(h)). ``dy_into`` is
+    for the kernel (where its backward writes y's gradient, ``model/residual_fp8.py``); autograd
+    allocates the reference's gradients."""
     h = x + y
     return h, rms_norm.reference(h, weight, eps, out_dtype)
 
@@ -101,10 +105,13 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., D]
         return rms_norm(x, self.weight, self.eps, output_dtype(x.dtype, x.device))
 
-    def add_and_norm(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, y: [..., D] -> (x + y, this norm of it): a residual add fused with the next norm."""
+    def add_and_norm(
+        self, x: torch.Tensor, y: torch.Tensor, dy_into=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y: [..., D] -> (x + y, this norm of it): a residual add fused with the next norm.
+        ``dy_into``: where the kernel's backward writes y's gradient (``model/residual_fp8.py``)."""
         h_dtype = torch.promote_types(x.dtype, y.dtype)
-        return add_rms_norm(x, y, self.weight, self.eps, output_dtype(h_dtype, x.device))
+        return add_rms_norm(x, y, self.weight, self.eps, output_dtype(h_dtype, x.device), dy_into)
 
 
 class GatedRMSNorm(nn.Module):

@@ -45,15 +45,16 @@ def applies(linear: QuantLinear | None, x: torch.Tensor, h_dtype: torch.dtype) -
 
 
 def norm(
-    block_norm: RMSNorm, x: torch.Tensor, pending: torch.Tensor | None, linear: QuantLinear
+    block_norm: RMSNorm, x: torch.Tensor, pending: torch.Tensor | None, linear: QuantLinear, dy_into=None
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[Operand, Operand]]:
     """(h, the norm's output as a placeholder, its FP8 pair for ``linear``): h = x + pending (x itself
-    when pending is None) and rms_norm(h) in BF16 as x's operands of ``linear`` (fprop and wgrad)."""
+    when pending is None) and rms_norm(h) in BF16 as x's operands of ``linear`` (fprop and wgrad).
+    ``dy_into``: where the backward writes pending's gradient (``RMSNorm.add_and_norm``)."""
     gemms_x = linear.recipe.fprop.a, linear.recipe.wgrad.b
     words = linear.gemms(x.numel() // x.shape[-1], x.device).delayed
     holder: list = []
     outputs = _NormFP8Fn.apply(
-        x, pending, block_norm.weight, block_norm.eps, words.x_used, words.x_record, gemms_x, holder
+        x, pending, block_norm.weight, block_norm.eps, words.x_used, words.x_record, gemms_x, holder, dy_into
     )
     h, placeholder = outputs if pending is not None else (x, outputs)
     rows, cols = holder
@@ -65,7 +66,7 @@ class _NormFP8Fn(torch.autograd.Function):
     Returns (h, the output's placeholder), or the placeholder alone without the add (y None)."""
 
     @staticmethod
-    def forward(ctx, x, y, weight, eps, used, record, specs, holder):
+    def forward(ctx, x, y, weight, eps, used, record, specs, holder, dy_into):
         ctx.set_materialize_grads(False)
         D = x.shape[-1]
         M = x.numel() // D
@@ -92,6 +93,7 @@ class _NormFP8Fn(torch.autograd.Function):
             ctx.reference = True
         holder.extend([rows, cols])
         ctx.eps, ctx.add, ctx.dtypes = eps, y is not None, (x.dtype, None if y is None else y.dtype)
+        ctx.dy_into = dy_into
         placeholder = torch.zeros((), device=x.device, dtype=torch.bfloat16).expand(x.shape)
         return placeholder if h is None else (h, placeholder)
 
@@ -99,14 +101,15 @@ class _NormFP8Fn(torch.autograd.Function):
     def backward(ctx, *grads):
         x_dtype, y_dtype = ctx.dtypes
         dh, dnormed = grads if ctx.add else (None, grads[0])
-        rest = (None,) * 5  # eps, the two words, the specs, the holder
+        rest = (None,) * 6  # eps, the two words, the specs, the holder, dy_into
         if dnormed is None:  # only h was used: its gradient passes straight through the add
             return (None, None, None, *rest) if dh is None else (dh.to(x_dtype), dh.to(y_dtype), None, *rest)
         if not ctx.reference:
             from inkling_fp4.model.glue_kernels.norm_kernels import norm_backward
 
             h, weight, rstd = ctx.saved_tensors  # h: x itself without the add
-            dx, dy, dweight = norm_backward(h, weight, rstd, dnormed, dh, x_dtype, y_dtype)
+            dy_into = ctx.dy_into if ctx.add else None
+            dx, dy, dweight = norm_backward(h, weight, rstd, dnormed, dh, x_dtype, y_dtype, dy_into)
             return dx, dy if ctx.add else None, dweight, *rest
         x, y, weight = ctx.saved_tensors  # through the reference's own graph: the same sums, same order
         with torch.enable_grad():

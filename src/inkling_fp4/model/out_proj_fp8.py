@@ -50,13 +50,17 @@ def skip_gated_norm_out_proj(
     eps: float,
     out_proj: QuantLinear,
     dz_into=None,
+    dy_fp8=None,
 ) -> torch.Tensor:
     """``out_proj(skip_gated_rms_norm(y, x, D, z, norm_weight, n_groups, eps, bfloat16))`` for y, x
     [..., H, P], z [..., E] -> [..., D], with the norm's output as FP8 only. ``dz_into``: where the
-    norm's backward writes dz (:mod:`~inkling_fp4.model.grad_slab`), as for the norm alone."""
+    norm's backward writes dz (:mod:`~inkling_fp4.model.grad_slab`), as for the norm alone; ``dy_fp8``:
+    the output's gradient slab (``QuantLinear.forward``)."""
     tokens = z.numel() // z.shape[-1]
     gemms = out_proj.gemms(tokens, z.device)
-    out = _NormOutProjFn.apply(y, x, D, z, norm_weight, out_proj.weight, gemms, n_groups, eps, dz_into)
+    out = _NormOutProjFn.apply(
+        y, x, D, z, norm_weight, out_proj.weight, gemms, n_groups, eps, dz_into, dy_fp8
+    )
     return out.view(*z.shape[:-1], out_proj.out_features)
 
 
@@ -64,7 +68,7 @@ class _NormOutProjFn(torch.autograd.Function):
     """The gated norm and out_proj's three GEMMs; the norm's output exists only as FP8."""
 
     @staticmethod
-    def forward(ctx, y, x, D, z, norm_weight, weight, gemms: LinearGEMMs, n_groups, eps, dz_into):
+    def forward(ctx, y, x, D, z, norm_weight, weight, gemms: LinearGEMMs, n_groups, eps, dz_into, dy_fp8):
         M, E, _ = gemms.shape
         spec = gemms.recipe.fprop.a
         dtype = torch.float8_e5m2 if spec.format == "e5m2" else torch.float8_e4m3fn
@@ -87,14 +91,14 @@ class _NormOutProjFn(torch.autograd.Function):
         need_dw = ctx.needs_input_grad[5]
         out, saved_linear = gemms.forward(None, weight, need_dx=True, need_dw=need_dw, pair_x=pair)
         save_operands(ctx, saved | {f"linear.{k}": v for k, v in saved_linear.items()})
-        ctx.gemms, ctx.n_groups, ctx.eps, ctx.dz_into = gemms, n_groups, eps, dz_into
+        ctx.gemms, ctx.n_groups, ctx.eps, ctx.dz_into, ctx.dy_fp8 = gemms, n_groups, eps, dz_into, dy_fp8
         return out  # [M, D] BF16
 
     @staticmethod
     def backward(ctx, dout):
         saved = saved_operands(ctx)
         linear = {k.removeprefix("linear."): v for k, v in saved.items() if k.startswith("linear.")}
-        dh, dweight = ctx.gemms.backward(linear, dout, torch.bfloat16)  # dh: [M, E] BF16
+        dh, dweight = ctx.gemms.backward(linear, dout, torch.bfloat16, dy_fp8=ctx.dy_fp8)  # dh: [M, E] BF16
         y, x, D, z, norm_weight = (saved[k] for k in ("y", "x", "D", "z", "norm_weight"))
         dh = dh.view(z.shape)
         if "rstd" in saved:
@@ -106,4 +110,4 @@ class _NormOutProjFn(torch.autograd.Function):
                 leaves = [t.detach().requires_grad_(True) for t in (y, x, D, z, norm_weight)]
                 h = skip_gated_rms_norm.reference(*leaves, ctx.n_groups, ctx.eps, torch.bfloat16)
                 dy, dx, dD, dz, dnorm = torch.autograd.grad(h, leaves, dh)
-        return dy, dx, dD, dz, dnorm, dweight, None, None, None, None
+        return dy, dx, dD, dz, dnorm, dweight, None, None, None, None, None

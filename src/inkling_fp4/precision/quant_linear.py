@@ -69,13 +69,18 @@ class QuantLinear(nn.Module):
         self.amax_index = 0
         nn.init.normal_(self.weight, std=1.0 / math.sqrt(in_features))
 
-    def forward(self, x: torch.Tensor, pair_x: tuple | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pair_x: tuple | None = None, dy_fp8=None) -> torch.Tensor:
         """x [..., K] -> [..., N]. ``pair_x``: x's fprop and wgrad operands, already quantized by x's
         producer under this layer's delayed scale (``model/norm_fp8.py``; x is then not read, only its
-        gradient flows); only for a training forward of delayed FP8 pairs (:meth:`delayed_fp8_pairs`)."""
+        gradient flows). ``dy_fp8``: the one-block FP8 gradient slab the output's consumer writes the
+        output's gradient into (``model/residual_fp8.py``). Both only for a training forward of
+        delayed FP8 pairs (:meth:`delayed_fp8_pairs`)."""
         recipe = self.recipe
-        if pair_x is not None and not (torch.is_grad_enabled() and self.delayed_fp8_pairs()):
-            raise ValueError(f"{self.full_name}: pair_x is for training forwards of delayed FP8 pairs only")
+        handed = pair_x is not None or dy_fp8 is not None
+        if handed and not (torch.is_grad_enabled() and self.delayed_fp8_pairs()):
+            raise ValueError(
+                f"{self.full_name}: pair_x and dy_fp8 are for training forwards of delayed FP8 pairs only"
+            )
         if recipe is None or not recipe.quantizes_anything:
             return _bf16_linear(x, self.weight)
         if recipe.backend == "te" and recipe.fprop is not None:
@@ -85,7 +90,7 @@ class QuantLinear(nn.Module):
         lead = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)  # x2d: [M, K]
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            y = _QuantLinearFn.apply(x2d, self.weight, self.gemms(x2d.shape[0], x2d.device), pair_x)
+            y = _QuantLinearFn.apply(x2d, self.weight, self.gemms(x2d.shape[0], x2d.device), pair_x, dy_fp8)
         else:
             y = quantized_forward(x2d, self.weight, recipe, name=self.full_name, out_dtype=torch.bfloat16)
         return y.reshape(*lead, self.out_features)
@@ -243,17 +248,17 @@ class _QuantLinearFn(torch.autograd.Function):
     """The autograd function of a quantized linear layer (see the module docstring for the GEMMs)."""
 
     @staticmethod
-    def forward(ctx, x2d, weight, layer: LinearGEMMs, pair_x):
+    def forward(ctx, x2d, weight, layer: LinearGEMMs, pair_x, dy_fp8):
         need_dx, need_dw = ctx.needs_input_grad[:2]
         y, saved = layer.forward(x2d, weight, need_dx=need_dx, need_dw=need_dw, pair_x=pair_x)
         save_operands(ctx, saved)
-        ctx.layer, ctx.x_dtype = layer, x2d.dtype
+        ctx.layer, ctx.x_dtype, ctx.dy_fp8 = layer, x2d.dtype, dy_fp8
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        dx, dw = ctx.layer.backward(saved_operands(ctx), dy, ctx.x_dtype)
-        return dx, dw, None, None
+        dx, dw = ctx.layer.backward(saved_operands(ctx), dy, ctx.x_dtype, dy_fp8=ctx.dy_fp8)
+        return dx, dw, None, None, None
 
 
 @dataclasses.dataclass
@@ -339,11 +344,16 @@ class LinearGEMMs:
         return y, saved
 
     def backward(
-        self, saved: dict, dy, x_dtype: torch.dtype, *, pair_dy: tuple | None = None
+        self, saved: dict, dy, x_dtype: torch.dtype, *, pair_dy: tuple | None = None, dy_fp8=None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(dx [M, K] in ``x_dtype``, dW [N, K] FP32), each None where ``saved`` has no operand for it.
-        ``pair_dy``: dy already quantized as its dgrad and wgrad operands (dy is then not read)."""
+        ``pair_dy``: dy already quantized as its dgrad and wgrad operands (dy is then not read).
+        ``dy_fp8``: the FP8 gradient slab dy's consumer was handed (``model/residual_fp8.py``): dy is
+        its placeholder where the consumer wrote the bytes, else values it quantizes the same way."""
         recipe, generator, name = self.recipe, self.generator, self.name
+        if pair_dy is None and dy_fp8 is not None:
+            pair_dy = dy_fp8.fp8_operands((dy,), recipe.dgrad.a, recipe.wgrad.a)
+            dy = None
         M, K, N = self.shape
         dx = dw = None
         backend = recipe.backend

@@ -24,8 +24,10 @@ from inkling_fp4.model.glue_kernels.common import (
     backward_tile,
     cdiv,
     check_inputs,
+    epilogue_args,
     forward_tile,
     fp8_epilogue_kwargs,
+    grad_buffer,
     load_f32,
     on_device,
     round_to,
@@ -69,14 +71,19 @@ def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
 @triton.jit
 def _norm_bwd(h_ptr, w_ptr, rstd_ptr, dout_ptr, dh_ptr, dx_ptr, dy_ptr, dw_ptr, R, D, sh, sdo, sdh,
               HAS_DH: tl.constexpr, TWO: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
-              BLOCK_D: tl.constexpr):  # fmt: skip
+              BLOCK_D: tl.constexpr, amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr,
+              HW: tl.constexpr):  # fmt: skip
     """dx (= dh + the norm's gradient when HAS_DH; also stored as dy, in its dtype, when TWO) of this
-    program's CHUNK rows, and their sum of dout h^ (this program's row of the dweight partial sums)."""
+    program's CHUNK rows, and their sum of dout h^ (this program's row of the dweight partial sums).
+    ``FP8``: dy as delayed-scaled FP8 bytes (of dx rounded to BF16), its amax recorded."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < D
     w = load_f32(w_ptr + cols, col_ok)
     dw = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    seen = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)  # FP8: max |dy| per element
+    if FP8:
+        scale = fp8_scale(amax_ptr, E5M2)
     for i in range(0, CHUNK, BLOCK_R):
         rows = (pid * CHUNK + i + tl.arange(0, BLOCK_R)).to(tl.int64)
         mask = (rows < R)[:, None] & col_ok[None, :]
@@ -91,11 +98,17 @@ def _norm_bwd(h_ptr, w_ptr, rstd_ptr, dout_ptr, dh_ptr, dx_ptr, dy_ptr, dw_ptr, 
         if HAS_DH:
             dx += load_f32(dh_ptr + rows[:, None] * sdh + cols[None, :], mask)
         tl.store(dx_ptr + rows[:, None] * D + cols[None, :], round_to(dx, dx_ptr.dtype.element_ty), mask=mask)
-        if TWO:
+        if FP8:
+            q, r = bf16_fp8_bytes(dx, scale, E5M2, HW)
+            tl.store(dy_ptr + rows[:, None] * D + cols[None, :], q, mask=mask)
+            seen = running_amax(seen, r, mask)
+        elif TWO:
             tl.store(
                 dy_ptr + rows[:, None] * D + cols[None, :], round_to(dx, dy_ptr.dtype.element_ty), mask=mask
             )
     tl.store(dw_ptr + pid * D + cols, dw, mask=col_ok)
+    if FP8:
+        record_amax(record_ptr, seen)
 
 
 def norm_forward(x, y, weight, eps, out_dtype, h, fp8_out: FP8Scaling | None = None):
@@ -119,24 +132,32 @@ def norm_forward(x, y, weight, eps, out_dtype, h, fp8_out: FP8Scaling | None = N
     return out, rstd
 
 
-def norm_backward(h, weight, rstd, dout, dh, dx_dtype, dy_dtype):
-    """The (add +) rms_norm backward: dx, dy (dx itself when the dtypes agree) and dweight."""
+def norm_backward(h, weight, rstd, dout, dh, dx_dtype, dy_dtype, dy_into=None):
+    """The (add +) rms_norm backward: dx, dy (dx itself when the dtypes agree) and dweight.
+    ``dy_into``: where dy goes (:func:`~.common.grad_buffer`); for an FP8 block of a gradient slab
+    (``model/residual_fp8.py``) the kernel stores dy as its FP8 bytes and dy is its placeholder."""
     D = h.shape[-1]
     h2, dout2 = as_rows(h, D), as_rows(dout, D)
     dh2 = None if dh is None else as_rows(dh, D)
     R = h2.shape[0]
     dx = torch.empty(h.shape, device=h.device, dtype=dx_dtype)
-    two = dy_dtype is not None and dy_dtype != dx_dtype
-    dy = torch.empty(h.shape, device=h.device, dtype=dy_dtype) if two else dx
+    if dy_into is not None:
+        like = torch.empty((), device=h.device, dtype=dy_dtype).expand(h.shape)
+        dy_out, fp8_kw, dy = epilogue_args(grad_buffer(dy_into, like))
+        two = True
+    else:
+        two = dy_dtype is not None and dy_dtype != dx_dtype
+        dy = torch.empty(h.shape, device=h.device, dtype=dy_dtype) if two else dx
+        dy_out, fp8_kw = dy, fp8_epilogue_kwargs(None, dx)
     block_d, block_r, warps, chunk = backward_tile(D)
     n_prog = max(1, cdiv(R, chunk))
     part = torch.empty(n_prog, D, device=h.device, dtype=torch.float32)  # dweight partial sums
     with on_device(h):
         _norm_bwd[(n_prog,)](
-            h2, weight, rstd, dout2, dout2 if dh2 is None else dh2, dx, dy, part, R, D,
+            h2, weight, rstd, dout2, dout2 if dh2 is None else dh2, dx, dy_out, part, R, D,
             h2.stride(0), dout2.stride(0), 0 if dh2 is None else dh2.stride(0),
             HAS_DH=dh2 is not None, TWO=two, CHUNK=chunk, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps,
-            enable_fp_fusion=True,
+            enable_fp_fusion=True, **fp8_kw,
         )  # fmt: skip
     return dx, dy, part.sum(0).to(weight.dtype)
 
@@ -157,12 +178,12 @@ class _RMSNorm(torch.autograd.Function):
 
 class _AddRMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, y, weight, eps, out_dtype):
+    def forward(ctx, x, y, weight, eps, out_dtype, dy_into):
         ctx.set_materialize_grads(False)  # h is often dropped (the final norm): no zeros to add
         h = torch.empty(x.shape, device=x.device, dtype=torch.promote_types(x.dtype, y.dtype))
         out, rstd = norm_forward(x, y, weight, eps, out_dtype, h)
         ctx.save_for_backward(h, weight, rstd)
-        ctx.dtypes = (x.dtype, y.dtype)
+        ctx.dtypes, ctx.dy_into = (x.dtype, y.dtype), dy_into
         return h, out
 
     @staticmethod
@@ -170,9 +191,9 @@ class _AddRMSNorm(torch.autograd.Function):
         h, weight, rstd = ctx.saved_tensors
         x_dtype, y_dtype = ctx.dtypes
         if dnormed is None:  # only h was used: its gradient passes straight through the add
-            return (None,) * 5 if dh is None else (dh.to(x_dtype), dh.to(y_dtype), None, None, None)
-        dx, dy, dweight = norm_backward(h, weight, rstd, dnormed, dh, x_dtype, y_dtype)
-        return dx, dy, dweight, None, None
+            return (None,) * 6 if dh is None else (dh.to(x_dtype), dh.to(y_dtype), None, None, None, None)
+        dx, dy, dweight = norm_backward(h, weight, rstd, dnormed, dh, x_dtype, y_dtype, ctx.dy_into)
+        return dx, dy, dweight, None, None, None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None):
@@ -181,12 +202,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
     return _RMSNorm.apply(x, weight, eps, out_dtype or x.dtype)
 
 
-def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype):
+def add_rms_norm(
+    x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype, dy_into=None
+):
     """x, y: [..., D] (same shape) -> (h = x + y in the promoted dtype, rms_norm(h) in ``out_dtype``);
-    the backward returns dh + the norm's gradient as dx and dy."""
+    the backward returns dh + the norm's gradient as dx and dy (dy written where ``dy_into`` says)."""
     check_inputs(x, y, weight)
     if x.shape != y.shape:
         raise ValueError(
             f"add_rms_norm takes x and y of one shape (no broadcasting), got {x.shape} and {y.shape}"
         )
-    return _AddRMSNorm.apply(x, y, weight, eps, out_dtype)
+    return _AddRMSNorm.apply(x, y, weight, eps, out_dtype, dy_into)
