@@ -258,16 +258,21 @@ def test_other_recipes_fprop_dgrad_match_reference(recipe):
 @pytest.mark.parametrize("tensorwise", [False, True], ids=["fp8", "fp8-tensorwise"])
 def test_fp8_paired_quantization_gives_the_unpaired_results(monkeypatch, tensorwise):
     """The fp8 layers quantize x / xᵀ and dy / dyᵀ in pairs (one read each on CUDA): with 128·k tokens
-    in 1×128 blocks, with any token count tensorwise. y, dx and dW are bitwise those of quantizing
-    every operand on its own, dW matches the FP64 product of the dequantized wgrad operands, and the
-    wgrad GEMM gets both operands as stored (no transposed copy of FP8 bytes on the GPU)."""
+    in 1×128 blocks, with any token count tensorwise; tensorwise W / Wᵀ too (128×128 tiles need no
+    pair). y, dx and dW are bitwise those of quantizing every operand on its own, dW matches the FP64
+    product of the dequantized wgrad operands, and the wgrad GEMM gets both operands as stored (no
+    transposed copy of FP8 bytes on the GPU)."""
     from inkling_fp4.numerics import fp8
 
     M, K, N = (200, 96, 48) if tensorwise else (256, 256, 128)
     x, g = torch.randn(M, K) * 2.0, (torch.randn(M, N) * 1e-2).bfloat16()
     calls, wgrad_transposed = [], []
     pair, matmul = gemm.fp8_operand_pair, gemm.matmul
-    monkeypatch.setattr(gemm, "fp8_operand_pair", lambda *a, **k: calls.append(pair(*a, **k)) or calls[-1])
+    monkeypatch.setattr(
+        gemm,
+        "fp8_operand_pair",
+        lambda *a, **k: calls.append((a[3].split()[-1], pair(*a, **k))) or calls[-1][1],
+    )
 
     def recording_matmul(a, b, **kw):
         if kw["size"] == (N, K):  # the wgrad GEMM: dW [N, K] = dyᵀ · x
@@ -277,7 +282,8 @@ def test_fp8_paired_quantization_gives_the_unpaired_results(monkeypatch, tensorw
     monkeypatch.setattr(gemm, "matmul", recording_matmul)
     m = _layer(K, N, fp8_tensorwise_recipe() if tensorwise else fp8_recipe())
     paired = _run(m, x, g)
-    assert len(calls) == 2 and all(calls)  # x in forward, dy in backward: both paired
+    paired_operands = {name: bool(result) for name, result in calls}  # x, W in forward, dy in backward
+    assert len(calls) == 3 and paired_operands == {"x": True, "W": tensorwise, "dy": True}, calls
     assert wgrad_transposed == [(False, False)]
     monkeypatch.setattr(gemm, "fp8_operand_pair", lambda *a, **k: None)
     single = _run(m, x, g)

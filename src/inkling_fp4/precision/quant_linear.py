@@ -224,11 +224,11 @@ def quantized_forward(
 
 def _fprop(
     x2d, weight, recipe: Recipe, name: str, out_dtype, keep_x=False, keep_w=False, amax_x=None, xq=None,
-    record_x=None, rows=None, amax_w=None, record_w=None,
+    record_x=None, rows=None, amax_w=None, record_w=None, wq=None,
 ):  # fmt: skip
-    """y [M, N] = x · Wᵀ, and the quantized operands (packed codes kept where asked for); ``xq``:
-    x already quantized (:func:`gemm.fp8_operand_pair`; x2d may then be None and ``rows`` gives M).
-    ``amax_*`` / ``record_*``: delayed scaling of x and W (see :func:`gemm.quantize`)."""
+    """y [M, N] = x · Wᵀ, and the quantized operands (packed codes kept where asked for); ``xq`` /
+    ``wq``: x / W already quantized (:func:`gemm.fp8_operand_pair`; x2d may then be None and ``rows``
+    gives M). ``amax_*`` / ``record_*``: delayed scaling of x and W (see :func:`gemm.quantize`)."""
     M, N = x2d.shape[0] if rows is None else rows, weight.shape[0]
     if recipe.fprop is None:
         return gemm.bf16_matmul(x2d, weight).to(out_dtype), None, None  # y: [M, N]
@@ -236,10 +236,11 @@ def _fprop(
         xq = gemm.quantize(
             x2d, recipe.fprop.a, codes=keep_x, values=True, name=f"{name} x", amax=amax_x, record=record_x
         )
-    wq = gemm.quantize(
-        weight, recipe.fprop.b, codes=keep_w, values=True, name=f"{name} W", scale_with=xq.decode_scale,
-        amax=amax_w, record=record_w,
-    )  # wq: [N, K]  # fmt: skip
+    if wq is None:  # wq: [N, K]
+        wq = gemm.quantize(
+            weight, recipe.fprop.b, codes=keep_w, values=True, name=f"{name} W", scale_with=xq.decode_scale,
+            amax=amax_w, record=record_w,
+        )  # fmt: skip
     y = gemm.matmul(xq, wq, backend=recipe.backend, out_dtype=out_dtype, size=(M, N))  # y: [M, N]
     return y, xq, wq
 
@@ -310,17 +311,28 @@ class LinearGEMMs:
                 )  # fmt: skip
                 if x_used is not None and not pair_x and fprop is not None and fprop.a.delayed:
                     amax_x = x_used  # x quantized for the fprop alone, from the history as well
+            # FP8: W along rows (fprop) and Wᵀ (dgrad) from one read of W, as x: no byte transpose of W
+            # in the backward (a tensorwise pair of whole blocks: W is not padded; a delayed scale from
+            # the history, W's amax recorded into it)
+            pair_w = None
+            if reuse_w and all(d % m == 0 for d, m in zip(weight.shape, fprop.b.multiple, strict=True)):
+                pair_w = gemm.fp8_operand_pair(
+                    weight, fprop.b, dgrad.b, f"{name} W", amax=delayed.w_used if w_delayed else None,
+                    record=delayed.w_record if w_delayed else None,
+                )  # fmt: skip
             y, xq, wq = _fprop(
                 x2d, weight, recipe, name, torch.bfloat16, keep_x=reuse_x, keep_w=reuse_w, amax_x=amax_x,
                 xq=pair_x[0] if pair_x else None,
                 record_x=x_rec if fprop is not None and fprop.a.delayed else None, rows=self.shape[0],
                 amax_w=delayed.w_used if w_delayed else None,
-                record_w=delayed.w_record if w_delayed else None,
+                record_w=delayed.w_record if w_delayed else None, wq=pair_w[0] if pair_w else None,
             )  # fmt: skip
             saved = {}
             if need_dx:
                 if dgrad is None:
                     saved["w"] = weight
+                elif pair_w:
+                    saved["w"] = pair_w[1]  # Wᵀ: [K, N], the dgrad operand as stored
                 elif reuse_w:
                     saved["w"] = dataclasses.replace(wq.packed(), transposed=True)  # [K, N] logical
                 else:
