@@ -165,7 +165,7 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
                 with torch.autocast("cuda", dtype=torch.bfloat16):  # inside: only this is captured
                     return net(ids, doc_ids=docs, targets=tgt, loss_mask=mask)
 
-            graphed = GraphedMicroStep(model, loss_fn)
+            graphed = GraphedMicroStep(model, loss_fn, accumulate=accum > 1)
             graph_note = "forward + backward replayed as a CUDA graph"
         described += f"; {graph_note}"
     n_steps = args.warmup + args.steps + args.profile + args.cprofile
@@ -222,7 +222,7 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
         if captured_current:  # that graph scales from each tensor's own amax: capture the delayed one
             graphed.reset()
         if graphed is not None:
-            graphed.zero_grad()  # in place: the graph adds into these tensors
+            graphed.zero_grad()  # in place where the graph adds into these tensors
         else:
             opt.zero_grad(set_to_none=True)
         loss_now = D.all_reduce_sum(loss_sum, dist) / n_tok

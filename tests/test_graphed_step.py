@@ -71,10 +71,11 @@ def test_warmup_calls_are_eager_steps():
 
 @pytest.mark.gpu
 @on_gpu
-@pytest.mark.parametrize("recipe", ["bf16", "nvfp4"])
-def test_gpu_replays_equal_eager_steps(recipe):
+@pytest.mark.parametrize("recipe, micro", [("bf16", 2), ("nvfp4", 2), ("bf16", 1), ("nvfp4", 1)])
+def test_gpu_replays_equal_eager_steps(recipe, micro):
     """nvfp4: stochastic rounding replayed from the generator's state, fresh amax words per replay and
-    the deferred finite record: the graph must round as the eager twin does, step after step."""
+    the deferred finite record: the graph must round as the eager twin does, step after step. Two
+    micro-batches per step add into the captured gradients; one is written by each replay."""
     torch.manual_seed(random.randrange(2**31))
     dev = torch.device("cuda")
     model = HybridLM(ModelConfig(**CFG)).to(dev)
@@ -84,10 +85,10 @@ def test_gpu_replays_equal_eager_steps(recipe):
         policy = PrecisionPolicy(PrecisionConfig(recipe=recipe, bf16_first_layers=0, bf16_last_layers=0), 4)
         policy.apply(m)
         policies.append(policy)
-    step = GraphedMicroStep(model, _loss_fn(model, dev), warmup=1)
+    step = GraphedMicroStep(model, _loss_fn(model, dev), warmup=1, accumulate=micro > 1)
     eager = _loss_fn(twin, dev)
-    for n_step in range(4):  # step 0: warm-up + capture; then replays, two micro-batches each
-        for _ in range(2):
+    for n_step in range(4):  # step 0: warm-up (+ capture with two micro-batches); then replays
+        for _ in range(micro):
             batch = _batch(2, 64, CFG["vocab_size"], dev)
             scale = torch.rand((), device=dev) + 0.5
             got = step(*batch, scale)
@@ -103,7 +104,12 @@ def test_gpu_replays_equal_eager_steps(recipe):
         for p in twin.parameters():
             p.grad = None
     assert step.graph is not None
-    assert all(torch.count_nonzero(p.grad) == 0 for p in model.parameters())
+    grads = [p.grad for p in model.parameters()]
+    if micro > 1:  # zeroed in place for the next step's sum
+        assert all(torch.count_nonzero(g) == 0 for g in grads)
+    else:  # left for the next replay to rewrite: the same tensors, still holding the last step's
+        assert all(g is h for g, h in zip(grads, step.grads, strict=True))
+        assert all(g is not None and torch.count_nonzero(g) > 0 for g in grads)
     with pytest.raises(ValueError, match="another shape"):
         step(*_batch(2, 32, CFG["vocab_size"], dev), torch.ones((), device=dev))
     next(model.parameters()).grad = None
@@ -111,6 +117,8 @@ def test_gpu_replays_equal_eager_steps(recipe):
         step(*_batch(2, 64, CFG["vocab_size"], dev), torch.ones((), device=dev))
     step.reset()
     assert step.graph is None and step.eager_calls == 0
+    if micro == 1:  # dropped: the next eager warm-up must not add to the graph's last gradients
+        assert all(p.grad is None for p in model.parameters())
 
 
 def test_always_masked_takes_the_packed_path_without_a_device_read():

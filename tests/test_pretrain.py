@@ -311,7 +311,7 @@ def test_graphed_micro_step_nan_report_skips_the_step(train, monkeypatch):
     class EagerStandIn:
         calls = 0
 
-        def __init__(self, model, loss_fn):
+        def __init__(self, model, loss_fn, accumulate=True):
             self.params, self.loss_fn = list(model.parameters()), loss_fn
 
         def __call__(self, ids, doc_ids, targets, loss_mask, grad_scale):

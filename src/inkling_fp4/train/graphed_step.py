@@ -11,10 +11,14 @@ What a replay may and may not do, and how this keeps to it:
 - Static shapes and addresses. The inputs are copied into buffers made at capture time; a batch of
   another shape is refused (the trainer's micro-batches all have one shape). The loss scale
   (world size / tokens of the global batch) is a device scalar, copied in as well.
-- Gradients accumulate in place. The captured backward adds into the ``.grad`` tensors that exist at
-  capture time, so they must never be replaced: zero them with :meth:`zero_grad` (or
-  ``optimizer.zero_grad(set_to_none=False)``); a replay whose gradients were swapped or dropped is
-  refused instead of silently training nothing.
+- Gradients stay where the capture put them. With several micro-batches per step (``accumulate``)
+  the captured backward adds into the ``.grad`` tensors that exist at capture time, and
+  :meth:`zero_grad` zeroes them in place. With one micro-batch per step there is nothing to add to:
+  the capture starts without gradients, so the backward writes each gradient as eager autograd would
+  (no zero fill, no add kernel per parameter) into tensors of the graph's pool, and every replay
+  rewrites them; :meth:`zero_grad` then has nothing to do. Either way they must never be replaced
+  (``optimizer.zero_grad(set_to_none=False)`` if not :meth:`zero_grad`); a replay whose gradients
+  were swapped or dropped is refused instead of silently training nothing.
 - No host reads inside, and nothing frozen that must change per step. Three things in the
   quantizers would be, and are handled at capture: stochastic rounding (NVFP4, MXFP4) draws a seed
   on the host per quantization, so inside the capture the kernels read a device word instead, which
@@ -70,14 +74,18 @@ class GraphedMicroStep:
     into the ``.grad`` of ``model``'s parameters, as a replayed CUDA graph after ``warmup`` eager calls.
 
     ``loss_fn`` returns the micro-batch's summed FP32 loss (a scalar) and must be the whole step:
-    autocast belongs inside it, since only what runs inside is captured."""
+    autocast belongs inside it, since only what runs inside is captured. ``accumulate``: a step has
+    several micro-batches, whose gradients add up (else each replay writes the step's gradients)."""
 
-    def __init__(self, model: nn.Module, loss_fn: Callable[..., torch.Tensor], warmup: int = 2):
+    def __init__(
+        self, model: nn.Module, loss_fn: Callable[..., torch.Tensor], warmup: int = 2, accumulate: bool = True
+    ):
         if warmup < 1:
             raise ValueError(f"GraphedMicroStep: warmup must be >= 1 (autotuning runs there), got {warmup}")
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.loss_fn = loss_fn
         self.warmup = warmup
+        self.accumulate = accumulate
         self.eager_calls = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.inputs: list[torch.Tensor | None] = []
@@ -121,23 +129,29 @@ class GraphedMicroStep:
         return self.loss.clone()
 
     def zero_grad(self) -> None:
-        """Zero the gradients in place (the captured backward adds into these very tensors)."""
+        """Zero the gradients in place where the captured backward adds into these very tensors
+        (``accumulate``); without accumulation the next replay rewrites them: nothing to do."""
         if self.graph is None:
             for p in self.params:
                 p.grad = None
-        else:
-            torch._foreach_zero_(self.grads)
+        elif self.accumulate:
+            torch._foreach_zero_([g for g in self.grads if g is not None])
 
     def reset(self) -> None:
-        """Forget the graph (its memory pool goes with it): the next calls warm up and capture anew."""
+        """Forget the graph (its memory pool goes with it): the next calls warm up and capture anew.
+        Without accumulation the gradients it wrote are dropped too (eager steps would add to them)."""
+        if self.graph is not None and not self.accumulate:
+            for p in self.params:
+                p.grad = None
         self.graph, self.inputs, self.scale, self.loss, self.grads = None, [], None, None, []
         self.seeds, self.records, self.eager_calls = None, [], 0
 
     def _capture(self, batch: list[torch.Tensor | None], grad_scale: torch.Tensor) -> None:
-        for p in self.params:  # the backward must add into tensors that outlive the capture
-            if p.grad is None:
+        for p in self.params:  # accumulating: the backward adds into tensors that outlive the capture
+            if self.accumulate and p.grad is None:
                 p.grad = torch.zeros_like(p)
-        self.grads = [p.grad for p in self.params]
+            elif not self.accumulate:  # it writes them (the warm-up's are dropped)
+                p.grad = None
         self.inputs = [None if t is None else t.clone() for t in batch]
         self.scale = grad_scale.detach().clone().to(torch.float32).reshape(())
         from inkling_fp4.numerics.kernels.amax import start_new_pool  # needs triton: imported here
@@ -152,6 +166,7 @@ class GraphedMicroStep:
                 (loss * self.scale).backward()
         start_new_pool(device)  # ... and never handed to eager code
         self.graph, self.loss, self.seeds, self.records = graph, loss.detach(), graph_seeds, records
+        self.grads = [p.grad for p in self.params]  # the tensors every replay adds into or writes
 
     def _check_grads(self) -> None:
         for p, g in zip(self.params, self.grads, strict=True):

@@ -153,7 +153,7 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
         with autocast:
             return train_model(ids, doc_ids=doc_ids, targets=targets, loss_mask=loss_mask)
 
-    graphed = GraphedMicroStep(model, micro_loss) if cfg.train.cuda_graph else None
+    graphed = GraphedMicroStep(model, micro_loss, accumulate=accum > 1) if cfg.train.cuda_graph else None
     flops_per_token = model.flops_per_token(seq_len)
     peak = peak_flops(device, cfg.log.peak_flops)
     log = MetricsLogger(
@@ -263,7 +263,7 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
             first_history = policy.amax_history is not None and not policy.amax_history.ready
             policy.end_step(verdict.skip, lambda t: D.all_reduce_max(t, dist))
             if graphed is not None:
-                graphed.zero_grad()  # in place once captured: the graph adds into these tensors
+                graphed.zero_grad()  # once captured: in place, or nothing (each replay writes them)
             else:
                 optimizer.zero_grad(set_to_none=True)
             if first_history and policy.amax_history.ready:  # a graph captured before scaled currently
