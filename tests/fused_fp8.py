@@ -8,6 +8,11 @@ import torch
 
 from bits import same_bits
 
+CPU_MODEL = dict(pattern="M-*-M-", vocab_size=256, d_model=64, ffn_dim=160, n_heads=4, n_kv_heads=2)
+"""The CPU model tests' model: Mamba-2, attention and MLP blocks, the first and last in BF16."""
+GPU_MODEL = dict(pattern="M-M*-M-", vocab_size=1024, d_model=256, ffn_dim=1024, n_heads=4, n_kv_heads=2)
+"""The GPU model tests' model: five quantized blocks between the BF16 first and last."""
+
 
 def fused_path_trains_bit_for_bit(
     monkeypatch,

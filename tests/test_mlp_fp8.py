@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from bits import same_bits
-from fused_fp8 import fused_path_trains_bit_for_bit
+from fused_fp8 import CPU_MODEL, fused_path_trains_bit_for_bit
 from inkling_fp4.model import mlp_fp8
 from inkling_fp4.model.mlp import squared_relu
 from inkling_fp4.numerics import fp8
@@ -149,7 +149,7 @@ def _assert_fused_equals_unfused(device, cfg_kw, batch, monkeypatch):
 
 
 def test_fused_mlp_trains_bit_for_bit_as_the_unfused_one(monkeypatch):
-    cfg = dict(pattern="M-*-M-", vocab_size=256, d_model=64, ffn_dim=160, n_heads=4, n_kv_heads=2)
+    cfg = CPU_MODEL
     _assert_fused_equals_unfused("cpu", cfg, (2, 48), monkeypatch)
 
 

@@ -14,7 +14,7 @@ import torch
 
 from bits import same_bits
 from fresh_seed import fresh_generator
-from fused_fp8 import delayed_linear, fused_path_trains_bit_for_bit
+from fused_fp8 import CPU_MODEL, GPU_MODEL, delayed_linear, fused_path_trains_bit_for_bit
 from inkling_fp4.model.grad_slab import FP8Scaling
 from inkling_fp4.numerics import fp8
 from interpreter import INTERPRET, kernel_test, run_interpreted
@@ -137,7 +137,7 @@ def test_model_with_fp8_norm_output_trains_bit_for_bit(monkeypatch):
     monkeypatch.setattr(
         norm_fp8, "fast_forms_on", lambda t: True
     )  # applies() on CPU; the norm's reference runs
-    cfg = dict(pattern="M-*-M-", vocab_size=256, d_model=64, ffn_dim=160, n_heads=4, n_kv_heads=2)
+    cfg = CPU_MODEL
     n = fused_path_trains_bit_for_bit(
         monkeypatch, norm_fp8, "norm", device="cpu", model_kw=cfg, batch=(2, 48), steps=2, autocast=True
     )
@@ -149,7 +149,7 @@ def test_model_with_fp8_norm_output_trains_bit_for_bit(monkeypatch):
 def test_gpu_model_with_fp8_norm_output_trains_bit_for_bit(monkeypatch):
     from inkling_fp4.model import norm_fp8
 
-    cfg = dict(pattern="M-M*-M-", vocab_size=1024, d_model=256, ffn_dim=1024, n_heads=4, n_kv_heads=2)
+    cfg = GPU_MODEL
     n = fused_path_trains_bit_for_bit(
         monkeypatch, norm_fp8, "norm", device="cuda", model_kw=cfg, batch=(4, 256), steps=3, autocast=True
     )

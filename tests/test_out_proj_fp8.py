@@ -19,7 +19,7 @@ import torch
 
 from bits import same_bits
 from fresh_seed import fresh_generator
-from fused_fp8 import delayed_linear, fused_path_trains_bit_for_bit
+from fused_fp8 import GPU_MODEL, delayed_linear, fused_path_trains_bit_for_bit
 from inkling_fp4.model import out_proj_fp8
 from inkling_fp4.model.grad_slab import FP8Scaling
 from inkling_fp4.model.norm import skip_gated_rms_norm
@@ -119,7 +119,7 @@ def test_out_proj_fp8_applies_only_to_delayed_pairs_on_the_kernels():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_model_with_fp8_norm_output_trains_bit_for_bit(monkeypatch):
-    cfg = dict(pattern="M-M*-M-", vocab_size=1024, d_model=256, ffn_dim=1024, n_heads=4, n_kv_heads=2)
+    cfg = GPU_MODEL
     n = fused_path_trains_bit_for_bit(
         monkeypatch, out_proj_fp8, "skip_gated_norm_out_proj", device="cuda", model_kw=cfg, batch=(4, 256),
         steps=3, autocast=True,
