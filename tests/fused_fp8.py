@@ -89,3 +89,22 @@ def delayed_linear(in_features: int, out_features: int, name: str, amaxes: tuple
     history.state[0, :, 0] = torch.tensor(amaxes)
     history.ready = True
     return lin, history
+
+
+def count_fp8_slab_takes(monkeypatch, blocks: int) -> dict[str, int]:
+    """Count the backwards that took a gradient from an FP8 slab of ``blocks`` blocks
+    (``GradSlab.fp8_operands``): as the bytes its consumers' kernels wrote (every block's placeholder
+    arrived), or with values quantized into it. A fused path whose kernels stopped writing bytes trains
+    the same bits through the values, so only this count shows it."""
+    from inkling_fp4.model.grad_slab import GradSlab
+
+    taken, real = {"bytes": 0, "values": 0}, GradSlab.fp8_operands
+
+    def counting(self, grads, dgrad, wgrad):
+        if len(grads) == blocks:
+            held = all(self.holds(g, i) for i, g in enumerate(grads))
+            taken["bytes" if held else "values"] += 1
+        return real(self, grads, dgrad, wgrad)
+
+    monkeypatch.setattr(GradSlab, "fp8_operands", counting)
+    return taken

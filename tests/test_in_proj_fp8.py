@@ -21,7 +21,7 @@ import torch
 
 from bits import same_bits
 from fresh_seed import fresh_generator
-from fused_fp8 import GPU_MODEL, delayed_linear, fused_path_trains_bit_for_bit
+from fused_fp8 import GPU_MODEL, count_fp8_slab_takes, delayed_linear, fused_path_trains_bit_for_bit
 from inkling_fp4.model import in_proj_fp8
 from inkling_fp4.model.grad_slab import FP8Scaling, GradSlab
 from inkling_fp4.numerics import fp8
@@ -249,8 +249,10 @@ def test_in_proj_fp8_applies_only_to_delayed_pairs_on_the_kernels():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_model_with_fp8_in_proj_gradient_trains_bit_for_bit(monkeypatch):
     cfg = GPU_MODEL
+    taken = count_fp8_slab_takes(monkeypatch, blocks=3)  # z, xBC, dt
     n = fused_path_trains_bit_for_bit(
         monkeypatch, in_proj_fp8, "in_proj_split", device="cuda", model_kw=cfg, batch=(4, 256), steps=3,
         autocast=True,
     )  # fmt: skip
-    assert n >= 2, n  # steps 2 and 3, for the quantized mixers
+    assert n == 4, n  # steps 2 and 3, the 2 quantized Mamba-2 mixers
+    assert taken == {"bytes": n, "values": 0}, taken  # the three consumers' kernels wrote every block

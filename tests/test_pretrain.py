@@ -199,7 +199,7 @@ def test_delayed_fp8_nonfinite_amax_skips_the_step(train, monkeypatch):
     only as an Inf recorded amax: the step must be skipped and the Inf kept out of the history."""
     from inkling_fp4.precision.quant_linear import QuantLinear
 
-    real = QuantLinear._delayed_words
+    real = QuantLinear.delayed_words
     calls = {"n": 0}
 
     def poisoned(self):
@@ -209,7 +209,7 @@ def test_delayed_fp8_nonfinite_amax_skips_the_step(train, monkeypatch):
             words[1].fill_(float("inf"))
         return words
 
-    monkeypatch.setattr(QuantLinear, "_delayed_words", poisoned)
+    monkeypatch.setattr(QuantLinear, "delayed_words", poisoned)
     common = (
         "precision.recipe=fp8-tensorwise", "precision.fp8_scaling=delayed", "precision.switch_to_bf16=never",
         "eval.every=0", "train.checkpoint_every=20",

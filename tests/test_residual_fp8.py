@@ -15,7 +15,13 @@ import torch
 
 from bits import same_bits
 from fresh_seed import fresh_generator
-from fused_fp8 import CPU_MODEL, GPU_MODEL, delayed_linear, fused_path_trains_bit_for_bit
+from fused_fp8 import (
+    CPU_MODEL,
+    GPU_MODEL,
+    count_fp8_slab_takes,
+    delayed_linear,
+    fused_path_trains_bit_for_bit,
+)
 from inkling_fp4.model.grad_slab import FP8Scaling, GradSlab
 from inkling_fp4.numerics import fp8
 from interpreter import INTERPRET, kernel_test, run_interpreted
@@ -132,12 +138,13 @@ def test_model_with_fp8_residual_gradient_trains_bit_for_bit(monkeypatch):
 
     monkeypatch.setattr(norm_fp8, "fast_forms_on", lambda t: True)
     monkeypatch.setattr(residual_fp8, "fast_forms_on", lambda t: True)
-    cfg = CPU_MODEL
+    taken = count_fp8_slab_takes(monkeypatch, blocks=1)  # the output linears' slabs
     n = fused_path_trains_bit_for_bit(
-        monkeypatch, residual_fp8, "output_grad", device="cpu", model_kw=cfg, batch=(2, 48), steps=2,
+        monkeypatch, residual_fp8, "output_grad", device="cpu", model_kw=CPU_MODEL, batch=(2, 48), steps=2,
         autocast=True,
     )  # fmt: skip
     assert n == 4, n  # step 2, every block but the first and last (BF16 in the recipe)
+    assert taken == {"bytes": 0, "values": 4}, taken  # each slab reached its linear; no kernel on CPU
 
 
 @pytest.mark.gpu
@@ -145,9 +152,10 @@ def test_model_with_fp8_residual_gradient_trains_bit_for_bit(monkeypatch):
 def test_gpu_model_with_fp8_residual_gradient_trains_bit_for_bit(monkeypatch):
     from inkling_fp4.model import residual_fp8
 
-    cfg = GPU_MODEL
+    taken = count_fp8_slab_takes(monkeypatch, blocks=1)  # the output linears' slabs
     n = fused_path_trains_bit_for_bit(
-        monkeypatch, residual_fp8, "output_grad", device="cuda", model_kw=cfg, batch=(4, 256), steps=3,
+        monkeypatch, residual_fp8, "output_grad", device="cuda", model_kw=GPU_MODEL, batch=(4, 256), steps=3,
         autocast=True,
     )  # fmt: skip
     assert n == 10, n  # steps 2 and 3, the 5 quantized blocks
+    assert taken == {"bytes": 10, "values": 0}, taken  # every norm's backward kernel wrote the bytes

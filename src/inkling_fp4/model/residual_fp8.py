@@ -41,7 +41,7 @@ def applies(linear: QuantLinear, x: torch.Tensor) -> bool:
 def output_grad(linear: QuantLinear, x: torch.Tensor) -> GradSlab:
     """The FP8 slab for the gradient of ``linear``'s output ([..., D] BF16, x's leading dims) under its
     delayed dy scale, where :func:`applies`."""
-    words = linear.gemms(x.numel() // x.shape[-1], x.device).delayed
+    words = linear.delayed_words()
     scaling = FP8Scaling(
         words.dy_used.reshape(1), words.dy_record.reshape(1), linear.recipe.dgrad.a.format == "e5m2"
     )

@@ -116,9 +116,9 @@ class QuantLinear(nn.Module):
         """This layer's three GEMMs for ``tokens`` rows on ``device`` (recipe, generator, delayed scales)."""
         generator = self.rng.for_device(device) if self.rng is not None else None
         shape = (tokens, self.in_features, self.out_features)
-        return LinearGEMMs(self.recipe, generator, self.full_name, self._delayed_words(), shape)
+        return LinearGEMMs(self.recipe, generator, self.full_name, self.delayed_words(), shape)
 
-    def _delayed_words(self) -> DelayedWords | None:
+    def delayed_words(self) -> DelayedWords | None:
         """The words of delayed scaling; a scale amax is None (current scaling, still recorded) until
         the history has a step. None: the layer scales from each tensor's own amax. Evaluation and
         other no-grad forwards always do."""
@@ -276,7 +276,7 @@ class LinearGEMMs:
     generator: torch.Generator | None
     name: str
     delayed: DelayedWords | None
-    """The delayed-scaling words (:meth:`QuantLinear._delayed_words`), or None: current scaling."""
+    """The delayed-scaling words (:meth:`QuantLinear.delayed_words`), or None: current scaling."""
     shape: tuple[int, int, int]
     """(M tokens, K in_features, N out_features)."""
 

@@ -135,7 +135,7 @@ class GraphedMicroStep:
             for p in self.params:
                 p.grad = None
         elif self.accumulate:
-            torch._foreach_zero_([g for g in self.grads if g is not None])
+            torch._foreach_zero_(self.grads)
 
     def reset(self) -> None:
         """Forget the graph (its memory pool goes with it): the next calls warm up and capture anew.
