@@ -4,6 +4,7 @@ as with its linears run one by one, loss, every gradient and the amax history bi
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bits import same_bits
@@ -108,3 +109,19 @@ def count_fp8_slab_takes(monkeypatch, blocks: int) -> dict[str, int]:
 
     monkeypatch.setattr(GradSlab, "fp8_operands", counting)
     return taken
+
+
+def check_applies(module, applies, x: torch.Tensor, history) -> None:
+    """What every fused path's ``applies`` (here a function of the input x [B, L, C], 16 | B L) shares:
+    off on CPU (no FP8 epilogues there), on with the GPU kernels (``module.fast_forms_on`` patched),
+    off at 30 tokens (not 16 | tokens), before ``history`` has a step and in a no-grad forward."""
+    assert not applies(x)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(module, "fast_forms_on", lambda t: True)
+        assert applies(x)
+        assert not applies(x[:, :15])
+        history.ready = False
+        assert not applies(x)
+        history.ready = True
+        with torch.no_grad():
+            assert not applies(x)

@@ -21,7 +21,13 @@ import torch
 
 from bits import same_bits
 from fresh_seed import fresh_generator
-from fused_fp8 import GPU_MODEL, count_fp8_slab_takes, delayed_linear, fused_path_trains_bit_for_bit
+from fused_fp8 import (
+    GPU_MODEL,
+    check_applies,
+    count_fp8_slab_takes,
+    delayed_linear,
+    fused_path_trains_bit_for_bit,
+)
 from inkling_fp4.model import in_proj_fp8
 from inkling_fp4.model.grad_slab import FP8Scaling, GradSlab
 from inkling_fp4.numerics import fp8
@@ -230,16 +236,7 @@ def test_in_proj_split_equals_linear_then_split_when_consumers_return_values():
 def test_in_proj_fp8_applies_only_to_delayed_pairs_on_the_kernels():
     lin, history = delayed_linear(64, 96, "mixer.in_proj", (3.0, 0.05, 0.4))
     u = torch.randn(2, 16, 64, requires_grad=True)
-    assert not in_proj_fp8.applies(lin, u)  # CPU: the consumers have no FP8 epilogue here
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(in_proj_fp8, "fast_forms_on", lambda t: True)
-        assert in_proj_fp8.applies(lin, u)
-        assert not in_proj_fp8.applies(lin, u[:, :15])  # 30 tokens: not a multiple of 16
-        history.ready = False
-        assert not in_proj_fp8.applies(lin, u)
-        history.ready = True
-        with torch.no_grad():
-            assert not in_proj_fp8.applies(lin, u)
+    check_applies(in_proj_fp8, lambda t: in_proj_fp8.applies(lin, t), u, history)
 
 
 # -- the model on the GPU --------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 
 from bits import same_bits
 from fresh_seed import fresh_generator
-from fused_fp8 import CPU_MODEL, GPU_MODEL, delayed_linear, fused_path_trains_bit_for_bit
+from fused_fp8 import CPU_MODEL, GPU_MODEL, check_applies, delayed_linear, fused_path_trains_bit_for_bit
 from inkling_fp4.model.grad_slab import FP8Scaling
 from inkling_fp4.numerics import fp8
 from interpreter import INTERPRET, kernel_test, run_interpreted
@@ -109,21 +109,13 @@ def test_norm_fp8_applies_only_to_delayed_pairs_on_the_kernels():
 
     lin, history = delayed_linear(64, 32, "mixer.in_proj", (1.0, 0.02, 0.1))
     x = torch.randn(2, 16, 64, requires_grad=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not norm_fp8.applies(lin, x, torch.float32)  # CPU: the norm has no FP8 epilogue here
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(norm_fp8, "fast_forms_on", lambda t: True)
-            assert norm_fp8.applies(lin, x, torch.float32)
-            assert not norm_fp8.applies(None, x, torch.float32)  # a mixer without one first linear
-            assert not norm_fp8.applies(lin, x[:, :15], torch.float32)  # 30 tokens: not 16 | tokens
-            history.ready = False
-            assert not norm_fp8.applies(lin, x, torch.float32)
-            history.ready = True
-            with torch.no_grad():
-                assert not norm_fp8.applies(lin, x, torch.float32)
-    with pytest.MonkeyPatch.context() as mp:  # no autocast: the norm writes FP32, not BF16
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the norm's output in BF16
+        check_applies(norm_fp8, lambda t: norm_fp8.applies(lin, t, torch.float32), x, history)
+    with pytest.MonkeyPatch.context() as mp:
         mp.setattr(norm_fp8, "fast_forms_on", lambda t: True)
-        assert not norm_fp8.applies(lin, x, torch.float32)
+        assert not norm_fp8.applies(lin, x, torch.float32)  # no autocast: the norm writes FP32, not BF16
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not norm_fp8.applies(None, x, torch.float32)  # a mixer without one first linear
     with pytest.raises(ValueError, match="pair_x"):
         with torch.no_grad():
             lin(x, ("not", "used"))

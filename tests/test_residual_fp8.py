@@ -18,6 +18,7 @@ from fresh_seed import fresh_generator
 from fused_fp8 import (
     CPU_MODEL,
     GPU_MODEL,
+    check_applies,
     count_fp8_slab_takes,
     delayed_linear,
     fused_path_trains_bit_for_bit,
@@ -116,18 +117,10 @@ def test_slab_only_for_delayed_pairs_on_the_kernels():
 
     lin, history = delayed_linear(64, 32, "mixer.out_proj", (1.0, 0.02, 0.1))
     x = torch.randn(2, 16, 32, requires_grad=True)
-    assert not residual_fp8.applies(lin, x)  # CPU: the norms have no FP8 epilogue here
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(residual_fp8, "fast_forms_on", lambda t: True)
-        assert residual_fp8.applies(lin, x)
-        assert not residual_fp8.applies(lin, x[:, :15])  # 30 tokens: not 16 | tokens
-        history.ready = False
-        assert not residual_fp8.applies(lin, x)
-        history.ready = True
-        with torch.no_grad():
-            assert not residual_fp8.applies(lin, x)
-            with pytest.raises(ValueError, match="dy_fp8"):
-                lin(torch.randn(2, 16, 64), dy_fp8=residual_fp8.output_grad(lin, x))
+    check_applies(residual_fp8, lambda t: residual_fp8.applies(lin, t), x, history)
+    slab = residual_fp8.output_grad(lin, x)
+    with torch.no_grad(), pytest.raises(ValueError, match="dy_fp8"):  # a slab outside training
+        lin(torch.randn(2, 16, 64), dy_fp8=slab)
 
 
 def test_model_with_fp8_residual_gradient_trains_bit_for_bit(monkeypatch):
