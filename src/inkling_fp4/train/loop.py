@@ -26,6 +26,7 @@ Legend: B micro-batch sequences, L sequence length, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import random
 import time
@@ -320,6 +321,12 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
     if dist.is_main and step == cfg.train.steps and session_steps:
         val = f", val loss (bf16) {last_val:.4f}" if last_val is not None else ""
         print(f"done: {step} steps in {format_duration(session_time)}{val}", flush=True)
+    # The DDP wrapper's reducer holds the process group: drop it (and the graph, which holds the loss
+    # function that holds it) before the group is destroyed. Otherwise the group is destroyed later, by
+    # the reducer at exit, and its gloo threads could wait for a peer that had left: a hung rank after a
+    # finished run.
+    graphed = micro_loss = train_model = None
+    gc.collect()
     D.barrier(dist)
     D.shutdown(dist)
     return run_dir
