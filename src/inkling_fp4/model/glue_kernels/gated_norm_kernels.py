@@ -49,6 +49,11 @@ from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
 # forward + backward took 475 us against 552 us with the shared defaults (4 per thread, 64 rows).
 BWD_PER_THREAD = 8
 BWD_CHUNK_ROWS = 128
+# The backward's FP8 variant is held at the BF16 variant's 128 registers a thread (sm_90, ptxas): the
+# epilogue's conversion and running amax took it to 146, so 3 programs of 4 warps fit an SM instead of
+# 4 and it ran slower than the BF16 variant while storing half the bytes for dz. Capped, ptxas spills
+# 4 bytes; on an H200 at hybrid-350m's shape 283 us a launch instead of 329 (the BF16 variant: 296).
+BWD_FP8_REGS = 128
 
 
 def _skip_gate_math(y_ptr, x_ptr, d, z_ptr, rows, cols, mask, sy, sx, sz, S_DTYPE: tl.constexpr):
@@ -189,13 +194,16 @@ def gated_backward(y, x, D, z, weight, rstd, dout, dz_into=None):
     dz2 = dz_out.view(-1, E)
     block_c, block_r, warps, chunk = backward_tile(E // G, BWD_PER_THREAD, BWD_CHUNK_ROWS)
     n_prog = max(1, cdiv(R, chunk))
+    # at the tuned elements per thread only: a wider group (more per thread) keeps ptxas's own count
+    tuned = block_r * block_c <= BWD_PER_THREAD * 32 * warps
+    cap = dict(maxnreg=BWD_FP8_REGS) if fp8_kw["FP8"] and tuned else {}
     part = torch.empty(n_prog, 2, E, device=z.device, dtype=torch.float32)  # dweight, dD partial sums
     with on_device(z):
         _gated_bwd[(n_prog, G)](
             y2, x2, D, z2, weight, rstd, dout2, dy, dx, dz2, part, R, E, E // G,
             y2.stride(0), x2.stride(0), z2.stride(0), dout2.stride(0), dz2.stride(0),
             P=P, S_DTYPE=TL_DTYPES[skip_dtype(y, x, D)], CHUNK=chunk, BLOCK_R=block_r, BLOCK_C=block_c,
-            num_warps=warps, enable_fp_fusion=True, **fp8_kw,
+            num_warps=warps, enable_fp_fusion=True, **fp8_kw, **cap,
         )  # fmt: skip
     sums = part.sum(0)  # [2, E]
     dD = sums[1].view(H, P).sum(1).to(D.dtype)  # [H]
