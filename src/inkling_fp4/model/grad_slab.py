@@ -32,6 +32,22 @@ from inkling_fp4.numerics import fp8
 from inkling_fp4.precision.gemm import Operand
 from inkling_fp4.precision.recipes import OperandQuant
 
+_ZEROS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def zeros_placeholder(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros of ``shape`` that take no memory and, after the first call per device and dtype, launch
+    nothing: one cached zero scalar, expanded (a CUDA-graphed step would otherwise replay a fill kernel
+    for each of the model's ~80 placeholders). Inside a CUDA graph capture an uncached scalar is made:
+    the capture records its fill, which eager code never sees run."""
+    key = (torch.device(device), dtype)
+    zero = _ZEROS.get(key)
+    if zero is None:
+        zero = torch.zeros((), dtype=dtype, device=device)
+        if not (zero.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _ZEROS[key] = zero
+    return zero.expand(shape)
+
 
 @dataclass
 class FP8Scaling:
@@ -71,7 +87,7 @@ class GradSlab:
         for w in widths:
             self._bounds.append(self._bounds[-1] + w)
         self.fp8 = fp8
-        self._zero = torch.zeros((), dtype=like.dtype, device=like.device) if fp8 is not None else None
+        self._zero = zeros_placeholder((), like.dtype, like.device) if fp8 is not None else None
         self.buffer: torch.Tensor | None = None
 
     def _view(self, i: int) -> torch.Tensor:

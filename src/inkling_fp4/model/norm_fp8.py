@@ -25,7 +25,7 @@ import torch
 
 from inkling_fp4.model import compiled
 from inkling_fp4.model.compiled import fast_forms_on
-from inkling_fp4.model.grad_slab import FP8Scaling
+from inkling_fp4.model.grad_slab import FP8Scaling, zeros_placeholder
 from inkling_fp4.model.norm import RMSNorm, add_rms_norm, output_dtype, rms_norm
 from inkling_fp4.numerics import fp8
 from inkling_fp4.precision.gemm import Operand
@@ -94,7 +94,7 @@ class _NormFP8Fn(torch.autograd.Function):
         holder.extend([rows, cols])
         ctx.eps, ctx.add, ctx.dtypes = eps, y is not None, (x.dtype, None if y is None else y.dtype)
         ctx.dy_into = dy_into
-        placeholder = torch.zeros((), device=x.device, dtype=torch.bfloat16).expand(x.shape)
+        placeholder = zeros_placeholder(x.shape, torch.bfloat16, x.device)
         return placeholder if h is None else (h, placeholder)
 
     @staticmethod
