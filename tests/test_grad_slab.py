@@ -117,3 +117,23 @@ def test_a_wrong_buffer_is_refused():
         grad_buffer(lambda: torch.zeros(2, 3, 5), like)
     with pytest.raises(ValueError, match="gradient buffer must be"):
         grad_buffer(lambda: torch.zeros(3, 2, 4).transpose(0, 1), like)
+
+
+def test_placeholders_share_one_cached_zero_per_dtype():
+    """A placeholder is zeros of its shape, expanded from a scalar that is made once per device and
+    dtype (no fill per placeholder), and an FP8 slab recognises its blocks' placeholders by it."""
+    a = grad_slab.zeros_placeholder((4, 6), torch.bfloat16, torch.device("cpu"))
+    b = grad_slab.zeros_placeholder((2, 3, 5), torch.bfloat16, "cpu")
+    c = grad_slab.zeros_placeholder((4, 6), torch.float32, "cpu")
+    assert a.shape == (4, 6) and b.shape == (2, 3, 5) and c.dtype == torch.float32
+    assert a.stride() == (0, 0) and b.stride() == (0, 0, 0)
+    assert a.data_ptr() == b.data_ptr() != c.data_ptr()
+    assert not a.any() and not b.any() and not c.any()
+    scaling = grad_slab.FP8Scaling(torch.ones(1), torch.zeros(1), e5m2=True)
+    like = torch.empty((), dtype=torch.bfloat16).expand(2, 3, sum(WIDTHS))
+    slab = grad_slab.GradSlab(like, WIDTHS, scaling)
+    block = slab.block(1)
+    assert block.placeholder.data_ptr() == a.data_ptr() and block.placeholder.shape == (2, 3, WIDTHS[1])
+    assert slab.holds(block.placeholder, 1) and slab.holds(block.placeholder.reshape(6, WIDTHS[1]), 1)
+    assert not slab.holds(torch.zeros(2, 3, WIDTHS[1], dtype=torch.bfloat16), 1)  # values, not the bytes
+    assert not slab.holds(block.placeholder, 0)  # another block's width
