@@ -1,6 +1,8 @@
-"""The model-level check of a fused FP8 path (``model/mlp_fp8.py``, ``in_proj_fp8.py``,
-``out_proj_fp8.py``): a small model under delayed-scaled fp8-tensorwise trains the same with the path
-as with its linears run one by one, loss, every gradient and the amax history bit for bit."""
+"""What the tests of the fused FP8 paths (``model/mlp_fp8.py``, ``in_proj_fp8.py``, ``out_proj_fp8.py``,
+``norm_fp8.py``, ``residual_fp8.py``) share: a kernel's FP8 epilogue against its BF16 output quantized
+by the reference (:func:`check_fp8_epilogue`), and the model-level check that a small model under
+delayed-scaled fp8-tensorwise trains the same with the path as with its linears run one by one, loss,
+every gradient and the amax history bit for bit (:func:`fused_path_trains_bit_for_bit`)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import pytest
 import torch
 
 from bits import same_bits
+from inkling_fp4.model.grad_slab import FP8Scaling
+from inkling_fp4.numerics import fp8
 
 CPU_MODEL = dict(pattern="M-*-M-", vocab_size=256, d_model=64, ffn_dim=160, n_heads=4, n_kv_heads=2)
 """The CPU model tests' model: Mamba-2, attention and MLP blocks, the first and last in BF16."""
@@ -125,3 +129,26 @@ def check_applies(module, applies, x: torch.Tensor, history) -> None:
         history.ready = True
         with torch.no_grad():
             assert not applies(x)
+
+
+def check_fp8_epilogue(produce, values: torch.Tensor, e5m2: bool, device) -> None:
+    """A kernel's FP8 epilogue against its BF16 output ``values``, at a delayed amax where some values
+    saturate and at one where none do: ``produce(scaling)`` runs the kernel storing FP8 under
+    ``scaling`` (checking its other outputs itself) and returns the bytes (uint8, values' shape), which
+    must equal ``values`` quantized by the torch reference, and the record word must hold max |values|."""
+    own = values.float().abs().amax()
+    dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
+    for amax in (own / 16, own * 2):
+        record = torch.full((1,), -1.0, device=device)
+        q = produce(FP8Scaling(amax.reshape(1).to(device), record, e5m2))
+        assert q.dtype == torch.uint8 and q.shape == values.shape, (q.dtype, tuple(q.shape))
+        ref = fp8.quantize_tensorwise_ref(values.cpu(), dtype, amax=amax.reshape(1).cpu())
+        same_bits(q.view(dtype).cpu(), ref.data, f"FP8 bytes, amax {float(amax):.3g}")
+        assert record.item() == own.item(), (record.item(), own.item())
+
+
+def residual_rows(g: torch.Generator, R: int, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) for a norm kernel's test: the FP32 residual stream x [R, D], whose rows range over six
+    decades of magnitude, and a BF16 mixer output y [R, D] to add to it."""
+    x = torch.randn(R, D, generator=g) * torch.pow(10.0, torch.empty(R, 1).uniform_(-3, 3, generator=g))
+    return x, torch.randn(R, D, generator=g).to(torch.bfloat16)

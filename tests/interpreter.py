@@ -45,3 +45,17 @@ def kernel_test(fn):
     for mark in marks:
         fn = mark(fn)
     return fn
+
+
+def interpreted_parent(test_file: str, *select: str):
+    """The parent test of a file of :func:`kernel_test` tests (bind it to a ``test_*`` name there): on a
+    machine without CUDA it runs them under the interpreter (``select``: pytest arguments, by default
+    the kernel tests without the model ones), on one with CUDA they run directly."""
+    import torch
+
+    def test_kernels_under_triton_interpreter():
+        if torch.cuda.is_available():
+            pytest.skip("the kernel tests run on the GPU here")
+        run_interpreted(test_file, *(select or ("-m", "gpu", "-k", "not model")))
+
+    return test_kernels_under_triton_interpreter

@@ -24,46 +24,38 @@ from fresh_seed import fresh_generator
 from fused_fp8 import (
     GPU_MODEL,
     check_applies,
+    check_fp8_epilogue,
     count_fp8_slab_takes,
     delayed_linear,
     fused_path_trains_bit_for_bit,
 )
 from inkling_fp4.model import in_proj_fp8
-from inkling_fp4.model.grad_slab import FP8Scaling, GradSlab
+from inkling_fp4.model.grad_slab import GradSlab
 from inkling_fp4.numerics import fp8
-from interpreter import INTERPRET, kernel_test, run_interpreted
+from interpreter import INTERPRET, interpreted_parent, kernel_test
 
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 BF = torch.bfloat16
-
-
-def _slabs(shape, widths, amax, e5m2):
-    """(a BF16 slab, an FP8 slab with a fresh record word) for a split of ``shape``."""
-    like = torch.empty((), dtype=BF, device=DEVICE).expand(*shape)
-    record = torch.full((1,), -1.0, device=DEVICE)
-    fp8_slab = GradSlab(like, widths, FP8Scaling(amax.reshape(1).to(DEVICE), record, e5m2))
-    return GradSlab(like, widths), fp8_slab, record
 
 
 def check_consumer(run, shape, widths, block: int, e5m2: bool) -> None:
     """``run(into) -> (the block's gradient, the other gradients)``, one backward of a consumer of block
     ``block`` writing into ``into``: the FP8 bytes equal the reference quantization of its BF16 gradient,
     the record its amax, and the other gradients do not change."""
-    plain, _, _ = _slabs(shape, widths, torch.ones(1), e5m2)
+    like = torch.empty((), dtype=BF, device=DEVICE).expand(*shape)
+    plain = GradSlab(like, widths)
     grad, others = run(plain.into(block))
     assert plain.holds(grad, block)  # the consumer wrote into the BF16 slab, as before
-    values = grad.clone()
-    own = values.float().abs().amax()
-    dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
-    for amax in (own / 16, own * 2):  # some values saturate; none do
-        _, slab, record = _slabs(shape, widths, amax, e5m2)
+
+    def produce(scaling):
+        slab = GradSlab(like, widths, scaling)
         placeholder, others_fp8 = run(slab.into(block))
         assert slab.holds(placeholder, block), "the consumer returned its block's placeholder"
-        ref = fp8.quantize_tensorwise_ref(values.cpu(), dtype, amax=amax.reshape(1).cpu())
-        same_bits(slab.block(block).data.view(dtype), ref.data, f"FP8 bytes, amax {float(amax):.3g}")
-        assert record.item() == own.item(), (record.item(), own.item())
         for a, b in zip(others_fp8, others, strict=True):
             same_bits(a, b, "another gradient of the consumer")
+        return slab.block(block).data
+
+    check_fp8_epilogue(produce, grad.clone(), e5m2, DEVICE)
 
 
 @kernel_test
@@ -198,11 +190,7 @@ def test_byte_transpose_and_scale_equal_torch():
         fp8.transpose_fp8(wide.reshape(2, 48, 160))
 
 
-def test_kernels_under_triton_interpreter():
-    """Run the kernel tests on CPU in a child process with TRITON_INTERPRET=1."""
-    if torch.cuda.is_available():
-        pytest.skip("the kernel tests run on the GPU here")
-    run_interpreted(__file__, "-m", "gpu", "-k", "not model")
+test_kernels_under_triton_interpreter = interpreted_parent(__file__)
 
 
 # -- in_proj + split -------------------------------------------------------------------------------

@@ -19,12 +19,16 @@ import torch
 
 from bits import same_bits
 from fresh_seed import fresh_generator
-from fused_fp8 import GPU_MODEL, check_applies, delayed_linear, fused_path_trains_bit_for_bit
+from fused_fp8 import (
+    GPU_MODEL,
+    check_applies,
+    check_fp8_epilogue,
+    delayed_linear,
+    fused_path_trains_bit_for_bit,
+)
 from inkling_fp4.model import out_proj_fp8
-from inkling_fp4.model.grad_slab import FP8Scaling
 from inkling_fp4.model.norm import skip_gated_rms_norm
-from inkling_fp4.numerics import fp8
-from interpreter import INTERPRET, kernel_test, run_interpreted
+from interpreter import INTERPRET, interpreted_parent, kernel_test
 
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 BF = torch.bfloat16
@@ -52,24 +56,16 @@ def test_gated_norm_forward_writes_fp8_bytes(e5m2):
     H, P, G = 4, 32, 2
     y, x, D, z, w = _norm_inputs(2, 72, H, P, DEVICE, g)
     values, rstd = gated_forward(y, x, D, z, w, G, 1e-5, BF)  # the BF16 store, as before
-    own = values.float().abs().amax()
-    dtype = torch.float8_e5m2 if e5m2 else torch.float8_e4m3fn
-    for amax in (own / 16, own * 2):  # some values saturate; none do
-        record = torch.full((1,), -1.0, device=DEVICE)
-        scaling = FP8Scaling(amax.reshape(1), record, e5m2)
+
+    def produce(scaling):
         q, rstd_fp8 = gated_forward(y, x, D, z, w, G, 1e-5, BF, fp8_out=scaling)
-        assert q.dtype == torch.uint8 and q.shape == values.shape
-        ref = fp8.quantize_tensorwise_ref(values.cpu(), dtype, amax=amax.reshape(1).cpu())
-        same_bits(q.view(dtype).cpu(), ref.data, f"FP8 bytes, amax {float(amax):.3g}")
-        assert record.item() == own.item(), (record.item(), own.item())
         same_bits(rstd_fp8, rstd, "rstd")
+        return q
+
+    check_fp8_epilogue(produce, values, e5m2, DEVICE)
 
 
-def test_kernels_under_triton_interpreter():
-    """Run the kernel tests on CPU in a child process with TRITON_INTERPRET=1."""
-    if torch.cuda.is_available():
-        pytest.skip("the kernel tests run on the GPU here")
-    run_interpreted(__file__, "-m", "gpu", "-k", "not model")
+test_kernels_under_triton_interpreter = interpreted_parent(__file__)
 
 
 def test_norm_and_out_proj_equal_the_norm_then_the_linear():
