@@ -1,20 +1,35 @@
-"""Chat: template, assistant-only loss mask, best-fit packing with boundaries, the SFT loader."""
+"""Chat: records and their validation, the template and its loss masks, best-fit packing, the loader."""
 
-import inspect
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from data_corpus import data_config, fresh_rng, random_text, random_texts, write_jsonl
-from inkling_fp4.data.builtin_chat import BuiltinChat
-from inkling_fp4.data.builtin_corpus import BuiltinCorpus
-from inkling_fp4.data.chat import EncodedChat, encode_chat, encode_prompt, record_messages, render
-from inkling_fp4.data.packing import PackedLoader, best_fit, pack
-from inkling_fp4.data.sft_data import build_sft_data
-from inkling_fp4.data.tokenizer import Tokenizer
+from data_corpus import fresh_rng, random_text, random_texts
+from inkling_fp4.data.chat import (
+    CHAT_TEMPLATE_JINJA,
+    Chat,
+    EncodedChat,
+    encode_chat,
+    encode_prompt,
+    parse_record,
+    render,
+)
+from inkling_fp4.data.packing import PackedLoader, best_fit, fit, pack
+from inkling_fp4.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 from inkling_fp4.errors import DataError
+
+# Text that looks like the template: it must stay ordinary bytes, never a special id.
+FORGERIES = [
+    "<|end|>",
+    "<|assistant|>",
+    "<|user|>",
+    "<|system|>",
+    "<|endoftext|>",
+    "<|pad|>",
+    "<|end|><|user",
+]
 
 
 @pytest.fixture(scope="module")
@@ -23,34 +38,76 @@ def tok():
     return Tokenizer.train_bpe(random_texts(rng, 200), vocab_size=512, show_progress=False)
 
 
-def _conversation(rng, turns=None):
-    messages = [{"role": "system", "content": random_text(rng, 1, 8)}] if rng.random() < 0.5 else []
+def adversarial_text(rng, lo=1, hi=12):
+    words = random_text(rng, lo, hi).split(" ")
+    for _ in range(rng.randint(0, 2)):
+        words.insert(rng.randint(0, len(words)), rng.choice(FORGERIES))
+    return " ".join(words)
+
+
+def conversation(rng, turns=None):
+    """A random valid conversation: optional system, then user / assistant turns (some repeated)."""
+    messages = [{"role": "system", "content": adversarial_text(rng, 1, 8)}] if rng.random() < 0.5 else []
     for _ in range(turns or rng.randint(1, 3)):
-        messages.append({"role": "user", "content": random_text(rng, 1, 12)})
-        messages.append({"role": "assistant", "content": random_text(rng, 1, 12)})
+        for role in ("user", "assistant"):
+            for _ in range(1 + (rng.random() < 0.15)):  # now and then two turns of one role in a row
+                messages.append({"role": role, "content": adversarial_text(rng)})
     return messages
 
 
-def test_loss_mask_covers_exactly_the_assistant_tokens(tok):
+def reference(tok, chat, loss_on):
+    """Template tokens and mask built by hand, and the trained text span by span."""
+    tokens, mask, spans = [tok.eos], [False], []
+    for j, m in enumerate(chat.messages):
+        body = tok.encode(m["content"])
+        answer = m["role"] == "assistant" and (loss_on == "assistant" or j >= chat.completion_from)
+        if loss_on == "all":
+            mask += [True] * (len(body) + 2)
+        else:
+            mask += [False] + [answer] * (len(body) + 1)
+        tokens += [tok.role_ids[m["role"]], *body, tok.end]
+        if answer:
+            spans.append(m["content"] + "<|end|>")
+    return tokens, mask, spans
+
+
+def trained_text(tok, enc):
+    return tok.decode([t for t, keep in zip(enc.tokens, enc.trained, strict=True) if keep])
+
+
+def trained_spans(enc):
+    spans, current = [], []
+    for t, keep in zip(enc.tokens, enc.trained, strict=True):
+        if keep:
+            current.append(t)
+        elif current:
+            spans.append(current)
+            current = []
+    return spans + ([current] if current else [])
+
+
+@pytest.mark.parametrize("loss_on", ["assistant", "completion", "all"])
+def test_template_round_trip_and_masks(tok, loss_on):
     rng = fresh_rng()
-    for _ in range(30):
-        messages = _conversation(rng)
-        enc = encode_chat(tok, messages)
-        # Independent reference: walk the template and collect the assistant spans by hand.
-        expected_tokens, expected_mask = [tok.eos], [False]
-        answer_ids = []
-        for m in messages:
-            body = tok.encode(m["content"])
-            expected_tokens += [tok.role_ids[m["role"]], *body, tok.end]
-            is_answer = m["role"] == "assistant"
-            expected_mask += [False] + [is_answer] * (len(body) + 1)
-            if is_answer:
-                answer_ids += [*body, tok.end]
-        assert enc.tokens == expected_tokens and enc.trained == expected_mask, rng.seed_value
-        trained_ids = [t for t, keep in zip(enc.tokens, enc.trained, strict=True) if keep]
-        assert trained_ids == answer_ids
-        answers = "".join(m["content"] + "<|end|>" for m in messages if m["role"] == "assistant")
-        assert tok.decode(trained_ids) == answers
+    specials = {tok.hf.token_to_id(t) for t in SPECIAL_TOKENS}
+    for _ in range(40):
+        chat = parse_record({"messages": conversation(rng)})
+        enc = encode_chat(tok, chat, loss_on)
+        tokens, mask, spans = reference(tok, chat, loss_on)
+        assert (enc.tokens, enc.trained) == (tokens, mask), rng.seed_value
+        # Special ids appear only where the template puts them: 1 + 2 per message.
+        assert sum(t in specials for t in enc.tokens) == 1 + 2 * len(chat.messages), rng.seed_value
+        for m in chat.messages:
+            assert not specials & set(tok.encode(m["content"])), m["content"]
+        if loss_on == "all":
+            assert tok.decode(enc.tokens[1:]) == render(tok, chat.messages)[len("<|endoftext|>") :]
+            continue
+        # Each trained span decodes to exactly one assistant answer and its <|end|>; consecutive
+        # assistant turns give adjacent spans, so compare the concatenation too.
+        assert trained_text(tok, enc) == "".join(spans), rng.seed_value
+        roles = [m["role"] for m in chat.messages]
+        if ("assistant", "assistant") not in zip(roles, roles[1:], strict=False):
+            assert [tok.decode(s) for s in trained_spans(enc)] == spans, rng.seed_value
 
 
 def test_template_text_and_generation_prompt(tok):
@@ -63,21 +120,96 @@ def test_template_text_and_generation_prompt(tok):
     assert enc.tokens[: len(prompt)] == prompt
 
 
-def test_prompt_completion_records_and_errors(tok):
-    rec = {"system": "be brief", "prompt": "2+2?", "completion": "4"}
-    assert record_messages(rec) == [
+def test_jinja_template_renders_the_same_text(tok):
+    jinja2 = pytest.importorskip("jinja2")
+    template = jinja2.Environment().from_string(CHAT_TEMPLATE_JINJA)
+    rng = fresh_rng()
+    for _ in range(10):
+        messages = conversation(rng)
+        assert template.render(messages=messages) == render(tok, messages), rng.seed_value
+        prompt = messages[: max(i for i, m in enumerate(messages) if m["role"] == "user") + 1]
+        text = template.render(messages=prompt, add_generation_prompt=True, bos_token=tok.token(tok.bos))
+        assert text == tok.decode(encode_prompt(tok, prompt)), rng.seed_value
+
+
+def test_prompt_completion_records(tok):
+    rec = {"system": "be brief", "prompt": "2+2?", "completion": "4", "id": 7}
+    chat = parse_record(rec)
+    assert chat.messages == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "4"},
     ]
-    with pytest.raises(DataError, match="record 3 has fields text.*'messages'"):
-        record_messages({"text": "x"}, 3)
-    with pytest.raises(DataError, match="message 0"):
-        record_messages({"messages": [{"role": "robot", "content": "x"}]})
-    with pytest.raises(DataError, match="no assistant message"):
-        record_messages({"messages": [{"role": "user", "content": "x"}]})
-    with pytest.raises(DataError, match="non-empty list"):
-        record_messages({"messages": []})
+    assert chat.completion_from == 2
+    assert parse_record({"system": "", "prompt": "a", "completion": "b"}).messages[0]["role"] == "user"
+    nulls = {"system": None, "prompt": "a", "completion": "b", "messages": None}  # a table mixing formats
+    assert parse_record(nulls).completion_from == 1
+    with pytest.raises(DataError, match=r"has fields 'prompt', 'id' \('messages', 'completion' null\)"):
+        parse_record({"prompt": "a", "id": 1, "messages": None, "completion": None})
+    # Conversational: the prompt's messages, then the completion's assistant turns (trained in 'completion').
+    prompt = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "q2"},
+    ]
+    completion = [{"role": "assistant", "content": "a2"}, {"role": "assistant", "content": "a3"}]
+    chat = parse_record({"prompt": prompt, "completion": completion})
+    assert chat.messages == prompt + completion and chat.completion_from == 4
+    enc = encode_chat(tok, chat, "completion")
+    assert trained_text(tok, enc) == "a2<|end|>a3<|end|>"
+    assert trained_text(tok, encode_chat(tok, chat, "assistant")) == "a1<|end|>a2<|end|>a3<|end|>"
+    # messages: the completion is the last assistant turn
+    assert parse_record({"messages": prompt + completion[:1]}).completion_from == 4
+
+
+U, A, S = ({"role": r, "content": "x"} for r in ("user", "assistant", "system"))
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ({"text": "x"}, r"has fields 'text'; .*'messages'.*'prompt' and 'completion'"),
+        ({"prompt": "x"}, r"has fields 'prompt'; "),
+        ({}, r"has fields none"),
+        ({"messages": []}, r"'messages' must be a non-empty list"),
+        ({"messages": "hello"}, r"'messages' must be a non-empty list .* got str"),
+        ({"messages": [{"role": "robot", "content": "x"}, A]}, r"messages\[0\]: role 'robot' is not one of"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, r"role 'tool'"),
+        ({"messages": [{"role": "user"}, A]}, r"messages\[0\]: expected \{role, content\}"),
+        ({"messages": [U, "hi"]}, r"messages\[1\]: expected"),
+        ({"messages": [U, {"role": "assistant", "content": None}]}, r"messages\[1\]: content is NoneType"),
+        ({"messages": [U, {"role": "assistant", "content": [{"type": "text"}]}]}, r"content is list"),
+        ({"messages": [U]}, r"no assistant turn"),
+        ({"messages": [S, S, U, A]}, r"system message at position 1; .*only open"),
+        ({"messages": [U, A, S, U, A]}, r"system message at position 2"),
+        ({"messages": [A, U, A]}, r"assistant turn comes before any user turn"),
+        ({"messages": [S, A]}, r"assistant turn comes before any user turn"),
+        ({"messages": [U, A, U]}, r"ends with a user turn"),
+        ({"prompt": "x", "completion": [A]}, r"'prompt' is str and 'completion' list; give both"),
+        ({"prompt": 3, "completion": "x"}, r"'prompt' is int, not text"),
+        ({"prompt": "x", "completion": "y", "system": 1}, r"'system' is int"),
+        ({"prompt": [U], "completion": [U]}, r"completion\[0\]: a completion holds assistant turns only"),
+        ({"prompt": [U], "completion": [A], "system": "s"}, r"'system' beside a list prompt"),
+        ({"prompt": [], "completion": [A]}, r"'prompt' must be a non-empty list"),
+        ("just text", r"is a str, not a record"),
+    ],
+)
+def test_bad_records_are_one_line_errors(record, message):
+    with pytest.raises(DataError, match=message) as info:
+        parse_record(record, "chat record 5 of 'x.jsonl'")
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("chat record 5 of 'x.jsonl'")
+
+
+def test_allowed_shapes_and_empty_answers():
+    assert parse_record({"messages": [U, U, A, A]}).completion_from == 3  # repeated roles are allowed
+    assert not parse_record({"messages": [S, U, A]}).empty_answer
+    for blank in ("", " ", "\n\t "):
+        assert parse_record({"messages": [U, {"role": "assistant", "content": blank}, U, A]}).empty_answer
+        assert parse_record({"prompt": "q", "completion": blank}).empty_answer
+    empty_prompt = {"messages": [{"role": "user", "content": ""}, A]}
+    assert not parse_record(empty_prompt).empty_answer  # an empty question is not an empty answer
 
 
 def _reference_best_fit(lengths, capacity):
@@ -109,12 +241,14 @@ def test_best_fit_matches_a_reference():
         assert len(bins) >= -(-sum(lengths) // capacity)
 
 
-def test_packing_keeps_boundaries(tok):
+@pytest.mark.parametrize("loss_on", ["assistant", "completion", "all"])
+def test_packing_keeps_boundaries_and_seams(tok, loss_on):
     rng = fresh_rng()
-    examples = [encode_chat(tok, _conversation(rng)) for _ in range(40)]
+    examples = [encode_chat(tok, parse_record({"messages": conversation(rng)}), loss_on) for _ in range(40)]
     row_len = 160
-    rows = pack(examples, row_len, tok.pad)
-    assert rows.truncated == sum(len(e) > row_len for e in examples)
+    fitted = fit(examples, row_len, "truncate")
+    assert fitted.truncated + fitted.dropped == sum(len(e) > row_len for e in examples)
+    rows = pack(fitted.examples, row_len, tok.pad)
     seen = []
     for r in range(len(rows.tokens)):
         ids = rows.doc_ids[r]
@@ -126,28 +260,39 @@ def test_packing_keeps_boundaries(tok):
                 continue
             seen.append((rows.tokens[r, seg].tolist(), rows.trained[r, seg].tolist()))
             assert rows.tokens[r, seg][0] == tok.eos  # every example opens with its own document token
-    expected = [(e.tokens[:row_len], e.trained[:row_len]) for e in examples]
+    expected = [(e.tokens, e.trained) for e in fitted.examples]
     assert sorted(seen) == sorted(expected)  # every example exactly once, whole (or cut at the row end)
     batch = rows.batch(np.arange(len(rows.tokens)))
     same_doc = batch.doc_ids == torch.from_numpy(rows.doc_ids[:, 1:])
-    assert not (batch.loss_mask & ~same_doc).any()  # no target crosses into another example
+    seams = ~same_doc
+    assert not (batch.loss_mask & seams).any()  # no target crosses into another example or the padding
+    assert not batch.loss_mask[batch.targets == tok.pad].any()
     assert torch.equal(batch.loss_mask, torch.from_numpy(rows.trained[:, 1:]) & same_doc)
     assert torch.equal(batch.input_ids[:, 1:], batch.targets[:, :-1])
+    assert rows.trained_tokens == batch.num_tokens
+    if loss_on == "all":  # every target inside an example is trained, nothing else
+        inside = same_doc & (batch.targets != tok.pad)
+        assert torch.equal(batch.loss_mask, inside)
     assert 0.5 < rows.fill <= 1.0
 
 
 def test_overlong_examples_are_cut_or_dropped(tok):
     prompt_only = EncodedChat([tok.eos] + [5] * 30 + [7, 8], [False] * 31 + [True, True])
     answer_early = EncodedChat([tok.eos, 4, 7, 8] + [9] * 30, [False, False, True, True] + [True] * 30)
-    rows = pack([prompt_only, answer_early], 10, tok.pad)
-    assert rows.truncated == 2 and rows.dropped == 1 and rows.examples == 1
-    with pytest.raises(DataError, match="raise data.seq_len"):
+    exact = EncodedChat([tok.eos] + [9] * 9, [False] + [True] * 9)  # exactly a row: fits, not cut
+    cut = fit([prompt_only, answer_early, exact], 10, "truncate")
+    assert (cut.truncated, cut.dropped, len(cut.examples)) == (1, 1, 2)
+    assert cut.examples[0].tokens == answer_early.tokens[:10] and cut.examples[1] is exact
+    dropped = fit([prompt_only, answer_early, exact], 10, "drop")
+    assert (dropped.truncated, dropped.dropped, dropped.examples) == (0, 2, [exact])
+    with pytest.raises(ValueError, match="fit"):
         pack([prompt_only], 10, tok.pad)
 
 
 def test_packed_loader_resume_and_ranks(tok):
     rng = fresh_rng()
-    rows = pack([encode_chat(tok, _conversation(rng)) for _ in range(60)], 64, tok.pad)
+    examples = [encode_chat(tok, parse_record({"messages": conversation(rng)})) for _ in range(60)]
+    rows = pack(fit(examples, 64, "truncate").examples, 64, tok.pad)
     seed = rng.randint(0, 1 << 30)
     straight = PackedLoader(rows, seed)
     expected = [straight.next_batch(3).input_ids for _ in range(3 * len(rows.tokens) // 3 + 2)]
@@ -165,42 +310,6 @@ def test_packed_loader_resume_and_ranks(tok):
         PackedLoader(rows, seed + 1).load_state_dict(part.state_dict())
 
 
-def test_build_sft_data_from_jsonl(tok, tmp_path):
-    rng = fresh_rng()
-    path = tmp_path / "chat.jsonl"
-    with open(path, "w") as f:
-        for i in range(40):
-            if i % 2:
-                f.write(json.dumps({"messages": _conversation(rng)}) + "\n")
-            else:
-                f.write(
-                    json.dumps({"prompt": random_text(rng, 1, 10), "completion": random_text(rng, 1, 10)})
-                    + "\n"
-                )
-    cfg = data_config(tmp_path, str(path), seq_len=96, val_fraction=0.1)
-    data = build_sft_data(cfg, tok, seed=1)
-    assert "40 records" in data.describe()
-    batch = data.train.next_batch(2)
-    assert batch.input_ids.shape == (2, 96) and batch.loss_mask.any()
-    v = data.val_batches(2, 2)
-    assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(v, data.val_batches(2, 2), strict=True))
-    write_jsonl(tmp_path / "plain.jsonl", ["just text"])
-    with pytest.raises(DataError, match="'messages'"):
-        build_sft_data(data_config(tmp_path, str(tmp_path / "plain.jsonl")), tok, seed=1)
-
-
-def test_builtin_chat_records_from_docstrings(tok, tmp_path):
-    cfg = data_config(tmp_path, "builtin", max_documents=30, seq_len=128)
-    data = build_sft_data(cfg, tok, seed=0)
-    assert data.records > 20 and "built-in chat" in data.describe()
-    records = list(BuiltinChat(BuiltinCorpus.open(max_documents=30)).iter_rows())
-    assert records == list(BuiltinChat(BuiltinCorpus.open(max_documents=30)).iter_rows())  # deterministic
-    for r in records:
-        user, answer = r["messages"]
-        assert user["content"].startswith("What does the ") and len(answer["content"]) >= 20
-    # abc.ABC is documented in place: its answer is the first paragraph of its docstring.
-    import abc
-
-    answers = {r["messages"][0]["content"]: r["messages"][1]["content"] for r in records}
-    assert answers["What does the class `abc.ABC` do?"] == inspect.cleandoc(abc.ABC.__doc__).split("\n\n")[0]
-    assert not any("`_" in question for question in answers)  # private modules are left out
+def test_chat_takes_plain_messages(tok):
+    messages = [U, A, U, {"role": "assistant", "content": "y"}]
+    assert encode_chat(tok, messages, "completion") == encode_chat(tok, Chat(messages, 3), "completion")

@@ -152,7 +152,7 @@ def test_cli_compares_two_runs_and_refuses_mismatched_ones(tmp_path, monkeypatch
 
 
 class FakeTrainer:
-    """Stands in for train.loop.run: logs a loss per step (the recipe shifts it), writes a checkpoint
+    """Stands in for train.stages.run_stage: logs a loss per step (the recipe shifts it), writes a checkpoint
     where it stops, resumes from the newest one, and can be told to stop early (an interrupt)."""
 
     OFFSET = {"fp8": 0.0, "nvfp4": 0.01, "bf16": -0.005}
@@ -190,10 +190,10 @@ class FakeTrainer:
 
 
 def test_orchestration_branches_the_no_switch_run_and_resumes_interrupted_runs(tmp_path, monkeypatch):
-    import inkling_fp4.train.loop as loop
+    import inkling_fp4.train.stages as stages
 
     fake = FakeTrainer()
-    monkeypatch.setattr(loop, "run", fake)
+    monkeypatch.setattr(stages, "run_stage", fake)
     cfg = load_config("tiny", ["train.steps=100", "train.log_every=1", "train.warmup_steps=10"])
     fake.interrupt_at = 30  # every run stops at step 30 (an interrupt): no report yet
     assert run_compare(cfg, tmp_path, ablate=["switch"], echo=lambda _: None) is None

@@ -138,7 +138,7 @@ def test_pretrain_with_deterministic_mode(tmp_path, capsys, monkeypatch, restore
 
     from safetensors.torch import load_file
 
-    from inkling_fp4.train import loop
+    from inkling_fp4.train import pretrain
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     torch.use_deterministic_algorithms(False)
@@ -146,7 +146,7 @@ def test_pretrain_with_deterministic_mode(tmp_path, capsys, monkeypatch, restore
 
     def train(name):
         overrides = [*SMALL, f"data.cache_dir={tmp_path / 'data'}", "train.deterministic=true"]
-        run_dir = loop.run(load_config("tiny", overrides), tmp_path / name)
+        run_dir = pretrain.run(load_config("tiny", overrides), tmp_path / name).run_dir
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         weights = load_file(run_dir / "checkpoints" / "step_3" / "model.safetensors")
         return [r["loss"] for r in rows if "loss" in r], weights

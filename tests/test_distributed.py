@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from inkling_fp4.config import load_config
-from inkling_fp4.train import loop
+from inkling_fp4.train import pretrain
 from test_pretrain import SMALL
 from test_pretrain import data_cache as data_cache  # the session's shared data cache (a fixture)
 
@@ -38,7 +38,7 @@ def test_fsdp_two_processes_resume_and_match_one(tmp_path, data_cache):
     _torchrun(tmp_path / "fsdp", "--resume")
     fsdp = _losses(tmp_path / "fsdp")
     assert sorted(fsdp) == list(range(1, 9))
-    one = _losses(loop.run(load_config("tiny", common), tmp_path / "one"))
+    one = _losses(pretrain.run(load_config("tiny", common), tmp_path / "one").run_dir)
     # the same global batches and weights; only the order of the gradient reductions differs
     assert all(abs(one[k] - fsdp[k]) < 1e-3 * one[k] for k in one)
 

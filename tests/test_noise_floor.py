@@ -20,7 +20,7 @@ from inkling_fp4.config import load_config, to_dict
 from inkling_fp4.errors import UserError
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
-from inkling_fp4.train.loop import _initial_weights_rng
+from inkling_fp4.train.pretrain import initial_weights_rng as _initial_weights_rng
 from metrics_fixture import baseline_losses, make_pair, phase_of, write_run
 
 GAPS = {"warmup": 0.03, "stable": 0.005, "decay": 0.012}

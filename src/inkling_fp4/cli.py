@@ -7,6 +7,7 @@ below prints one line and exits with code 2; anything else is a bug and keeps it
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +20,13 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Train hybrid Mamba-Transformer language models with NVFP4 4-bit forward passes.",
 )
+
+
+# options that several commands take, declared once
+OVERRIDES = typer.Argument(None, help="Dotted config overrides, e.g. train.steps=100.")
+RUN_DIR = typer.Option(None, help="Run directory (default: runs/<name>).")
+RESUME = typer.Option(False, help="Continue the run in --run-dir from its latest good checkpoint.")
+BASELINE = typer.Option(None, help="A baseline run directory: log the live loss gap to it.")
 
 
 @app.callback()
@@ -58,31 +66,95 @@ def info() -> None:
 
 @app.command()
 def pretrain(
-    overrides: list[str] = typer.Argument(None, help="Dotted config overrides, e.g. train.steps=100."),
+    overrides: list[str] = OVERRIDES,
     recipe: str = typer.Option(
         None, help="Recipe YAML path or built-in name (default: tiny; with --resume: the run's config)."
     ),
-    run_dir: Path = typer.Option(None, help="Run directory (default: runs/<name>)."),
-    resume: bool = typer.Option(False, help="Continue the run in --run-dir from its latest good checkpoint."),
-    baseline: Path = typer.Option(None, help="A baseline run directory: log the live loss gap to it."),
+    run_dir: Path = RUN_DIR,
+    resume: bool = RESUME,
+    baseline: Path = BASELINE,
 ) -> None:
     """Pretrain with the WSD schedule and the precision recipe, switching to BF16 before the decay."""
     from inkling_fp4.config import load_config
-    from inkling_fp4.train.loop import run
+    from inkling_fp4.train.pretrain import run
 
     overrides = list(overrides or [])
     cfg = load_config(recipe or "tiny", overrides)
     run_dir = run_dir or Path("runs") / cfg.name
-    if resume and recipe is None and (run_dir / "config.yaml").is_file():
-        cfg = load_config(run_dir / "config.yaml", overrides)  # the run's own resolved config
-    if not resume and run_dir.exists() and any(run_dir.iterdir()):
+    if resume and recipe is None:
+        cfg = _recorded_with(run_dir, overrides) or cfg  # the run's own config
+    _finish(run(cfg, run_dir, resume=resume, baseline=baseline), "pretrain")
+
+
+@app.command()
+def sft(
+    overrides: list[str] = OVERRIDES,
+    from_run: Path = typer.Option(
+        None, "--from", help="Run or checkpoint directory to fine-tune (default: the newest pretrain run)."
+    ),
+    recipe: str = typer.Option(
+        None, help="SFT recipe path or built-in name (default: sft-tiny; with --resume: the run's config)."
+    ),
+    run_dir: Path = RUN_DIR,
+    resume: bool = RESUME,
+    baseline: Path = BASELINE,
+) -> None:
+    """Fine-tune a run on chat data (loss on the answers), with NVFP4 forward and backward passes."""
+    from inkling_fp4.config import load_config
+    from inkling_fp4.train.sft import DEFAULT_RECIPE, run, sft_config
+
+    overrides = list(overrides or [])
+    name = load_config(recipe or DEFAULT_RECIPE, overrides).name  # no model yet: only the name
+    run_dir = run_dir or Path("runs") / name
+    cfg = _recorded_with(run_dir, overrides) if resume and recipe is None else None
+    if cfg is not None and from_run is not None:
         raise UserError(
-            f"run directory {run_dir} already holds a run; pass --resume to continue it or --run-dir "
-            "to start a new one elsewhere"
+            f"--resume continues {run_dir} from its own checkpoint (it started from {cfg.init_from}); "
+            "drop --from"
         )
-    out = run(cfg, run_dir, resume=resume, baseline=baseline)
-    if os.environ.get("RANK", "0") == "0":  # once under torchrun
-        typer.echo(f"run directory: {out}")
+    if cfg is None:
+        from_run = from_run or _newest_base(run_dir, ("pretrain",), "fp4train pretrain")
+        cfg = sft_config(recipe, overrides, from_run)
+    _finish(run(cfg, run_dir, resume=resume, baseline=baseline), "sft")
+
+
+def _recorded_with(run_dir: Path, overrides: list[str]):
+    """The run's recorded config (amendments applied) with ``overrides``, or None without one."""
+    from inkling_fp4.config import RunConfig, apply_overrides, from_dict
+    from inkling_fp4.train.run_dir import recorded_config_data
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--run-dir {run_dir} is a file, not a directory; pass a directory path")
+    data = recorded_config_data(run_dir)
+    return None if data is None else from_dict(RunConfig, apply_overrides(data, overrides))
+
+
+def _newest_base(run_dir: Path, stages: tuple[str, ...], first: str) -> Path:
+    from inkling_fp4.train.load_run import newest_run
+
+    found = newest_run(Path("runs"), stages, exclude=run_dir)
+    if found is None:
+        raise UserError(f"no {' or '.join(stages)} run with a checkpoint under runs/; run `{first}` first, "
+                        "or pass --from RUN")  # fmt: skip
+    typer.echo(f"--from: the newest {' or '.join(stages)} run under runs/, {found}")
+    return found
+
+
+def _finish(result, command: str) -> None:
+    """Say where the run went; an interrupted run exits 130 (SIGINT) or 143 (SIGTERM)."""
+    from inkling_fp4.train.trainer import SIGNAL_EXIT_CODES
+
+    if os.environ.get("RANK", "0") != "0":  # once under torchrun
+        return
+    typer.echo(f"run directory: {result.run_dir}")
+    if result.interrupted_by is not None:
+        name = signal.Signals(result.interrupted_by).name
+        typer.echo(
+            f"interrupted by {name} after step {result.step} (checkpoint written); continue with "
+            f"fp4train {command} --resume --run-dir {result.run_dir}",
+            err=True,
+        )
+        sys.exit(SIGNAL_EXIT_CODES.get(result.interrupted_by, 128 + int(result.interrupted_by)))
 
 
 @app.command()
@@ -120,6 +192,10 @@ def compare_baseline(
     noise_run: Path = typer.Option(
         None, help="With --run / --baseline: the baseline trained again with another train.init_seed."
     ),
+    stage: str = typer.Option("pretrain", help="Which stage to compare: pretrain or sft."),
+    from_run: Path = typer.Option(
+        None, "--from", help="--stage sft: the run or checkpoint every run fine-tunes (default: the newest)."
+    ),
 ) -> None:
     """Train the recipe under the paper's FP8 baseline and under NVFP4 and report the loss gap, or
     compare two existing runs (--run A --baseline B)."""
@@ -129,7 +205,7 @@ def compare_baseline(
     if run is not None or baseline is not None:
         if run is None or baseline is None:
             raise UserError("--run and --baseline go together: pass both run directories")
-        if overrides or recipe or run_dir or with_recipes or ablate or only or noise:
+        if overrides or recipe or run_dir or with_recipes or ablate or only or noise or from_run:
             raise UserError(
                 "--run / --baseline compare existing runs: drop --recipe, --run-dir, --with, --ablate, "
                 "--only, --noise (use --noise-run DIR) and the overrides"
@@ -141,7 +217,20 @@ def compare_baseline(
             "--out and --noise-run go with --run / --baseline; a new comparison reports into --run-dir "
             "(--noise trains its noise-floor run)"
         )
-    cfg = load_config(recipe or "tiny", list(overrides or []))
+    if stage == "sft":
+        from inkling_fp4.train.sft import DEFAULT_RECIPE, sft_config
+
+        name = load_config(recipe or DEFAULT_RECIPE, list(overrides or [])).name
+        from_run = from_run or _newest_base(
+            Path("runs") / f"{name}-compare", ("pretrain",), "fp4train pretrain"
+        )
+        cfg = sft_config(recipe, list(overrides or []), from_run)
+    elif stage == "pretrain":
+        if from_run is not None:
+            raise UserError("--from goes with --stage sft; pretraining starts from random weights")
+        cfg = load_config(recipe or "tiny", list(overrides or []))
+    else:
+        raise UserError(f"--stage {stage}: choose pretrain or sft (rollout is not built yet)")
     run_dir = run_dir or Path("runs") / f"{cfg.name}-compare"
     withs, pieces = _comma_list(with_recipes), _comma_list(ablate)
     report = run_compare(cfg, run_dir, withs, pieces, only=only, echo=typer.echo, noise=noise)
@@ -149,16 +238,7 @@ def compare_baseline(
         typer.echo(f"report: {report}")
 
 
-NOT_BUILT = (
-    "is not built yet: pretrain and compare-baseline are (the data side of SFT, the chat template and "
-    "assistant-only loss masks, is in inkling_fp4.data); see the README's 'Not built yet'"
-)
-
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def sft() -> None:
-    """Not built yet: supervised fine-tuning from a pretrain checkpoint with NVFP4 forward passes."""
-    raise UserError(f"fp4train sft {NOT_BUILT}")
+NOT_BUILT = "is not built yet: pretrain, sft and compare-baseline are; see the README's 'Not built yet'"
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -168,11 +248,15 @@ def rollout() -> None:
 
 
 def main() -> None:
+    if not sys.stderr.isatty():  # logs and captured output: no progress bars between the lines
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+        if "datasets" in sys.modules:
+            sys.modules["datasets"].disable_progress_bars()
     try:
         app()
     except UserError as e:
         typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

@@ -19,6 +19,7 @@ from typing import Any, Union
 import yaml
 
 from inkling_fp4.data.config import DataConfig
+from inkling_fp4.data.sft_config import SFTConfig
 from inkling_fp4.errors import ConfigError
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.precision.config import PrecisionConfig
@@ -40,6 +41,12 @@ class RunConfig:
 
     name: str = "tiny"
     """Run name: the default run directory is ``runs/<name>`` and wandb's run name."""
+    stage: str = "pretrain"
+    """Which stage trains this run: pretrain (token shards, every token trained) or sft (chat
+    examples, loss on the answers), each from its own ``fp4train`` command."""
+    init_from: str | None = None
+    """The run or checkpoint directory whose weights, model config and tokenizer a later stage starts
+    from (``--from``; resolved to the checkpoint that was used); None for pretraining from scratch."""
     model: ModelConfig = field(default_factory=ModelConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -49,6 +56,17 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+
+    def __post_init__(self):
+        if self.stage not in STAGES:
+            raise ValueError(f"stage must be one of {', '.join(STAGES)}, not '{self.stage}'")
+        if self.stage == "pretrain" and self.init_from is not None:
+            raise ValueError("init_from is for later stages (sft); pretraining starts from random weights")
+
+
+STAGES = ("pretrain", "sft")
+"""Stages that train a run (rollout joins them when it is built)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -107,14 +125,22 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return int(value)
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+        number = None
+        # a str too: YAML 1.1 reads "3e-4" (no dot) as a string
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+            except OverflowError:  # an int beyond every float
+                number = float("inf")
+        if number is None:
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        # NOTE: no config field takes NaN or Inf ("nan <= 0" is False: a NaN slips past every range
+        # check), so they are refused here once for all, before any __post_init__ sees them
+        if not abs(number) < float("inf"):  # False for NaN too
+            raise ConfigError(f"{key}: {value} is not a finite number; give a finite value")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value

@@ -8,6 +8,9 @@ prints it and exits with code 2, without a traceback. Anything else is a bug and
 class UserError(Exception):
     """A problem with the user's input (recipe, files, shapes, hardware request)."""
 
+    exit_code = 2
+    """What the command exits with: 2 for bad input; a full disk says 1 (nothing to fix in the input)."""
+
 
 class ConfigError(UserError):
     """An invalid recipe, override or config value."""

@@ -17,14 +17,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from inkling_fp4.config import RunConfig, to_dict
 from inkling_fp4.errors import UserError
+from inkling_fp4.train.run_dir import flatten
 
-COMPARED_SECTIONS = ("model", "data", "optim")
+COMPARED_SECTIONS = ("model", "data", "optim", "sft")
 """Sections compared key by key (minus IGNORED_KEYS)."""
 COMPARED_KEYS = (
+    "stage",
+    "init_from",
     "train.seed",
     "train.init_seed",
     "train.steps",
@@ -44,15 +45,6 @@ IGNORED_KEYS = (
     "data.verify_checksums",
 )
 """Keys that change speed or where files live, not the numbers."""
-
-
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for k, v in data.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: data}
 
 
 def _compared(flat: dict[str, Any]) -> dict[str, Any]:
@@ -77,9 +69,9 @@ def _same(a: Any, b: Any) -> bool:
 
 def config_differences(config_a: dict, config_b: dict) -> list[tuple[str, Any, Any]]:
     """``(key, value_a, value_b)`` for every compared key whose values differ (plain config data)."""
-    defaults = _flatten(to_dict(RunConfig()))
-    a = _compared({**defaults, **_flatten(config_a)})
-    b = _compared({**defaults, **_flatten(config_b)})
+    defaults = flatten(to_dict(RunConfig()))
+    a = _compared({**defaults, **flatten(config_a)})
+    b = _compared({**defaults, **flatten(config_b)})
     missing = object()
     diffs = []
     for key in sorted(set(a) | set(b)):
@@ -90,16 +82,12 @@ def config_differences(config_a: dict, config_b: dict) -> list[tuple[str, Any, A
 
 
 def read_config_data(run_dir: str | Path) -> dict:
-    """The plain data of ``<run_dir>/config.yaml``."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
+    """The plain data of ``<run_dir>/config.yaml`` with the run's amendments (``amendments.jsonl``)."""
+    from inkling_fp4.train.run_dir import recorded_config_data
+
+    data = recorded_config_data(Path(run_dir))
+    if data is None:
         raise UserError(f"no config.yaml in {run_dir}: pass a run directory written by `fp4train pretrain`")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UserError(f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} is not a run config (expected a mapping of sections)")
     return data
 
 

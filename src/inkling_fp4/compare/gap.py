@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from inkling_fp4.config import RunConfig, from_dict
 from inkling_fp4.errors import ConfigError, UserError
@@ -195,7 +194,7 @@ def load_metrics(run_dir: str | Path) -> RunMetrics:
         raise UserError(
             f"no {METRICS_FILE} in {run_dir}: pass a run directory written by `fp4train pretrain`"
         )
-    rows, skipped = parse_metrics_lines(path.read_text().splitlines())
+    rows, skipped = parse_metrics_lines(path.read_bytes().decode("utf-8", errors="replace").splitlines())
     metrics = metrics_from_rows(run_dir, rows, skipped)
     if not len(metrics.train) and not len(metrics.val):
         raise UserError(f"{path} has no training or validation losses yet: let the run log a few steps")
@@ -207,9 +206,11 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise UserError(f"no {CONFIG_FILE} in {run_dir}: pass a run directory written by `fp4train pretrain`")
+    from inkling_fp4.train.run_dir import recorded_config_data
+
     try:
-        return from_dict(RunConfig, yaml.safe_load(path.read_text()))
-    except (ConfigError, yaml.YAMLError) as e:
+        return from_dict(RunConfig, recorded_config_data(Path(run_dir)))
+    except ConfigError as e:
         raise UserError(f"{path} is not a config this version can read ({e})") from None
 
 

@@ -54,7 +54,7 @@ from inkling_fp4.config import RunConfig, from_dict, to_dict
 from inkling_fp4.errors import ConfigError, UserError
 from inkling_fp4.precision.config import RECIPES
 from inkling_fp4.train import distributed as D
-from inkling_fp4.train import loop
+from inkling_fp4.train import stages
 from inkling_fp4.train.checkpoint import checkpoint_dirs
 from inkling_fp4.train.metrics import truncate_metrics
 
@@ -166,7 +166,7 @@ def last_logged_step(run_dir: Path) -> int:
     path = run_dir / METRICS_FILE
     if not path.is_file():
         return 0
-    rows, _ = parse_metrics_lines(path.read_text().splitlines())
+    rows, _ = parse_metrics_lines(path.read_bytes().decode("utf-8", errors="replace").splitlines())
     steps = [hit[0] for hit in (row_value(r, "loss") for r in rows) if hit is not None]
     return max(steps, default=0)
 
@@ -207,7 +207,7 @@ def train_run(cfg: RunConfig, run_dir: Path, baseline: Path | None, echo: Callab
         return True
     resume = bool(_checkpoint_steps(run_dir))
     echo(f"{run_dir}: {'resuming' if resume else 'training'} {cfg.precision.recipe} to step {target}")
-    loop.run(cfg, run_dir, resume=resume, baseline=baseline)
+    stages.run_stage(cfg, run_dir, resume=resume, baseline=baseline)
     done = trained_steps(run_dir)
     if done < target:
         echo(f"{run_dir}: stopped at step {done} of {target}; run the same command again to continue")

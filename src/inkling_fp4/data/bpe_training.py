@@ -23,7 +23,7 @@ import tokenizers
 from inkling_fp4.data.config import DataConfig
 from inkling_fp4.data.shards import file_lock, is_validation
 from inkling_fp4.data.sources import DocumentSource, open_source
-from inkling_fp4.data.tokenizer import SPECIAL_TOKENS, Tokenizer
+from inkling_fp4.data.tokenizer import SPECIAL_TOKENS, TRAIN_RUN_CHARS, Tokenizer
 from inkling_fp4.errors import ConfigError
 
 
@@ -49,6 +49,7 @@ def bpe_cache_key(cfg: DataConfig, sources: list[DocumentSource]) -> str:
         "train_bytes": cfg.tokenizer_train_bytes,
         "val_fraction": cfg.val_fraction,
         "special_tokens": SPECIAL_TOKENS,
+        "train_run_chars": TRAIN_RUN_CHARS,
         "tokenizers": tokenizers.__version__,
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]

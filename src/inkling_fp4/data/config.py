@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inkling_fp4.data.text_encoding import ENCODING_ERRORS
+
 
 @dataclass
 class DataPhase:
@@ -50,6 +52,9 @@ class DataConfig:
     """Field that holds the text in structured sources."""
     text_sample_by: str = "document"
     """How .txt files become documents: document (one per file), paragraph or line."""
+    encoding_errors: str = "strict"
+    """Invalid UTF-8 in local text / json / csv files: strict (an error naming the file and the byte
+    offset) or replace (bad bytes read as U+FFFD, from a cleaned copy in cache_dir)."""
     tokenizer: str | None = None
     """Path to a tokenizer.json (or a folder holding one), a hub name when online, or null to train a
     byte-level BPE on the run's sources (cached)."""
@@ -88,6 +93,8 @@ class DataConfig:
             raise ValueError("data.val_fraction must be in [0, 0.5)")
         if self.text_sample_by not in ("document", "paragraph", "line"):
             raise ValueError("data.text_sample_by must be document, paragraph or line")
+        if self.encoding_errors not in ENCODING_ERRORS:
+            raise ValueError(f"data.encoding_errors must be strict or replace, not '{self.encoding_errors}'")
         if self.vocab_size < 512:
             raise ValueError("data.vocab_size must be at least 512 (256 bytes, special tokens and merges)")
         if self.bpe_min_frequency < 1:

@@ -7,11 +7,14 @@ other and the result equals training on them one by one.
 
 Best fit decreasing: examples in order of decreasing length each go into the open row with the least
 room that still fits them (a new row when none does). It is deterministic (ties keep input order) and
-fills rows close to the optimum for typical length distributions. An example longer than a row is cut
-to the row length (its tail dropped) and counted; one that keeps no trained token is dropped.
+fills rows close to the optimum for typical length distributions.
+
+An example longer than a row (``sft.overlong``, :func:`fit`): ``truncate`` keeps its head (the first
+L + 1 tokens), and drops it when the head keeps no trained token; ``drop`` drops it. Both are counted.
 
 Row layout: examples back to back, then ``<|pad|>`` up to L + 1 with its own doc id and no loss.
-``loss_mask`` of a target is its ``trained`` flag and False where the target starts another example.
+``loss_mask`` of a target is its ``trained`` flag and False where the target starts another example
+(a seam: the first token of an example is never predicted from the one before it).
 """
 
 from __future__ import annotations
@@ -35,14 +38,17 @@ class PackedRows:
     doc_ids: np.ndarray  # [R, L + 1] int32; pads have the id after the row's last example
     used: np.ndarray  # [R] int64: example tokens in each row (the rest is padding)
     examples: int
-    """Examples packed (after truncation and drops)."""
-    truncated: int
-    dropped: int
+    """Examples packed."""
 
     @property
     def fill(self) -> float:
         """Fraction of row positions holding example tokens (not padding)."""
         return float(self.used.sum() / self.tokens.size)
+
+    @property
+    def trained_tokens(self) -> int:
+        """Targets the loss is taken on in one pass over every row (the loss mask's sum)."""
+        return int((self.trained[:, 1:] & (self.doc_ids[:, 1:] == self.doc_ids[:, :-1])).sum())
 
     def batch(self, rows: Sequence[int] | np.ndarray) -> Batch:
         rows = np.asarray(rows)
@@ -77,23 +83,41 @@ def best_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def pack(examples: Sequence[EncodedChat], row_len: int, pad_id: int) -> PackedRows:
-    """Pack examples into rows of ``row_len`` tokens (= L + 1)."""
+@dataclass
+class Fitted:
+    """Examples that fit a row, and how many were cut or dropped to get there."""
+
+    examples: list[EncodedChat]
+    truncated: int
+    """Examples cut to the row length and kept (their head holds a trained token)."""
+    dropped: int
+    """Examples dropped for their length (overlong=drop, or a cut head without a trained token)."""
+
+
+def fit(examples: Sequence[EncodedChat], row_len: int, overlong: str) -> Fitted:
+    """Apply ``overlong`` (truncate | drop) to the examples longer than ``row_len`` tokens (= L + 1)."""
+    if overlong not in ("truncate", "drop"):
+        raise ValueError(f"overlong must be truncate or drop, not '{overlong}'")
     kept, truncated, dropped = [], 0, 0
     for ex in examples:
-        if len(ex) > row_len:
-            truncated += 1
-            ex = EncodedChat(ex.tokens[:row_len], ex.trained[:row_len])
-        if any(ex.trained[1:]):
+        if len(ex) <= row_len:
             kept.append(ex)
+        elif overlong == "truncate" and any(ex.trained[1:row_len]):
+            kept.append(EncodedChat(ex.tokens[:row_len], ex.trained[:row_len]))
+            truncated += 1
         else:
             dropped += 1
-    if not kept:
-        raise DataError(
-            f"no chat example keeps an answer token within data.seq_len + 1 = {row_len} tokens; "
-            "raise data.seq_len"
-        )
-    bins = best_fit([len(ex) for ex in kept], row_len)
+    return Fitted(kept, truncated, dropped)
+
+
+def pack(examples: Sequence[EncodedChat], row_len: int, pad_id: int) -> PackedRows:
+    """Pack examples of at most ``row_len`` tokens (= L + 1) each into rows of ``row_len``."""
+    if not examples:
+        raise ValueError("pack: no examples")
+    longest = max(len(ex) for ex in examples)
+    if longest > row_len:
+        raise ValueError(f"pack: an example of {longest} tokens for rows of {row_len}; fit() them first")
+    bins = best_fit([len(ex) for ex in examples], row_len)
     tokens = np.full((len(bins), row_len), pad_id, dtype=np.int64)
     trained = np.zeros((len(bins), row_len), dtype=bool)
     doc_ids = np.zeros((len(bins), row_len), dtype=np.int32)
@@ -101,14 +125,14 @@ def pack(examples: Sequence[EncodedChat], row_len: int, pad_id: int) -> PackedRo
     for r, members in enumerate(bins):
         pos = 0
         for d, i in enumerate(members):
-            n = len(kept[i])
-            tokens[r, pos : pos + n] = kept[i].tokens
-            trained[r, pos : pos + n] = kept[i].trained
+            n = len(examples[i])
+            tokens[r, pos : pos + n] = examples[i].tokens
+            trained[r, pos : pos + n] = examples[i].trained
             doc_ids[r, pos : pos + n] = d
             pos += n
         doc_ids[r, pos:] = len(members)
         used[r] = pos
-    return PackedRows(tokens, trained, doc_ids, used, len(kept), truncated, dropped)
+    return PackedRows(tokens, trained, doc_ids, used, len(examples))
 
 
 class PackedLoader:

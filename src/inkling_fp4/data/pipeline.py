@@ -79,9 +79,12 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def resolve_tokenizer(cfg: DataConfig, sources: list[DocumentSource], run_dir: Path) -> Tokenizer:
-    """The run's tokenizer, saved as ``run_dir/tokenizer.json``; a resumed run keeps its own."""
-    saved = run_dir / "tokenizer.json"
+def resolve_tokenizer(cfg: DataConfig, sources: list[DocumentSource], run_dir: Path | None) -> Tokenizer:
+    """The run's tokenizer: a resumed run (``run_dir`` given) keeps its own ``tokenizer.json``. Reads
+    only: the stage saves it into the run directory once every check has passed."""
+    saved = run_dir / "tokenizer.json" if run_dir is not None else None
+    if saved is None:
+        return Tokenizer.load(cfg.tokenizer) if cfg.tokenizer is not None else train_bpe_for(cfg, sources)
     if cfg.tokenizer is None and saved.is_file():
         tok = Tokenizer.from_file(saved)
         if tok.vocab_size != cfg.vocab_size:
@@ -95,8 +98,6 @@ def resolve_tokenizer(cfg: DataConfig, sources: list[DocumentSource], run_dir: P
         raise DataError(
             f"{saved} holds another tokenizer than data.tokenizer={cfg.tokenizer}; use a new run directory"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(saved)
     return tok
 
 
@@ -116,7 +117,7 @@ def resolve_phases(cfg: DataConfig, names: list[str], total_tokens: int | None) 
 
 def build_pretrain_data(
     cfg: DataConfig,
-    run_dir: Path,
+    run_dir: Path | None,
     seed: int,
     rank: int = 0,
     world_size: int = 1,
@@ -126,7 +127,7 @@ def build_pretrain_data(
     cache_dir = Path(cfg.cache_dir).expanduser()
     names = cfg.all_sources()
     sources = [open_source(name, cfg) for name in names]
-    tokenizer = resolve_tokenizer(cfg, sources, Path(run_dir))
+    tokenizer = resolve_tokenizer(cfg, sources, Path(run_dir) if run_dir is not None else None)
     shards = [
         build_or_load_shards(
             s, tokenizer, cache_dir, cfg.val_fraction, cfg.shard_tokens, cfg.verify_checksums

@@ -1,28 +1,50 @@
 """Chat data for supervised fine-tuning: records -> template tokens -> packed rows -> a resumable loader.
 
+Order of work: every record is read and validated first (``chat.parse_record``: a bad record is a
+one-line DataError before anything is tokenized or trained), then the records are split, tokenized
+with the chat template and the ``sft.loss_on`` mask, cut or dropped by ``sft.overlong``, and packed.
+Nothing is written (a local source's ``datasets`` cache aside).
+
 The tokenizer is the pretrained run's (``<run_dir>/tokenizer.json``), so token ids mean what the model
-learned. Records are split by index into training and validation with the same rule as pretraining
-documents (``shards.is_validation``), each split packed on its own, so no conversation is in both.
-Chat data is small next to pretraining data, so it is tokenized in memory on every start (no shards).
-``data.source=builtin`` reads the offline docstring questions of ``builtin_chat.py``.
+learned. Records are split by their index in the source into training and validation
+(``shards.is_validation`` at ``sft.val_fraction``, and the last record held out when the fraction
+picks none of a small source), each split packed on its own, so no conversation is in both. Chat data
+is small next to pretraining data, so it is tokenized in memory on every start (no shards).
+``data.source=builtin`` reads ``sft.builtin_examples`` worked examples of the built-in tasks
+(``builtin_tasks.py``), generated from the run's seed.
+
+``SFTData.stats`` (numbers for the run log and metrics):
+
+    records         records read from the source
+    skipped_empty   records skipped for an empty or whitespace assistant turn
+    train_records   valid records in the training split (val_records: held out)
+    examples        training examples packed (val_examples: held out, packed)
+    truncated       examples of both splits cut to data.seq_len + 1 tokens and kept
+    dropped_long    examples of both splits dropped for their length
+    rows            packed training rows (val_rows: validation rows)
+    fill            fraction of the training rows' positions holding example tokens
+    tokens          example tokens in the training rows (padding excluded)
+    trained_tokens  targets the loss is taken on in one pass over the training rows
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from inkling_fp4.data.batch import Batch
-from inkling_fp4.data.builtin_chat import BuiltinChat
-from inkling_fp4.data.builtin_corpus import BuiltinCorpus
-from inkling_fp4.data.chat import encode_chat, record_messages
+from inkling_fp4.data.chat import Chat, EncodedChat, assemble, parse_record
 from inkling_fp4.data.config import DataConfig
-from inkling_fp4.data.packing import PackedLoader, PackedRows, pack
+from inkling_fp4.data.packing import PackedLoader, PackedRows, fit, pack
+from inkling_fp4.data.sft_config import SFTConfig
 from inkling_fp4.data.shards import is_validation
 from inkling_fp4.data.sources import open_source
 from inkling_fp4.data.tokenizer import Tokenizer
 from inkling_fp4.errors import DataError
+
+_ENCODE_CHATS = 1024  # conversations per encode_batch call (the tokenizer's threads share a call)
 
 
 @dataclass
@@ -30,49 +52,129 @@ class SFTData:
     tokenizer: Tokenizer
     train: PackedLoader
     val_rows: PackedRows | None
+    """Packed validation rows; None when no example is held out."""
+    stats: dict
+    """Counts of the build (see the module docstring)."""
     source: str
-    records: int
-    origin: str = ""
+    origin: str
+    loss_on: str
+
+    @property
+    def has_validation(self) -> bool:
+        return self.val_rows is not None
+
+    @property
+    def trained_tokens(self) -> int:
+        """Trained targets per pass over the training rows."""
+        return self.stats["trained_tokens"]
 
     def val_batches(self, n: int, batch_size: int) -> list[Batch]:
         """``n`` batches of validation rows, the same every call (rows repeat when there are few)."""
         if self.val_rows is None:
             raise DataError(
-                f"chat source '{self.source}' has no validation records ({self.records} in all); "
-                "raise data.val_fraction or add records"
+                f"chat source '{self.source}' has no validation examples ({self.stats['records']} records "
+                "in all); raise sft.val_fraction or add records"
             )
         picks = np.arange(n * batch_size) % len(self.val_rows.tokens)
         return [self.val_rows.batch(picks[i * batch_size : (i + 1) * batch_size]) for i in range(n)]
 
     def describe(self) -> str:
-        rows = self.train.rows
+        s, L = self.stats, self.train.seq_len
         return (
-            f"{self.origin}: {self.records} records -> {len(rows.tokens)} packed rows of "
-            f"{rows.tokens.shape[1] - 1} tokens ({rows.fill:.0%} filled, {rows.truncated} truncated, "
-            f"{rows.dropped} dropped); answer tokens trained only"
+            f"{self.origin}: {s['records']} records ({s['skipped_empty']} skipped for an empty answer) -> "
+            f"{s['examples']} training examples in {s['rows']} packed rows of {L} tokens "
+            f"({s['fill']:.0%} filled), {s['val_examples']} held out; {s['truncated']} truncated, "
+            f"{s['dropped_long']} dropped as longer than {L + 1} tokens; loss on {self.loss_on}: "
+            f"{s['trained_tokens']} trained tokens per epoch"
         )
+
+
+def _rows(source, name: str) -> Iterator[tuple[int, dict]]:
+    """(index, record) in the source's order; undecodable text is a DataError naming the record."""
+    rows, index = iter(source.iter_rows()), 0
+    while True:
+        try:
+            record = next(rows)
+        except StopIteration:
+            return
+        except UnicodeDecodeError as e:
+            raise DataError(
+                f"chat source '{name}', record {index}: text is not valid UTF-8 ({e.reason}); "
+                "re-encode the file as UTF-8, or set data.encoding_errors=replace"
+            ) from None
+        yield index, record
+        index += 1
+
+
+def _encode(tokenizer: Tokenizer, chats: list[Chat], loss_on: str) -> list[EncodedChat]:
+    out = []
+    for start in range(0, len(chats), _ENCODE_CHATS):
+        part = chats[start : start + _ENCODE_CHATS]
+        ids = tokenizer.encode_batch([m["content"] for chat in part for m in chat.messages])
+        pos = 0
+        for chat in part:
+            n = len(chat.messages)
+            out.append(assemble(tokenizer, chat, ids[pos : pos + n], loss_on))
+            pos += n
+    return out
+
+
+def _open(cfg: DataConfig, sft: SFTConfig, seed: int):
+    if cfg.source == "builtin":
+        from inkling_fp4.data.builtin_tasks import BuiltinTasks  # the task generators load on demand
+
+        return BuiltinTasks(sft.builtin_examples, seed)
+    return open_source(cfg.source, cfg)
 
 
 def build_sft_data(
-    cfg: DataConfig, tokenizer: Tokenizer, seed: int, rank: int = 0, world_size: int = 1
+    cfg: DataConfig, sft: SFTConfig, tokenizer: Tokenizer, seed: int, rank: int = 0, world_size: int = 1
 ) -> SFTData:
-    """Chat records of ``cfg.source`` (files, a hub dataset, or ``builtin``: docstring questions),
-    packed into rows of ``cfg.seq_len + 1``."""
-    source = open_source(cfg.source, cfg)
-    if isinstance(source, BuiltinCorpus):
-        source = BuiltinChat(source)
-    splits: dict[str, list] = {"train": [], "val": []}
-    count = 0
-    for index, record in enumerate(source.iter_rows()):
-        encoded = encode_chat(tokenizer, record_messages(record, index))
-        splits["val" if cfg.val_fraction > 0 and is_validation(index, cfg.val_fraction) else "train"].append(
-            encoded
-        )
-        count += 1
+    """Chat records of ``cfg.source`` (files, a hub dataset, or ``builtin``: worked task examples),
+    validated, masked by ``sft.loss_on`` and packed into rows of ``cfg.seq_len + 1`` tokens."""
+    source = _open(cfg, sft, seed)
+    splits: dict[str, list[Chat]] = {"train": [], "val": []}
+    records = skipped = 0
+    for index, record in _rows(source, cfg.source):
+        chat = parse_record(record, f"chat record {index} (from 0) of '{cfg.source}'")
+        records += 1
+        if chat.empty_answer:
+            skipped += 1
+            continue
+        held_out = sft.val_fraction > 0 and is_validation(index, sft.val_fraction)
+        splits["val" if held_out else "train"].append(chat)
+    if sft.val_fraction > 0 and not splits["val"] and len(splits["train"]) >= 2:
+        splits["val"].append(splits["train"].pop())  # a small source: hold out its last record
     if not splits["train"]:
-        raise DataError(f"chat source '{cfg.source}' has no training records; add records")
+        raise DataError(
+            f"chat source '{cfg.source}' has no training records ({records} read, {skipped} with an "
+            "empty answer); add records"
+        )
     row_len = cfg.seq_len + 1
-    train_rows = pack(splits["train"], row_len, tokenizer.pad)
-    val_rows = pack(splits["val"], row_len, tokenizer.pad) if splits["val"] else None
+    train = fit(_encode(tokenizer, splits["train"], sft.loss_on), row_len, sft.overlong)
+    val = fit(_encode(tokenizer, splits["val"], sft.loss_on), row_len, sft.overlong)
+    if not train.examples:
+        hint = "" if sft.overlong == "truncate" else ", or set sft.overlong=truncate"
+        raise DataError(
+            f"no training example of '{cfg.source}' fits data.seq_len + 1 = {row_len} tokens with a trained "
+            f"token ({train.dropped} dropped for length); raise data.seq_len{hint}"
+        )
+    train_rows = pack(train.examples, row_len, tokenizer.pad)
+    val_rows = pack(val.examples, row_len, tokenizer.pad) if val.examples else None
+    stats = {
+        "records": records,
+        "skipped_empty": skipped,
+        "train_records": len(splits["train"]),
+        "val_records": len(splits["val"]),
+        "examples": train_rows.examples,
+        "val_examples": 0 if val_rows is None else val_rows.examples,
+        "truncated": train.truncated + val.truncated,
+        "dropped_long": train.dropped + val.dropped,
+        "rows": len(train_rows.tokens),
+        "val_rows": 0 if val_rows is None else len(val_rows.tokens),
+        "fill": train_rows.fill,
+        "tokens": int(train_rows.used.sum()),
+        "trained_tokens": train_rows.trained_tokens,
+    }
     loader = PackedLoader(train_rows, seed, rank, world_size)
-    return SFTData(tokenizer, loader, val_rows, cfg.source, count, source.describe())
+    return SFTData(tokenizer, loader, val_rows, stats, cfg.source, source.describe(), sft.loss_on)

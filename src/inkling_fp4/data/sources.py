@@ -11,8 +11,9 @@ A source is one string, resolved in this order:
 
 Every source yields plain strings, one per document, in a fixed order, and a fingerprint that changes
 when its inputs change (paths, sizes and modification times for files) so token shards are rebuilt
-exactly when needed. Problems a user can fix (a missing path, an empty dataset, a missing text field)
-are :class:`DataError` lines that say what exists and what to do.
+exactly when needed. Problems a user can fix (a missing path, an empty dataset, a missing text field,
+invalid UTF-8: see ``text_encoding.py``) are :class:`DataError` lines that say what exists and what
+to do.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Protocol
 from inkling_fp4.data.builtin_corpus import BuiltinCorpus
 from inkling_fp4.data.config import DataConfig
 from inkling_fp4.data.hub import hub_offline_flag, require_hub
+from inkling_fp4.data.text_encoding import utf8_files
 from inkling_fp4.errors import DataError
 
 FORMATS = {
@@ -39,6 +41,7 @@ FORMATS = {
     ".arrow": "arrow",
 }
 _COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
+_TEXT_FORMATS = ("json", "csv", "text")  # read as UTF-8 by datasets: checked first (text_encoding.py)
 _ROWS_PER_READ = 1000
 
 
@@ -111,6 +114,7 @@ class LocalFiles:
     max_documents: int | None = None
     max_bytes: int | None = None
     name: str = ""
+    encoding_errors: str = "strict"
     _dataset: object = field(default=None, repr=False)
 
     @property
@@ -133,10 +137,13 @@ class LocalFiles:
                     f"data source '{self.name}' is empty (its files hold no data); check the files"
                 )
             kwargs = {"sample_by": self.sample_by} if self.format == "text" else {}
+            files = self.files
+            if self.format in _TEXT_FORMATS:
+                files = utf8_files(files, self.encoding_errors, self.cache_dir)
             try:
                 ds = datasets.load_dataset(
                     self.format,
-                    data_files=[str(f) for f in self.files],
+                    data_files=[str(f) for f in files],
                     split="train",
                     cache_dir=str(self.cache_dir / "hf_datasets"),
                     **kwargs,
@@ -256,6 +263,8 @@ class HubDataset:
 
 
 def _first_line(e: Exception) -> str:
+    while type(e).__name__ == "DatasetGenerationError" and (e.__cause__ or e.__context__):
+        e = e.__cause__ or e.__context__  # "An error occurred while generating the dataset": say which
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
@@ -307,7 +316,13 @@ def open_source(spec: str, cfg: DataConfig) -> DocumentSource:
         )
     if _looks_local(spec):
         return LocalFiles(
-            resolve_files(spec), cfg.text_field, cache_dir, cfg.text_sample_by, name=spec, **caps
+            resolve_files(spec),
+            cfg.text_field,
+            cache_dir,
+            cfg.text_sample_by,
+            name=spec,
+            encoding_errors=cfg.encoding_errors,
+            **caps,
         )
     repo, _, config = spec.partition(":")
     return HubDataset(repo, config or None, cfg.text_field, cache_dir, name=spec, **caps)

@@ -1,1 +1,1 @@
-"""RL: rollouts sampled under NVFP4, rewards, policy update."""
+"""RL: built-in tasks and their rewards, rollouts sampled under NVFP4, the policy update."""

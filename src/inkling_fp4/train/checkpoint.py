@@ -9,14 +9,29 @@ A checkpoint is ``checkpoints/step_<N>/`` (the state after N optimizer steps) wi
 
 Everything is written into a hidden temporary directory that is renamed into place at the end, so a
 crash leaves either the old set of checkpoints or the new one, never a half-written ``step_<N>``.
-On load the checksums are recomputed: a truncated or altered file is reported and the previous good
-checkpoint is used instead (:func:`latest_good`). Tensors inside state.json (RNG states, generator
-states) are stored as base64 bytes with their dtype and shape, so the JSON round-trips exactly.
+On load the checksums are recomputed and state.json's shape is checked: a truncated, altered,
+unreadable or malformed checkpoint is reported with its reason and the previous good one is used
+instead (:func:`latest_good`; :func:`checkpoint_report` gives every checkpoint's verdict). Tensors
+inside state.json (RNG states, generator states) are stored as base64 bytes with their dtype and
+shape, so the JSON round-trips exactly.
+
+Nothing half-written is ever left under a ``step_<N>`` name:
+
+- free space is checked before writing (the blobs are serialized in memory first, so the bytes
+  needed are known exactly), and a full disk or quota during the write (ENOSPC / EDQUOT) removes
+  the temporary directory; both raise :class:`DiskFullError`;
+- a directory is deleted (pruned by ``keep_last``, or replaced by a newer write of its step) only
+  after an atomic rename to a hidden ``.tmp_prune_step_<N>``, so a kill mid-delete leaves a hidden
+  temporary, never a ``step_<N>`` without its state.json;
+- every hidden temporary a kill or a full disk left behind is removed by
+  :func:`clean_stale_temporaries`, which the run calls while it holds the run directory's lock
+  (train/run_lock.py), so no other process can be writing one.
 """
 
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import os
@@ -38,11 +53,23 @@ from inkling_fp4.errors import UserError
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "state.json"
+TMP_PREFIX = ".tmp_"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+# Room kept free beyond the files themselves: directory entries and filesystem metadata, and the
+# metrics and log lines the run goes on writing.
+_SPACE_MARGIN = 1 << 20
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class CheckpointError(UserError):
-    """A checkpoint directory that is incomplete, truncated or altered."""
+    """A checkpoint directory that is incomplete, truncated, altered, unreadable or malformed."""
+
+
+class DiskFullError(UserError):
+    """No room for a checkpoint (free space too small, or ENOSPC / EDQUOT while writing); nothing of
+    it is left on disk and the previous checkpoints are untouched."""
+
+    exit_code = 1  # nothing is wrong with the command: free space, then --resume
 
 
 @dataclass
@@ -118,9 +145,14 @@ def _write_synced(path: Path, data: bytes) -> None:
 def checkpoint_dirs(run_dir: Path) -> list[tuple[int, Path]]:
     """Complete-looking ``step_<N>`` directories, oldest first (not yet verified)."""
     root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    try:
+        if not root.is_dir():
+            return []
+        found = [
+            (int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()
+        ]
+    except OSError as e:
+        raise CheckpointError(f"cannot list {root} ({e.strerror or e}); check its permissions") from None
     return sorted(found)
 
 
@@ -132,27 +164,93 @@ def save_checkpoint(
     state: dict,
     keep_last: int,
 ) -> Path:
-    """Write ``checkpoints/step_<step>`` atomically, then drop all but the newest ``keep_last``."""
+    """Write ``checkpoints/step_<step>`` atomically, then drop all but the newest ``keep_last``.
+
+    Raises :class:`DiskFullError` when the disk cannot take it, before writing or midway; either way
+    nothing of this checkpoint remains on disk (the caller still holds the state in memory).
+    """
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
-    tmp = root / f".tmp_step_{step}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = root / f"{TMP_PREFIX}step_{step}_{os.getpid()}"
     blobs = {
         MODEL_FILE: save_safetensors({k: v.detach().cpu().contiguous() for k, v in model.items()}),
         OPTIMIZER_FILE: save_safetensors({k: v.detach().cpu().contiguous() for k, v in optimizer.items()}),
     }
-    for name, data in blobs.items():
-        _write_synced(tmp / name, data)
     record = {"step": step, "sha256": {name: _sha256(data) for name, data in blobs.items()}, **to_json(state)}
-    _write_synced(tmp / STATE_FILE, json.dumps(record).encode())  # last: its presence marks completion
+    blobs[STATE_FILE] = json.dumps(record).encode()  # last: its presence marks completion
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _check_free_space(root, final, sum(len(data) for data in blobs.values()))
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for name, data in blobs.items():
+            _write_synced(tmp / name, data)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in _DISK_FULL:
+            raise _disk_full(final, sum(len(d) for d in blobs.values()), root, e.strerror) from None
+        raise
     if final.exists():
-        shutil.rmtree(final)
+        _remove_dir(final)  # a step written again, by a run resumed from before it
     os.rename(tmp, final)
     for _, old in checkpoint_dirs(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_dir(old)
     return final
+
+
+def clean_stale_temporaries(run_dir: Path) -> list[Path]:
+    """Remove the hidden ``checkpoints/.tmp_*`` entries that a kill or a full disk left behind.
+
+    Call it only while holding the run directory's lock: then no process is writing one of them,
+    whatever pid its name carries. Returns what was removed.
+    """
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    removed = []
+    for p in sorted(root.iterdir()):
+        if not p.name.startswith(TMP_PREFIX):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
+
+
+def _remove_dir(path: Path) -> None:
+    """Delete a checkpoint directory without ever exposing it half-deleted under its own name."""
+    hidden = path.with_name(f"{TMP_PREFIX}prune_{path.name}")
+    shutil.rmtree(hidden, ignore_errors=True)
+    os.rename(path, hidden)  # atomic: from here on it is a temporary, whatever happens to the delete
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
+def _check_free_space(root: Path, final: Path, nbytes: int) -> None:
+    if shutil.disk_usage(root).free < nbytes + _SPACE_MARGIN:
+        raise _disk_full(final, nbytes, root)
+
+
+def _disk_full(final: Path, nbytes: int, root: Path, failure: str | None = None) -> DiskFullError:
+    where = next(p for p in (root, *root.parents) if p.is_dir())  # root itself may not be made yet
+    free = shutil.disk_usage(where).free
+    failed = f"; the write failed: {failure}" if failure else ""
+    return DiskFullError(
+        f"no room for checkpoint {final.name} in {root}: it needs {format_bytes(nbytes + _SPACE_MARGIN)} "
+        f"(its files and a {format_bytes(_SPACE_MARGIN)} margin) and {format_bytes(free)} is free{failed}; "
+        "free some space on that disk (or lower checkpoint.keep_last) and continue with --resume"
+    )
+
+
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``1.5 KiB``: sizes in messages."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,25 +260,83 @@ def save_checkpoint(
 def load_checkpoint(path: Path) -> Checkpoint:
     """Read and verify one checkpoint directory; CheckpointError says what is wrong with it."""
     path = Path(path)
-    state_file = path / STATE_FILE
-    if not state_file.is_file():
+    try:
+        return _load(path)
+    except OSError as e:  # PermissionError and the like, on the directory or one of its files
+        what = Path(e.filename).name if e.filename else "it"
+        raise CheckpointError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+
+
+def _load(path: Path) -> Checkpoint:
+    if not (path / STATE_FILE).is_file():
         raise CheckpointError(f"{path}: no {STATE_FILE} (incomplete checkpoint)")
     try:
-        record = json.loads(state_file.read_text())
-        sums = record.pop("sha256")
-        step = int(record.pop("step"))
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path}: {STATE_FILE} is unreadable ({e})") from None
+        record = json.loads((path / STATE_FILE).read_bytes())
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError alike
+        raise CheckpointError(f"{path}: {STATE_FILE} is not valid JSON ({e})") from None
+    problem = _state_problem(record, path)
+    if problem:
+        raise CheckpointError(f"{path}: {STATE_FILE} {problem}")
+    sums = record.pop("sha256")
+    step = record.pop("step")
     tensors = {}
     for name in (MODEL_FILE, OPTIMIZER_FILE):
-        f = path / name
-        if not f.is_file():
+        if not (path / name).is_file():
             raise CheckpointError(f"{path}: {name} is missing")
-        data = f.read_bytes()
-        if _sha256(data) != sums.get(name):
+        data = (path / name).read_bytes()
+        if _sha256(data) != sums[name]:
             raise CheckpointError(f"{path}: {name} fails its sha256 check (truncated or altered)")
-        tensors[name] = dict(sorted(load_safetensors(data).items()))  # NOTE: its order varies by process
-    return Checkpoint(path, step, tensors[MODEL_FILE], tensors[OPTIMIZER_FILE], from_json(record))
+        try:
+            loaded = load_safetensors(data)
+        except Exception as e:  # safetensors' Rust errors derive from Exception only
+            raise CheckpointError(
+                f"{path}: {name} is not a valid safetensors file ({_first_line(e)})"
+            ) from None
+        tensors[name] = dict(sorted(loaded.items()))  # NOTE: its order varies by process
+    try:
+        state = from_json(record)
+    except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: {STATE_FILE} holds a malformed tensor ({_first_line(e)})") from None
+    return Checkpoint(path, step, tensors[MODEL_FILE], tensors[OPTIMIZER_FILE], state)
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+# What the training loop reads from state.json: one entry per process for the per-rank pieces.
+_PER_PROCESS = ("data", "rng", "precision")
+
+
+def _state_problem(record, path: Path) -> str | None:
+    """Why ``record`` is not the state.json the training loop writes, or None when it is."""
+    if not isinstance(record, dict):
+        return f"is a JSON {type(record).__name__}, not an object"
+    missing = [k for k in ("step", "sha256", *_PER_PROCESS, "monitor") if k not in record]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    step = record["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return f"has step {step!r}, not a step count"
+    m = _STEP_DIR.match(path.name)
+    if m and int(m.group(1)) != step:
+        return f"says step {step} in a directory of step {m.group(1)}"
+    sums = record["sha256"]
+    if not isinstance(sums, dict) or not all(
+        isinstance(sums.get(n), str) for n in (MODEL_FILE, OPTIMIZER_FILE)
+    ):
+        return f"has no sha256 of {MODEL_FILE} and {OPTIMIZER_FILE}"
+    for key in _PER_PROCESS:
+        value = record[key]
+        if not isinstance(value, list) or not value or not all(isinstance(v, dict) for v in value):
+            return f"has '{key}' of the wrong shape (a list of one object per process expected)"
+    counts = {key: len(record[key]) for key in _PER_PROCESS}
+    if len(set(counts.values())) > 1:
+        return f"has per-process entries of different lengths ({counts})"
+    if not isinstance(record["monitor"], dict):
+        return "has 'monitor' of the wrong shape (an object expected)"
+    return None
 
 
 def check_processes(path: Path, state: dict, processes: int) -> None:
@@ -205,6 +361,20 @@ def latest_good(run_dir: Path, report: Callable[[str], None] = print) -> Checkpo
             continue
         return ckpt
     return None
+
+
+def checkpoint_report(run_dir: Path) -> list[tuple[Path, str]]:
+    """Every checkpoint of ``run_dir``, newest first, with its verdict: "ok" or what is wrong with it
+    (for the message when none is good). Each is loaded in full, one at a time."""
+    verdicts = []
+    for _, path in reversed(checkpoint_dirs(run_dir)):
+        try:
+            load_checkpoint(path)
+        except CheckpointError as e:
+            verdicts.append((path, str(e).removeprefix(f"{path}: ")))
+            continue
+        verdicts.append((path, "ok"))
+    return verdicts
 
 
 # ----------------------------------------------------------------------------------------------

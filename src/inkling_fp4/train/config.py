@@ -6,6 +6,7 @@ state after it, and the schedules below take the same numbers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
@@ -106,13 +107,16 @@ class OptimConfig:
     """Clip the global gradient norm to this (0 = off)."""
 
     def __post_init__(self):
-        if self.lr <= 0:
-            raise ValueError("optim.lr must be > 0")
+        # NOTE: every test is written so that NaN fails it ("nan <= 0" is False, "not nan > 0" True)
+        if not 0.0 < self.lr < math.inf:
+            raise ValueError(f"optim.lr={self.lr} must be a finite number > 0")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"optim.{name} must be in [0, 1)")
-        if self.weight_decay < 0 or self.grad_clip < 0 or self.eps <= 0:
-            raise ValueError("optim.weight_decay and optim.grad_clip must be >= 0, optim.eps > 0")
+        if not (0.0 <= self.weight_decay < math.inf and 0.0 <= self.grad_clip < math.inf):
+            raise ValueError("optim.weight_decay and optim.grad_clip must be finite numbers >= 0")
+        if not 0.0 < self.eps < math.inf:
+            raise ValueError(f"optim.eps={self.eps} must be a finite number > 0")
 
 
 @dataclass
@@ -171,9 +175,12 @@ class MonitorConfig:
             )
         if self.warmup > self.window:
             raise ValueError("monitor.warmup must be <= monitor.window")
-        if self.loss_zscore <= 0 or self.grad_zscore <= 0 or self.min_rel_spread < 0:
-            raise ValueError("monitor.loss_zscore and grad_zscore must be > 0, min_rel_spread >= 0")
-        if self.grad_min_ratio < 1:
+        finite = all(math.isfinite(v) for v in (self.loss_zscore, self.grad_zscore, self.min_rel_spread))
+        if not (self.loss_zscore > 0 and self.grad_zscore > 0 and self.min_rel_spread >= 0 and finite):
+            raise ValueError(
+                "monitor.loss_zscore and grad_zscore must be finite numbers > 0, min_rel_spread >= 0"
+            )
+        if not 1 <= self.grad_min_ratio < math.inf:
             raise ValueError("monitor.grad_min_ratio must be >= 1 (a multiple of the median grad norm)")
 
 
@@ -188,3 +195,7 @@ class LogConfig:
     peak_flops: float | None = None
     """Peak dense BF16 FLOP/s of one device for MFU; None = from the device name (H100/H200 989e12,
     B200 2.25e15, A100 312e12); MFU is not reported on CPU."""
+
+    def __post_init__(self):
+        if self.peak_flops is not None and not 0 < self.peak_flops < math.inf:
+            raise ValueError(f"log.peak_flops={self.peak_flops} must be a finite number > 0 or null")

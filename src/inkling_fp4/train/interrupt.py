@@ -19,6 +19,8 @@ class StopSignal:
 
     def __init__(self):
         self.requested = False
+        self.signum: int | None = None
+        """The first signal received."""
         self._saved = {}
         if threading.current_thread() is not threading.main_thread():
             return
@@ -29,6 +31,7 @@ class StopSignal:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = True
+        self.signum = self.signum or signum
         print(f"\n{signal.Signals(signum).name}: finishing this step, then checkpointing", flush=True)
 
     def restore(self):

@@ -8,12 +8,18 @@ Ranks other than 0 get a logger that does nothing.
 
 On resume the JSONL is cut back to the checkpoint's step, so the file always describes one
 consistent history (steps after the checkpoint are trained again and logged again).
+
+Every line is strict JSON, readable by any parser: a non-finite number (a NaN loss, an Inf grad norm)
+is written as ``null`` and the record gains ``"nonfinite": [<the fields that were>]``, since
+``NaN`` / ``Infinity`` are Python's extension and jq, JavaScript or pandas' strict readers reject the
+line. wandb gets only the finite numbers. The console line renders them as ``nan`` / ``inf``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import sys
 import uuid
@@ -35,28 +41,105 @@ def format_duration(seconds: float) -> str:
 
 def step_line(step: int, total: int, r: dict) -> str:
     """``step   120/200 | loss 3.4512 | lr 3.00e-03 | gnorm 0.412 | tok/s 12,345 | mfu 41.2% | eta 1m23s``"""
-    mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a"
+    bad = r.get("nonfinite", ())
+
+    def n(key: str, spec: str) -> str:
+        return _num(r, key, spec, bad)
+
     width = len(str(total))
     return (
-        f"step {step:>{width}}/{total} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
-        f"gnorm {r['grad_norm']:.3f} | tok/s {r['tokens_per_s']:,.0f} | mfu {mfu} | "
-        f"eta {format_duration(r.get('eta_s', float('nan')))} | {r['precision']}"
+        f"step {step:>{width}}/{total} | loss {n('loss', '.4f')} | lr {n('lr', '.2e')} | "
+        f"gnorm {n('grad_norm', '.3f')} | tok/s {n('tokens_per_s', ',.0f')} | mfu {n('mfu', '.1%')} | "
+        f"eta {format_duration(_float(r.get('eta_s')))} | {r['precision']}"
     )
 
 
+def _num(r: dict, key: str, spec: str, nonfinite=()) -> str:
+    """``r[key]`` formatted; ``nan`` / ``inf`` as such, and a value already written as null
+    (named in ``nonfinite``) as ``nan``; missing or None: ``n/a``."""
+    value = r.get(key)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return "nan" if key in nonfinite else "n/a"
+    value = float(value)
+    return format(value, spec) if math.isfinite(value) else str(value)
+
+
+def _float(value) -> float:
+    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+
+
+def sanitize(record: dict) -> dict:
+    """A copy of ``record`` that is strict JSON: each non-finite float (at any depth) becomes None,
+    and ``"nonfinite"`` lists where they were (``loss``, ``layers[3]``, ``eval.loss``)."""
+    found: list[str] = []
+
+    def clean(value, where: str):
+        if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
+            return value
+        if isinstance(value, numbers.Real):  # float, numpy floats
+            value = float(value)
+            if math.isfinite(value):
+                return value
+            found.append(where)
+            return None
+        if isinstance(value, numbers.Integral):  # numpy integers
+            return int(value)
+        if isinstance(value, dict):
+            return {k: clean(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    out = clean(record, "")
+    if found:
+        out["nonfinite"] = found
+    return out
+
+
+def dumps(record: dict) -> str:
+    """One strict-JSON line for ``record`` (see :func:`sanitize`)."""
+    return json.dumps(sanitize(record), allow_nan=False)
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
 def truncate_metrics(path: Path, last_step: int) -> None:
-    """Keep only records with step <= last_step (resume from the checkpoint at last_step)."""
+    """Keep only records with step <= last_step (resume from the checkpoint at last_step).
+
+    A line that is not a JSON object (cut short by a crash, garbage, invalid UTF-8) is dropped, the
+    others are kept; one with bare NaN / Infinity (Python's extension) is rewritten as strict JSON.
+    The file is replaced atomically, so a crash here leaves the old one.
+    """
     if not path.is_file():
         return
     kept = []
-    for line in path.read_text().splitlines():
+    for raw in path.read_bytes().split(b"\n"):
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash
-        if rec.get("step", 0) <= last_step:
+            line = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            continue
+        if not line:
+            continue
+        try:
+            rec = json.loads(line, parse_constant=_refuse_constant)
+        except ValueError:
+            try:
+                rec = json.loads(line)  # bare NaN / Infinity: kept, as strict JSON
+                line = dumps(rec) if isinstance(rec, dict) else line
+            except ValueError:
+                continue  # a line cut short by a crash, or garbage
+        if not isinstance(rec, dict):
+            continue
+        step = rec.get("step", 0)
+        if isinstance(step, bool) or not isinstance(step, (int, float)):
+            continue
+        if step <= last_step:
             kept.append(line)
-    path.write_text("".join(f"{line}\n" for line in kept))
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(f"{line}\n" for line in kept))
+    os.replace(tmp, path)
 
 
 class MetricsLogger:
@@ -95,11 +178,11 @@ class MetricsLogger:
         """One JSON line (and a wandb row) for a step or an evaluation."""
         if not self.enabled:
             return
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(dumps(record) + "\n")
         self._file.flush()
         if self._wandb is not None:
-            numbers = {k: v for k, v in record.items() if isinstance(v, (int, float))}
-            self._wandb.log(numbers, step=record["step"])
+            finite = {k: v for k, v in record.items() if _finite_number(v)}
+            self._wandb.log(finite, step=record["step"])
 
     def log_step(self, record: dict) -> None:
         """A logged training step: JSONL, wandb, the console line and the progress bar."""
@@ -108,11 +191,10 @@ class MetricsLogger:
         self.log(record)
         self.info(step_line(record["step"], self.total, record))
         if self._bar is not None:
-            mfu = record.get("mfu")
             self._bar.set_postfix(
-                loss=f"{record['loss']:.3f}",
-                tok_s=f"{record['tokens_per_s']:,.0f}",
-                mfu="n/a" if mfu is None else f"{mfu:.1%}",
+                loss=_num(record, "loss", ".3f"),
+                tok_s=_num(record, "tokens_per_s", ",.0f"),
+                mfu=_num(record, "mfu", ".1%"),
                 refresh=False,
             )
 
@@ -144,6 +226,10 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
         self._bar = self._file = self._wandb = None
+
+
+def _finite_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _start_wandb(run_dir: Path, name: str, project: str, config: dict):

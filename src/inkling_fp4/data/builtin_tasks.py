@@ -1,0 +1,72 @@
+"""Built-in SFT data: worked examples of the built-in RL tasks, generated offline from a seed.
+
+Why: ``fp4train sft`` then ``fp4train rollout`` must run with nothing downloaded, and RL from a small
+pretrained model only learns when some rollouts already earn a reward. Fine-tuning on worked solutions
+of the same tasks teaches the answer formats (``#### N``, ``<answer>...</answer>``) and the step by
+step procedure first, so the rollout stage starts from a policy its rewards can tell apart.
+
+Each record is one user turn (the problem's prompt) and one assistant turn (its worked solution):
+
+    {"messages": [{"role": "user", "content": "Compute 7 - 5. End your answer with ..."},
+                  {"role": "assistant", "content": "7 - 5 = 2\\n#### 2"}]}
+
+The mix is ``ARITHMETIC_SHARE`` arithmetic (levels 1-5 in turn) and the rest countdown (levels 1-2 in
+turn), interleaved by a seeded shuffle. Only train-split problems are used: the eval split stays
+unseen for the rollout stage's evaluation. Everything comes from ``random.Random(seed)`` streams and
+BLAKE2b hashes, so the same ``(n, seed)`` gives the same records on every machine.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from inkling_fp4.rl.tasks import arithmetic, countdown
+
+ARITHMETIC_SHARE = 0.6
+"""Fraction of the examples that are arithmetic (the rest are countdown)."""
+
+
+@dataclass
+class BuiltinTasks:
+    """``n`` worked examples of the built-in tasks (see the module docstring)."""
+
+    n: int
+    seed: int
+    name: str = "builtin"
+
+    def __post_init__(self):
+        if self.n < 0:
+            raise ValueError(f"the number of built-in examples must be >= 0, not {self.n}")
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """(arithmetic, countdown) examples."""
+        n_arithmetic = round(self.n * ARITHMETIC_SHARE)
+        return n_arithmetic, self.n - n_arithmetic
+
+    def iter_rows(self) -> Iterator[dict]:
+        n_arithmetic, n_countdown = self.counts
+        queues = [
+            iter(arithmetic.problems("train", n_arithmetic, self.seed)),
+            iter(countdown.problems("train", n_countdown, self.seed)),
+        ]
+        order = [0] * n_arithmetic + [1] * n_countdown
+        random.Random(self.seed).shuffle(order)
+        for task in order:
+            problem = next(queues[task])
+            yield {
+                "messages": [
+                    {"role": "user", "content": problem.prompt},
+                    {"role": "assistant", "content": problem.solution},
+                ]
+            }
+
+    def describe(self) -> str:
+        n_arithmetic, n_countdown = self.counts
+        return (
+            f"built-in tasks: {self.n} worked examples (arithmetic levels "
+            f"{arithmetic.LEVELS[0]}-{arithmetic.LEVELS[-1]}: {n_arithmetic}, countdown: {n_countdown}), "
+            f"seed {self.seed}"
+        )

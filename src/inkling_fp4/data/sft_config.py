@@ -1,0 +1,41 @@
+"""Supervised fine-tuning data configuration: which tokens are trained, what happens to long
+examples, the held-out split, and the size of the built-in task data.
+
+Conversations come from ``data.source`` (TRL's ``messages`` or ``prompt`` / ``completion`` records,
+or ``builtin``: worked examples of the built-in RL tasks), rendered with the chat template of
+``data/chat.py`` and packed into rows of ``data.seq_len + 1`` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOSS_ON = ("assistant", "completion", "all")
+OVERLONG = ("truncate", "drop")
+
+
+@dataclass
+class SFTConfig:
+    loss_on: str = "assistant"
+    """Which target tokens are trained: assistant (every assistant turn's content and the end-of-turn
+    token that closes it), completion (the same for the record's completion only: the last assistant
+    turn of a messages record, the completion's turns of a prompt / completion record) or all (every
+    token of the conversation after its opening document token, template included)."""
+    overlong: str = "truncate"
+    """An example longer than data.seq_len + 1 tokens: truncate (keep its head, tail dropped; dropped
+    when the head keeps no trained token) or drop it; either way it is counted and reported."""
+    val_fraction: float = 0.05
+    """Fraction of the records held out for the validation loss (at least one when there are two or
+    more)."""
+    builtin_examples: int = 4000
+    """Worked examples generated for data.source=builtin (the built-in RL tasks, from train.seed)."""
+
+    def __post_init__(self):
+        if self.loss_on not in LOSS_ON:
+            raise ValueError(f"sft.loss_on must be one of {', '.join(LOSS_ON)}, not '{self.loss_on}'")
+        if self.overlong not in OVERLONG:
+            raise ValueError(f"sft.overlong must be one of {', '.join(OVERLONG)}, not '{self.overlong}'")
+        if not 0.0 <= self.val_fraction < 0.5:
+            raise ValueError("sft.val_fraction must be in [0, 0.5)")
+        if self.builtin_examples < 2:
+            raise ValueError("sft.builtin_examples must be >= 2")

@@ -1,0 +1,82 @@
+"""Built-in RL tasks: procedural problems with exact answers, generated offline from a seed.
+
+Each task module (``arithmetic``, ``countdown``) has ``problems(split, n, seed, levels) ->
+list[Problem]`` and ``reward(prompt, completion, answer) -> float``. The pieces they share are here:
+
+- :class:`Problem`: the user message a rollout sends, the answer string its reward reads, a worked
+  solution that ends in the format the reward reads (the SFT target), and its difficulty level.
+- The split. A problem belongs to ``eval`` iff the hash of its canonical text (``key``: the problem
+  without presentation, e.g. countdown's numbers sorted) is divisible by ``EVAL_EVERY``, else to
+  ``train``. The rule depends on the problem alone, never on the seed or on what else was drawn, so
+  no train problem can ever be an eval problem, from any seed or level. The hash is BLAKE2b (Python's
+  ``hash`` of a string changes from process to process).
+- :func:`draw`: sampling ``n`` problems of one split. Candidates come from one ``random.Random(seed)``
+  stream and those of the other split are skipped; the i-th problem has level ``levels[i %
+  len(levels)]``, so every level gets its share. Problems are sampled with replacement: a small level
+  (arithmetic level 1 has 155 problems) repeats; the same arguments give the same list everywhere, and
+  a shorter list is a prefix of a longer one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+SPLITS = ("train", "eval")
+EVAL_EVERY = 10
+"""One problem in EVAL_EVERY (by hash) is held out for evaluation."""
+MAX_TRIES = 100_000
+"""Candidates drawn for one problem before giving up: far above the ~EVAL_EVERY an eval problem takes
+and the few a generator's rejections add, so reaching it means a split or level has no problems."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    """The user message of a rollout (or of an SFT example)."""
+    answer: str
+    """What the task's reward compares against (its format is the task's)."""
+    solution: str
+    """A worked assistant answer ending in the final-answer format the reward reads (the SFT target)."""
+    level: int
+    """Difficulty level, as the task's module docstring defines it."""
+
+
+def split_of(key: str) -> str:
+    """``eval`` or ``train`` for the problem with canonical text ``key`` (see the module docstring)."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return "eval" if int.from_bytes(digest, "little") % EVAL_EVERY == 0 else "train"
+
+
+Generator = Callable[[random.Random, int], tuple[str, Callable[[], Problem]] | None]
+"""``make(rng, level) -> (key, build)``, or None for a rejected candidate. ``build()`` writes the
+problem's text; it is called only for a candidate of the wanted split (nine in ten eval candidates are
+dropped, and writing text is most of a candidate's cost). It draws nothing from ``rng``, so what a
+seed gives does not depend on which split is asked for."""
+
+
+def draw(
+    make: Generator, split: str, n: int, seed: int, levels: Sequence[int], all_levels: Sequence[int]
+) -> list[Problem]:
+    """``n`` problems of ``split`` from ``make`` (see the module docstring)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, not '{split}'")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, not {n}")
+    levels = list(levels)
+    if not levels or any(level not in all_levels for level in levels):
+        raise ValueError(f"levels must be some of {list(all_levels)}, not {levels}")
+    rng = random.Random(seed)
+    out: list[Problem] = []
+    for i in range(n):
+        level = levels[i % len(levels)]
+        for _ in range(MAX_TRIES):
+            made = make(rng, level)
+            if made is not None and split_of(made[0]) == split:
+                out.append(made[1]())
+                break
+        else:
+            raise RuntimeError(f"no {split} problem of level {level} in {MAX_TRIES} candidates")
+    return out

@@ -1,0 +1,104 @@
+"""A run's model as one call, for every stage that starts from another: sft, rollout, export.
+
+``load_run(path)`` takes a run directory (its newest checkpoint whose checksums verify) or one
+checkpoint directory (``<run>/checkpoints/step_<N>``) and returns the run's config (as recorded,
+amendments applied), its model with the checkpoint's weights, and its tokenizer. The model is a
+plain ``HybridLM`` in FP32 master weights with no precision policy applied: the caller applies its
+own recipe.
+
+``newest_run(root, stages)`` is how a command without ``--from`` finds what to start from: the run
+under ``root`` of one of ``stages`` whose newest good checkpoint was written last.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from inkling_fp4.config import RunConfig
+from inkling_fp4.data.tokenizer import Tokenizer
+from inkling_fp4.errors import UserError
+from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.train.checkpoint import (
+    STATE_FILE,
+    Checkpoint,
+    CheckpointError,
+    checkpoint_dirs,
+    latest_good,
+    load_checkpoint,
+    load_model_tensors,
+)
+from inkling_fp4.train.run_dir import CONFIG_FILE, TOKENIZER_FILE, recorded_config
+
+
+def find_checkpoint(path: str | Path) -> tuple[Path, Checkpoint]:
+    """(run directory, verified checkpoint) for a run directory or a checkpoint directory."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(
+            f"--from {path}: no such directory; pass a run directory (runs/<name>) or a checkpoint"
+        )
+    if (path / STATE_FILE).is_file() or path.parent.name == "checkpoints":
+        try:
+            return path.parent.parent, load_checkpoint(path)
+        except CheckpointError as e:
+            raise UserError(f"--from {path}: {e}; pass another checkpoint or its run directory") from None
+    if not (path / CONFIG_FILE).is_file():
+        raise UserError(
+            f"--from {path}: not a run directory (no {CONFIG_FILE}) nor a checkpoint (no {STATE_FILE}); "
+            "pass a directory written by fp4train pretrain or sft"
+        )
+    reasons: list[str] = []
+    ckpt = latest_good(path, report=reasons.append)
+    if ckpt is None:
+        why = "; ".join(reasons) if reasons else "it has none yet"
+        raise UserError(f"--from {path}: no checkpoint verifies ({why}); let the run write one first")
+    return path, ckpt
+
+
+def load_run(path: str | Path, device: str | torch.device = "cpu") -> tuple[RunConfig, HybridLM, Tokenizer]:
+    """(config, model with the checkpoint's weights on ``device``, tokenizer) of a run or checkpoint."""
+    cfg, model, tokenizer, _ = load_run_checkpoint(path, device)
+    return cfg, model, tokenizer
+
+
+def load_run_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
+    """:func:`load_run` plus the checkpoint it read (for logs and the config's ``init_from``)."""
+    run_dir, ckpt = find_checkpoint(path)
+    cfg = recorded_config(run_dir)
+    if cfg is None:
+        raise UserError(f"--from {path}: {run_dir} has no {CONFIG_FILE}; pass a checkpoint of a complete run")
+    tokenizer_file = run_dir / TOKENIZER_FILE
+    if not tokenizer_file.is_file():
+        raise UserError(f"--from {path}: {run_dir} has no {TOKENIZER_FILE}; pass a complete run directory")
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    device = torch.device(device)
+    with torch.device(device):
+        model = HybridLM(cfg.model)
+    try:
+        load_model_tensors(model, ckpt.model, device)
+    except CheckpointError as e:
+        raise UserError(f"--from {path}: {e}") from None
+    return cfg, model, tokenizer, ckpt
+
+
+def newest_run(root: str | Path, stages: tuple[str, ...], exclude: Path | None = None) -> Path | None:
+    """The run under ``root`` of one of ``stages`` whose newest complete checkpoint is the newest."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    best, best_time = None, -1.0
+    for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        if exclude is not None and run_dir.resolve() == Path(exclude).resolve():
+            continue
+        try:
+            cfg = recorded_config(run_dir)
+        except UserError:
+            continue
+        if cfg is None or cfg.stage not in stages:
+            continue
+        done = [p / STATE_FILE for _, p in checkpoint_dirs(run_dir) if (p / STATE_FILE).is_file()]
+        if done and (t := done[-1].stat().st_mtime) > best_time:
+            best, best_time = run_dir, t
+    return best

@@ -1,0 +1,102 @@
+"""The pretraining stage: token shards in, every token trained, on the shared trainer.
+
+What happens, in order: the run directory's plan (config recorded or amended, the checkpoint to
+resume; nothing written yet); seeds; the data stream (rank-sharded) and its tokenizer; the model on
+its device (built in place: a 12B model never passes through host memory); the trainer (precision
+policy, AdamW, WSD and the BF16 switch, monitor); resume; only then, every check passed, the run
+directory is written; then :func:`~inkling_fp4.train.trainer.fit` steps the task to the end.
+
+Under torchrun the same function runs on every rank: DDP replicas or FSDP2 shards
+(``train.parallel``), each rank reading its own share of every global batch, rank 0 logging and
+writing checkpoints; the global batch and so the loss curve do not depend on the number of GPUs.
+Evaluation measures the validation loss with every GEMM in BF16 (how the paper reports loss) and,
+optionally, in the training precision too.
+
+Legend: B micro-batch sequences, L sequence length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from inkling_fp4.config import RunConfig
+from inkling_fp4.data.batch import Batch
+from inkling_fp4.data.pipeline import PretrainData, build_pretrain_data
+from inkling_fp4.data.tokenizer import check_vocab
+from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.train import distributed as D
+from inkling_fp4.train.stages import RunResult, finish, stage_frame
+from inkling_fp4.train.trainer import Trainer, batch_geometry
+
+
+class PretrainTask:
+    """Windows of the token stream; the loss is the model's cross-entropy on every target."""
+
+    loss_fn = None
+
+    def __init__(self, data: PretrainData, val_batches: list[Batch]):
+        self.data, self.val_batches = data, val_batches
+
+    def next_batches(self, micro: int, accum: int) -> list[Batch]:
+        return [self.data.train.next_batch(micro) for _ in range(accum)]
+
+    def real_tokens(self, batches: list[Batch]) -> int:
+        return sum(b.input_ids.numel() for b in batches)  # windows of real text: no padding
+
+    def evaluate(self, trainer: Trainer) -> dict:
+        return trainer.validation_loss(self.val_batches)
+
+    def state_dict(self) -> dict:
+        return self.data.train.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.data.train.load_state_dict(state)
+
+
+def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | None = None) -> RunResult:
+    """Pretrain ``cfg`` into ``run_dir`` (continuing its latest good checkpoint with ``resume``)."""
+    with stage_frame(cfg, run_dir, resume) as (dist, start):
+        cfg = start.cfg
+        seed_everything(cfg.train.seed)
+        micro, _ = batch_geometry(cfg, dist.world_size)
+        tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
+        # rank 0 first: it trains the tokenizer and writes the token shards; the others then read them
+        for building in (True, False):
+            if dist.is_main == building:
+                data = build_pretrain_data(
+                    cfg.data, None if start.fresh else run_dir, cfg.train.seed, rank=dist.rank,
+                    world_size=dist.world_size, total_tokens=cfg.train.steps * tokens_per_step,
+                )  # fmt: skip
+            D.barrier(dist)
+        check_vocab(data.tokenizer, cfg.model.vocab_size)
+        # each rank evaluates its share of eval.batches x micro x ranks windows: with the default micro
+        # batch (batch_size / ranks) the validation set is the same whatever the number of processes
+        task = PretrainTask(data, data.val_batches(cfg.eval.batches, micro, rank_shard=True))
+        with torch.device(dist.device), initial_weights_rng(cfg.train.init_seed, dist.device):
+            model = HybridLM(cfg.model)
+        trainer = Trainer(cfg, run_dir, dist, model, baseline)
+        return finish(trainer, task, start, data.tokenizer, [f"data: {data.describe()}"])
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+@contextlib.contextmanager
+def initial_weights_rng(init_seed: int | None, device: torch.device):
+    """Draw the initial weights from ``init_seed`` when it is set. The global generators (CPU and this
+    device) then continue from where they were before the build; the data order and the stochastic
+    rounding draw from their own generators, seeded from ``train.seed``, so they do not change."""
+    if init_seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(init_seed)
+        yield

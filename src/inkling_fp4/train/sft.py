@@ -1,0 +1,162 @@
+"""The supervised fine-tuning stage: chat examples in, loss on the answers, on the shared trainer.
+
+A fine-tuning run starts from another run's checkpoint (``init_from``, the ``--from`` of
+``fp4train sft``): its weights, its model config and its tokenizer. What is new is this stage's own:
+a fresh AdamW (the pretraining moments describe another objective and another LR), the SFT
+recipe's WSD schedule and precision (NVFP4 by default, with its BF16 first / last layers and the
+switch to BF16 before the decay, as in pretraining).
+
+What happens, in order: the run directory's plan (nothing written yet); the base run's model and
+tokenizer (fresh start) or this run's own (resume); the chat data, validated record by record,
+templated, masked and packed (``data/sft_data.py``); new token rows when the tokenizer outgrew the
+model; the trainer and, on resume, its checkpoint; only then the run directory is written (config,
+tokenizer, chat template); then :func:`~inkling_fp4.train.trainer.fit`.
+
+Packed examples cannot see each other: the document ids of a packed row restart the conv, the SSM
+state and attention at every example's first token, so a row of several examples trains each as if
+it were alone. Throughput counts the real (non-padding) tokens of each row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from inkling_fp4.config import RunConfig, apply_overrides, from_dict, load_yaml, resolve_recipe_path, to_dict
+from inkling_fp4.data.batch import Batch
+from inkling_fp4.data.chat import CHAT_TEMPLATE_JINJA
+from inkling_fp4.data.sft_data import SFTData, build_sft_data
+from inkling_fp4.data.tokenizer import Tokenizer, check_vocab
+from inkling_fp4.errors import ConfigError, UserError
+from inkling_fp4.model.config import ModelConfig
+from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.model.vocab import grow_vocab
+from inkling_fp4.train.checkpoint import load_model_tensors
+from inkling_fp4.train.load_run import find_checkpoint, load_run_checkpoint
+from inkling_fp4.train.pretrain import seed_everything
+from inkling_fp4.train.run_dir import TOKENIZER_FILE, recorded_config
+from inkling_fp4.train.stages import RunResult, finish, stage_frame
+from inkling_fp4.train.trainer import Trainer, batch_geometry
+
+DEFAULT_RECIPE = "sft-tiny"
+
+
+class SFTTask:
+    """Packed chat rows; the loss is the model's cross-entropy on the trained (answer) targets."""
+
+    loss_fn = None
+
+    def __init__(self, data: SFTData, val_batches: list[Batch] | None, pad_id: int):
+        self.data, self.val_batches, self.pad_id = data, val_batches, pad_id
+
+    def next_batches(self, micro: int, accum: int) -> list[Batch]:
+        return [self.data.train.next_batch(micro) for _ in range(accum)]
+
+    def real_tokens(self, batches: list[Batch]) -> int:
+        return sum(int((b.input_ids != self.pad_id).sum()) for b in batches)
+
+    def evaluate(self, trainer: Trainer) -> dict | None:
+        return trainer.validation_loss(self.val_batches) if self.val_batches else None  # val_fraction 0
+
+    def state_dict(self) -> dict:
+        return self.data.train.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.data.train.load_state_dict(state)
+
+
+# ----------------------------------------------------------------------------------------------
+# the config of a fine-tuning run
+
+
+def sft_config(recipe: str | Path | None, overrides: list[str], base: str | Path) -> RunConfig:
+    """The SFT recipe with its overrides, on the model of ``base`` (a run or checkpoint directory).
+
+    The model section and the tokenizer come from the base run; a recipe or override that sets one
+    of their fields to another value is refused, naming the field and both values."""
+    base_dir, ckpt = find_checkpoint(base)
+    base_cfg = recorded_config(base_dir)
+    if base_cfg is None:
+        raise UserError(f"--from {base}: {base_dir} has no config.yaml; pass a complete run directory")
+    data = load_yaml(resolve_recipe_path(recipe or DEFAULT_RECIPE))
+    data = apply_overrides(data, list(overrides))
+    given_model = data.pop("model", None) or {}
+    base_model = to_dict(base_cfg.model)
+    if not isinstance(given_model, dict):
+        raise ConfigError("model: expected a mapping of keys (or leave it out: the model is the base run's)")
+    probe = from_dict(ModelConfig, {**base_model, **given_model}, "model")
+    for key in given_model:
+        if getattr(probe, key) != getattr(base_cfg.model, key):
+            raise ConfigError(
+                f"model.{key}={getattr(probe, key)!r} disagrees with the checkpoint {ckpt.path} "
+                f"(model.{key}={getattr(base_cfg.model, key)!r}); leave the model section out of the SFT "
+                "recipe: the model is the base run's"
+            )
+    data["model"] = base_model
+    data["stage"] = "sft"
+    data["init_from"] = str(ckpt.path)
+    section = data.setdefault("data", {})
+    if not isinstance(section, dict):
+        raise ConfigError("data: expected a mapping of keys")
+    if section.get("tokenizer") is not None:
+        given = Tokenizer.load(str(section["tokenizer"]))
+        own = Tokenizer.from_file(base_dir / TOKENIZER_FILE)
+        if given.content_hash != own.content_hash:
+            raise ConfigError(
+                f"data.tokenizer={section['tokenizer']} is another tokenizer ({given.vocab_size} tokens, "
+                f"hash {given.content_hash[:12]}) than the checkpoint's ({own.vocab_size} tokens, hash "
+                f"{own.content_hash[:12]}); leave data.tokenizer out: SFT uses the base run's"
+            )
+        section["tokenizer"] = None
+    section["vocab_size"] = base_cfg.data.vocab_size
+    return from_dict(RunConfig, data)
+
+
+# ----------------------------------------------------------------------------------------------
+# the run
+
+
+def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | None = None) -> RunResult:
+    """Fine-tune ``cfg.init_from`` on ``cfg.data`` into ``run_dir`` (continuing with ``resume``)."""
+    if cfg.init_from is None:
+        raise ConfigError("init_from is not set: pass --from RUN (a pretrain run or checkpoint directory)")
+    with stage_frame(cfg, run_dir, resume) as (dist, start):
+        cfg = start.cfg
+        seed_everything(cfg.train.seed)
+        micro, _ = batch_geometry(cfg, dist.world_size)
+        describe = []
+        if start.fresh:
+            base_cfg, base_model, tokenizer, ckpt = load_run_checkpoint(cfg.init_from)
+            describe.append(
+                f"init: weights, model and tokenizer from {ckpt.path} (step {ckpt.step} of the "
+                f"{base_cfg.stage} run {ckpt.path.parent.parent.name}); optimizer: fresh AdamW; schedule: "
+                f"this recipe's WSD over {cfg.train.steps} steps"
+            )
+            added = grow_vocab(base_model, tokenizer.vocab_size)
+            if added:
+                describe.append(
+                    f"vocabulary: {added} new token rows (embedding and head) at the mean of the others"
+                )
+                cfg.model.vocab_size = base_model.cfg.vocab_size
+            base_tensors = {k: v.detach().clone() for k, v in base_model.state_dict().items()}
+            del base_model
+        else:
+            tokenizer = Tokenizer.from_file(Path(run_dir) / TOKENIZER_FILE)
+            base_tensors = None
+        check_vocab(tokenizer, cfg.model.vocab_size)
+        data = build_sft_data(cfg.data, cfg.sft, tokenizer, cfg.train.seed, dist.rank, dist.world_size)
+        val = data.val_batches(cfg.eval.batches, micro) if data.has_validation else None
+        task = SFTTask(data, val, tokenizer.pad)
+        with torch.device(dist.device):
+            model = HybridLM(cfg.model)
+        if base_tensors is not None:
+            load_model_tensors(model, base_tensors, dist.device)
+        trainer = Trainer(cfg, run_dir, dist, model, baseline)
+        describe.append(f"data: {data.describe()}")
+        return finish(trainer, task, start, tokenizer, describe, _chat_files())
+
+
+def _chat_files() -> dict[str, str]:
+    """The chat template beside the tokenizer, for tools that render prompts themselves."""
+    return {"chat_template.jinja": CHAT_TEMPLATE_JINJA}

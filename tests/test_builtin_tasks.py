@@ -1,0 +1,93 @@
+"""Built-in SFT data: valid chat records of train-split problems, the documented mix, reproducible and
+fast; every assistant turn earns its task's full reward."""
+
+import hashlib
+import json
+import re
+import time
+from collections import Counter
+
+import pytest
+
+from data_corpus import fresh_rng
+from inkling_fp4.data.builtin_tasks import BuiltinTasks
+from inkling_fp4.data.chat import parse_record
+from inkling_fp4.rl.expression import parse
+from inkling_fp4.rl.rewards import arithmetic, countdown, countdown_answer
+from inkling_fp4.rl.tasks import split_of
+
+_ARITHMETIC = re.compile(r"Compute (.+)\. End your answer with #### followed by the result\.")
+_COUNTDOWN = re.compile(r"Using the numbers \[([\d, ]+)\], make an equation that equals (\d+)\. ")
+
+
+def _task(record: dict) -> tuple[str, str, str]:
+    """(task, canonical key, answer string), read back from the user's text alone."""
+    prompt = record["messages"][0]["content"]
+    if m := _ARITHMETIC.fullmatch(prompt):
+        value = parse(m[1]).value()
+        assert value.denominator == 1
+        return "arithmetic", m[1], str(value.numerator)
+    m = _COUNTDOWN.match(prompt)
+    numbers, target = [int(n) for n in m[1].split(", ")], int(m[2])
+    key = " ".join(map(str, sorted(numbers))) + f" -> {target}"
+    return "countdown", key, countdown_answer(numbers, target)
+
+
+def test_records_are_chats_of_train_problems_that_earn_full_reward():
+    seed = fresh_rng().randrange(2**31)
+    data = BuiltinTasks(1000, seed)
+    rows = list(data.iter_rows())
+    assert len(rows) == 1000
+    tasks = Counter()
+    for i, record in enumerate(rows):
+        chat = parse_record(record, f"record {i}")
+        assert [m["role"] for m in chat.messages] == ["user", "assistant"] and not chat.empty_answer
+        task, key, answer = _task(record)
+        tasks[task] += 1
+        assert split_of(key) == "train", (seed, key)  # the eval split stays unseen
+        reward = arithmetic if task == "arithmetic" else countdown
+        assert reward(record["messages"][0]["content"], record["messages"][1]["content"], answer) == 1.0
+    assert (tasks["arithmetic"], tasks["countdown"]) == data.counts == (600, 400)
+
+
+def test_describe_and_mix():
+    data = BuiltinTasks(4000, 0)
+    assert data.describe() == (
+        "built-in tasks: 4000 worked examples (arithmetic levels 1-5: 2400, countdown: 1600), seed 0"
+    )
+    rows = list(data.iter_rows())
+    kinds = [_task(r)[0] for r in rows]
+    assert Counter(kinds) == {"arithmetic": 2400, "countdown": 1600}
+    assert len(set(kinds[:50])) == 2 and len(set(kinds[-50:])) == 2  # interleaved, not in blocks
+    levels = Counter()
+    for record in rows:
+        m = _ARITHMETIC.fullmatch(record["messages"][0]["content"])
+        if m:
+            levels[len(re.findall(r" [-+*/] ", m[1]))] += 1
+    assert sum(levels.values()) == 2400 and set(levels) == {1, 2, 3, 4}  # operation counts of levels 1-5
+    assert BuiltinTasks(5, 1).counts == (3, 2) and BuiltinTasks(0, 1).counts == (0, 0)
+    assert list(BuiltinTasks(0, 1).iter_rows()) == []
+
+
+def test_same_seed_same_records_everywhere():
+    """Fixed algorithms only (random.Random streams, BLAKE2b), so this digest holds on every machine."""
+    seed = fresh_rng().randrange(2**31)
+    assert list(BuiltinTasks(300, seed).iter_rows()) == list(BuiltinTasks(300, seed).iter_rows())
+    assert list(BuiltinTasks(300, seed).iter_rows()) != list(BuiltinTasks(300, seed + 1).iter_rows())
+    text = json.dumps(list(BuiltinTasks(200, 0).iter_rows()), sort_keys=True)
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == GOLDEN_DIGEST
+
+
+GOLDEN_DIGEST = "d8eeef8a1b1d32f7"  # sha256 of BuiltinTasks(200, 0) as sorted-key JSON
+
+
+def test_generation_is_fast():
+    start = time.perf_counter()
+    rows = list(BuiltinTasks(4000, fresh_rng().randrange(2**31)).iter_rows())
+    elapsed = time.perf_counter() - start
+    assert len(rows) == 4000 and elapsed < 1.0, f"{elapsed:.2f} s"
+
+
+def test_rejects_a_negative_count():
+    with pytest.raises(ValueError):
+        BuiltinTasks(-1, 0)
