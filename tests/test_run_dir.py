@@ -322,3 +322,18 @@ def test_invalid_utf8_in_a_jsonl_source_is_one_line_with_the_offset(small, tmp_p
     line = one_line(err)
     assert code == 2 and str(bad) in line and f"byte {len(good.encode()) + 13}" in line
     assert "data.encoding_errors=replace" in line and not run.exists()
+
+
+def test_resume_survives_invalid_utf8_and_garbage_in_metrics(small, tmp_path):
+    from inkling_fp4.compare.gap import load_metrics
+
+    _, done = small
+    run = copy_run(done, tmp_path)
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(b'{"step": 3, "loss": 1.0, "note": "\xff\xfe"}\n{"step": 4, "lo\n\x00\x01 garbage\n')
+    code, _, err = cli(["pretrain", "--run-dir", str(run), "--resume", "train.steps=5"])
+    assert code == 0, err
+    lines = (run / "metrics.jsonl").read_bytes().decode("utf-8").splitlines()  # valid UTF-8 again
+    rows = [json.loads(x, parse_constant=lambda c: pytest.fail(f"bare {c}")) for x in lines]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5]
+    assert len(load_metrics(run).train) == 5

@@ -70,3 +70,23 @@ def test_a_foreign_tokenizer_gets_rows_for_its_added_specials():
         model(torch.tensor([[foreign.bos, foreign.role_ids["user"], foreign.end]])).shape[-1]
         == foreign.vocab_size
     )
+
+
+def test_mean_init_rows_resets_spare_rows_and_grows_for_the_rest():
+    """Tokens added inside a padded vocabulary get the mean of the other rows; ids past it grow."""
+    from inkling_fp4.model.config import ModelConfig
+    from inkling_fp4.model.hybrid import HybridLM
+    from inkling_fp4.model.vocab import mean_init_rows
+
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()))
+    cfg = ModelConfig(pattern="M-", d_model=32, vocab_size=64, n_heads=2, n_kv_heads=1, ffn_dim=64,
+                      mamba_heads=4, mamba_head_dim=16, n_groups=1, d_state=8)  # fmt: skip
+    model = HybridLM(cfg)
+    embed, head = model.embed.weight.detach().clone(), model.lm_head.weight.detach().clone()
+    ids = [10, 63, 65]
+    assert mean_init_rows(model, ids) == 3 and model.embed.num_embeddings == 66
+    others = [i for i in range(64) if i not in (10, 63)]
+    for new, old in ((model.embed.weight, embed), (model.lm_head.weight, head)):
+        mean = old[others].float().mean(0).to(old.dtype)
+        assert all(torch.equal(new[i], mean) for i in (10, 63, 65))
+        assert torch.equal(new[others], old[others])  # every other row bit for bit

@@ -45,3 +45,22 @@ def grow_vocab(model: HybridLM, new_vocab_size: int) -> int:
     model.lm_head.out_features = new_vocab_size
     model.cfg.vocab_size = new_vocab_size
     return rows
+
+
+@torch.no_grad()
+def mean_init_rows(model: HybridLM, ids: list[int]) -> int:
+    """Set the embedding and head rows of ``ids`` to the FP32 mean of the model's other rows, growing
+    the vocabulary first where an id has no row (every grown row gets that mean too). For tokens added
+    to a tokenizer whose model already had spare rows (a vocabulary padded past the tokenizer): those
+    rows were never trained, so they start where new rows do. Returns the number of ids."""
+    if not ids:
+        return 0
+    V = model.embed.num_embeddings
+    keep = torch.ones(V, dtype=torch.bool, device=model.embed.weight.device)
+    keep[torch.tensor([i for i in ids if i < V], dtype=torch.long, device=keep.device)] = False
+    means = [w[keep].float().mean(dim=0).to(w.dtype) for w in (model.embed.weight, model.lm_head.weight)]
+    grow_vocab(model, max(ids) + 1)
+    for weight, mean_D in zip((model.embed.weight, model.lm_head.weight), means, strict=True):
+        weight[V:] = mean_D
+        weight[:V][~keep] = mean_D
+    return len(ids)

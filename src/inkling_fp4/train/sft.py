@@ -31,7 +31,7 @@ from inkling_fp4.data.tokenizer import Tokenizer, check_vocab
 from inkling_fp4.errors import ConfigError, UserError
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
-from inkling_fp4.model.vocab import grow_vocab
+from inkling_fp4.model.vocab import grow_vocab, mean_init_rows
 from inkling_fp4.train.checkpoint import load_model_tensors
 from inkling_fp4.train.load_run import find_checkpoint, load_run_checkpoint
 from inkling_fp4.train.pretrain import seed_everything
@@ -133,10 +133,14 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                 f"{base_cfg.stage} run {ckpt.path.parent.parent.name}); optimizer: fresh AdamW; schedule: "
                 f"this recipe's WSD over {cfg.train.steps} steps"
             )
-            added = grow_vocab(base_model, tokenizer.vocab_size)
-            if added:
+            added = [tokenizer.hf.token_to_id(t) for t in tokenizer.added_specials]
+            grown = grow_vocab(base_model, tokenizer.vocab_size)
+            if added or grown:
+                mean_init_rows(base_model, added)
                 describe.append(
-                    f"vocabulary: {added} new token rows (embedding and head) at the mean of the others"
+                    f"vocabulary: {len(added)} chat tokens added to the tokenizer "
+                    f"({', '.join(tokenizer.added_specials) or 'none'}), {grown} new rows; their embedding "
+                    "and head rows start at the mean of the others"
                 )
                 cfg.model.vocab_size = base_model.cfg.vocab_size
             base_tensors = {k: v.detach().clone() for k, v in base_model.state_dict().items()}
