@@ -1,0 +1,132 @@
+"""GRPO and its common variants: group advantages, the clipped policy loss, its aggregation, KL.
+
+Notation (per completion i of a group, per token t of it):
+
+    A_i        advantage: r_i - mean(r_group), divided by std(r_group) (``scale=group``, GRPO),
+               by the std over the whole batch (``scale=batch``), or not at all (``scale=none``,
+               Dr. GRPO: dividing by a small group std up-weights near-solved prompts)
+    rho_it     exp(logp_it - old_logp_it): the ratio of the policy being trained to the policy that
+               sampled (``level=token``), or GSPO's sequence ratio exp(mean_t (logp - old_logp)) shared
+               by every token of the completion (``level=sequence``)
+    L_it       -min(rho_it A_i, clip(rho_it, 1 - eps_low, 1 + eps_high) A_i)
+               (PPO's pessimistic bound; eps_high > eps_low is DAPO's clip-higher, which leaves
+               low-probability tokens room to grow)
+    KL_it      k3 = exp(ref - logp) - (ref - logp) - 1 >= 0, an unbiased, low-variance estimate of
+               KL(pi || pi_ref) per token (Schulman's k3)
+
+Aggregation of L over the tokens of the batch (``mask`` marks completion tokens):
+
+    token-mean             sum_it L_it / sum_it 1         (DAPO; each token weighs the same)
+    seq-mean-token-mean    mean_i (sum_t L_it / T_i)      (GRPO's paper; each completion the same)
+    seq-mean-token-sum     mean_i (sum_t L_it)            (Dr. GRPO with a constant length: no
+                                                          length bias from the per-sequence mean)
+
+Shapes: B completions (G per group, B = N groups x G), T completion tokens (padded, ``mask_BT``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SCALES = ("group", "batch", "none")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LEVELS = ("token", "sequence")
+
+
+def group_advantages(rewards_NG: torch.Tensor, scale: str = "group", eps: float = 1e-6) -> torch.Tensor:
+    """[N groups, G] rewards -> [N, G] advantages (see the module docstring). A group whose rewards
+    are all equal gets advantage 0 whatever the scale: it carries no signal."""
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, not {scale!r}")
+    r = rewards_NG.double()
+    centred = r - r.mean(dim=1, keepdim=True)  # exactly 0 in a group of equal rewards
+    if scale == "none" or r.shape[1] < 2:
+        return centred.to(rewards_NG.dtype)
+    std = r.std(dim=1, keepdim=True) if scale == "group" else r.std().expand(r.shape[0], 1)
+    scaled = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+    return scaled.to(rewards_NG.dtype)
+
+
+def zero_variance_groups(rewards_NG: torch.Tensor) -> torch.Tensor:
+    """[N] bool: groups whose G rewards are all equal (no learning signal)."""
+    return (rewards_NG == rewards_NG[:, :1]).all(dim=1)
+
+
+def log_ratio(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, mask_BT: torch.Tensor, level: str):
+    """log rho [B, T]: per token, or GSPO's per-sequence mean broadcast over the sequence's tokens."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, not {level!r}")
+    diff = (logp_BT - old_logp_BT) * mask_BT
+    if level == "token":
+        return diff
+    seq_B1 = diff.sum(dim=1, keepdim=True) / mask_BT.sum(dim=1, keepdim=True).clamp(min=1)
+    return seq_B1.expand_as(diff) * mask_BT
+
+
+@dataclass
+class PolicyLoss:
+    loss_BT: torch.Tensor
+    """Per-token clipped loss L_it (0 outside the mask)."""
+    clipped_low_BT: torch.Tensor
+    """Tokens where the lower clip bound is the active term (rho < 1 - eps_low, A < 0)."""
+    clipped_high_BT: torch.Tensor
+    """Tokens where the upper clip bound is the active term (rho > 1 + eps_high, A > 0)."""
+
+
+def clipped_policy_loss(
+    logp_BT: torch.Tensor,
+    old_logp_BT: torch.Tensor,
+    adv_B: torch.Tensor,
+    mask_BT: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    level: str = "token",
+) -> PolicyLoss:
+    """PPO / GRPO's clipped surrogate, per token (see the module docstring)."""
+    mask = mask_BT.to(logp_BT.dtype)
+    rho = torch.exp(log_ratio(logp_BT, old_logp_BT, mask, level))
+    adv = adv_B[:, None].to(logp_BT.dtype)
+    unclipped = rho * adv
+    clipped = torch.clamp(rho, 1 - eps_low, 1 + eps_high) * adv
+    loss = -torch.minimum(unclipped, clipped) * mask
+    active = (clipped < unclipped) & mask.bool()  # the clip bound is what min() picked
+    return PolicyLoss(
+        loss, active & (adv < 0) & (rho < 1 - eps_low), active & (adv > 0) & (rho > 1 + eps_high)
+    )
+
+
+def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str) -> torch.Tensor:
+    """The batch's loss from per-token losses (see the module docstring)."""
+    mask = mask_BT.to(loss_BT.dtype)
+    if mode == "token-mean":
+        return (loss_BT * mask).sum() / mask.sum().clamp(min=1)
+    per_seq = (loss_BT * mask).sum(dim=1)
+    if mode == "seq-mean-token-mean":
+        return (per_seq / mask.sum(dim=1).clamp(min=1)).mean()
+    if mode == "seq-mean-token-sum":
+        return per_seq.mean()
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, not {mode!r}")
+
+
+def token_weights(mask_BT: torch.Tensor, mode: str) -> torch.Tensor:
+    """[B, T] weights w such that sum(w * L) / sum(mask) equals ``aggregate(L, mask, mode)``: the
+    form the shared trainer takes (a summed loss over the trained tokens, divided by their count)."""
+    mask = mask_BT.to(torch.float64)
+    n = mask.sum().clamp(min=1)
+    if mode == "token-mean":
+        w = mask
+    elif mode == "seq-mean-token-mean":
+        w = mask * n / (mask.shape[0] * mask.sum(dim=1, keepdim=True).clamp(min=1))
+    elif mode == "seq-mean-token-sum":
+        w = mask * n / mask.shape[0]
+    else:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, not {mode!r}")
+    return w.to(torch.float32)
+
+
+def k3_kl(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || pi_ref): exp(d) - d - 1 with d = ref - logp (>= 0)."""
+    d = ref_logp_BT - logp_BT
+    return torch.exp(d) - d - 1

@@ -1,0 +1,95 @@
+"""GRPO's pieces and the mismatch figures against hand-computed values, plus random checks of the
+identities between them."""
+
+import math
+
+import pytest
+import torch
+
+from fresh_seed import fresh_generator
+from inkling_fp4.rl import grpo, mismatch
+
+
+def test_group_advantages_by_hand():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 0.0, 0.0]])
+    std0 = math.sqrt(1 / 3)  # unbiased std of [1, 0, 0, 1]
+    std2 = math.sqrt(0.25)  # unbiased std of [1, 0, 0, 0] = sqrt(0.75 / 3)
+    a = grpo.group_advantages(r, "group", eps=0.0)
+    assert torch.allclose(a[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / std0)
+    assert torch.equal(a[1], torch.zeros(4))  # a zero-variance group carries no signal
+    assert torch.allclose(a[2], torch.tensor([0.75, -0.25, -0.25, -0.25]) / std2)
+    none = grpo.group_advantages(r, "none")
+    assert torch.allclose(none[2], torch.tensor([0.75, -0.25, -0.25, -0.25]))
+    batch = grpo.group_advantages(r, "batch", eps=0.0)
+    assert torch.allclose(batch, none / r.std())
+    assert grpo.zero_variance_groups(r).tolist() == [False, True, False]
+
+
+def test_clipped_loss_with_asymmetric_bounds_by_hand():
+    # one completion of 4 tokens with A = +1 and one with A = -1; ratios chosen around the bounds
+    ratios = torch.tensor([[0.5, 1.0, 1.25, 1.5], [0.5, 0.75, 1.0, 1.5]])
+    old = torch.zeros(2, 4)
+    logp = torch.log(ratios)
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.ones(2, 4)
+    out = grpo.clipped_policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.28)
+    # A > 0: -min(rho, clip(rho, 0.8, 1.28)) -> rho 0.5 -> -0.5 (unclipped smaller), 1.5 -> -1.28
+    # A < 0: -min(-rho, -clip(rho)) = max(rho, clip(rho)) -> 0.5 -> 0.8, 1.5 -> 1.5
+    expected = torch.tensor([[-0.5, -1.0, -1.25, -1.28], [0.8, 0.8, 1.0, 1.5]])
+    assert torch.allclose(out.loss_BT, expected, atol=1e-6)
+    assert out.clipped_high_BT.tolist() == [[False, False, False, True], [False] * 4]
+    assert out.clipped_low_BT.tolist() == [[False] * 4, [True, True, False, False]]
+
+
+def test_aggregations_by_hand_and_as_trainer_weights():
+    loss = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    assert grpo.aggregate(loss, mask, "token-mean").item() == pytest.approx((1 + 2 + 3 + 4) / 4)
+    assert grpo.aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx((6 / 3 + 4 / 1) / 2)
+    assert grpo.aggregate(loss, mask, "seq-mean-token-sum").item() == pytest.approx((6 + 4) / 2)
+    g = fresh_generator()
+    for mode in grpo.AGGREGATIONS:  # the trainer's form: sum(w L) / trained tokens
+        loss = torch.randn(5, 7, generator=g)
+        mask = torch.rand(5, 7, generator=g) < 0.7
+        mask[:, 0] = True
+        w = grpo.token_weights(mask, mode)
+        assert (w * loss).sum() / mask.sum() == pytest.approx(
+            grpo.aggregate(loss, mask, mode).item(), rel=1e-5
+        )
+
+
+def test_gspo_sequence_ratio_is_shared_by_the_tokens():
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]])
+    old = torch.tensor([[-1.5, -2.0, -2.5], [-1.0, -2.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    lr = grpo.log_ratio(logp, old, mask, "sequence")
+    assert torch.allclose(lr[0], torch.zeros(3))  # (+0.5 + 0 - 0.5) / 3
+    assert torch.allclose(lr[1], torch.tensor([0.5, 0.5, 0.0]))  # (0 + 1) / 2, masked token 0
+
+
+def test_k3_by_hand_and_nonnegative():
+    assert grpo.k3_kl(torch.tensor([0.0]), torch.tensor([0.0])).item() == 0.0
+    d = 0.3
+    expected = math.exp(d) - d - 1
+    assert grpo.k3_kl(torch.tensor([-1.0]), torch.tensor([-0.7])).item() == pytest.approx(expected, rel=1e-5)
+    g = fresh_generator()
+    x, y = torch.randn(1000, generator=g) * 3, torch.randn(1000, generator=g) * 3
+    assert (grpo.k3_kl(x, y) >= 0).all()
+
+
+def test_mismatch_figures_tis_and_masking_by_hand():
+    sampler = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]))
+    trainer = torch.log(torch.tensor([[0.5, 1.0, 0.25], [0.5, 0.5, 0.9]]))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    s = mismatch.mismatch_stats(trainer, sampler, mask, cap=1.5)
+    d = torch.tensor([0.0, math.log(2), math.log(0.5), 0.0, 0.0], dtype=torch.float64)
+    assert s["k3"] == pytest.approx(float((torch.exp(-d) + d - 1).mean()))
+    assert s["abs_max"] == pytest.approx(math.log(2)) and s["abs_mean"] == pytest.approx(2 * math.log(2) / 5)
+    assert (s["ratio_min"], s["ratio_max"]) == (pytest.approx(0.5), pytest.approx(2.0))
+    assert s["ratio_mean"] == pytest.approx((1 + 2 + 0.5 + 1 + 1) / 5)
+    assert s["frac_over_cap"] == pytest.approx(2 / 5)  # 2.0 > 1.5 and 0.5 < 1 / 1.5
+    tis = mismatch.correction_weights(trainer, sampler, mask, "tis", cap=1.5)
+    assert torch.allclose(tis, torch.tensor([[1.0, 1.5, 0.5], [1.0, 1.0, 0.0]]))
+    masked = mismatch.correction_weights(trainer, sampler, mask, "mask", cap=1.5)
+    assert masked.tolist() == [[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]  # the padded 0.9 does not count
+    assert torch.equal(mismatch.correction_weights(trainer, sampler, mask, "none", cap=1.5), mask.float())
