@@ -1,16 +1,17 @@
-# fp4train on a CUDA machine (Hopper: emulated NVFP4 + native FP8; Blackwell: add the `te` extra).
+# fp4train on a CUDA machine (Hopper: emulated NVFP4 + native FP8; Blackwell: native NVFP4 through
+# Transformer Engine, which the base image ships).
 # Build: docker build -t fp4train .
-# Run:   docker run --gpus all -v $PWD/runs:/app/runs fp4train pretrain --recipe hybrid-125m
+# Run:   docker run --gpus all -v "$PWD/runs:/app/runs" fp4train pretrain --recipe hybrid-125m
 FROM nvcr.io/nvidia/pytorch:25.09-py3
 
-WORKDIR /app
+WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
 COPY recipes ./recipes
-COPY scripts ./scripts
-# torch and triton come with the base image; install the rest and the package itself (editable, so
-# the built-in recipes/ folder is found next to the sources).
-RUN pip install --no-cache-dir -e ".[gpu]"
+# torch, triton and Transformer Engine come with the base image; install the package itself, not
+# editable (the built-in recipes travel as package data), then check what it finds here.
+RUN pip install --no-cache-dir "./[gpu]" && rm -rf /src/build && fp4train info
 
+WORKDIR /app
 ENTRYPOINT ["fp4train"]
 CMD ["--help"]

@@ -82,7 +82,8 @@ def test_every_record_is_packed_once_in_its_split(tok, tmp_path, loss_on):
     v = data.val_batches(2, 3)
     assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(v, data.val_batches(2, 3), strict=True))
     # nothing else written: the datasets cache and the UTF-8 check's markers
-    assert set((tmp_path / "cache").iterdir()) <= {tmp_path / "cache" / "hf_datasets", tmp_path / "cache" / "utf8"}
+    allowed = {tmp_path / "cache" / "hf_datasets", tmp_path / "cache" / "utf8"}
+    assert set((tmp_path / "cache").iterdir()) <= allowed
 
 
 def test_conversational_prompt_completion_file(tok, tmp_path):

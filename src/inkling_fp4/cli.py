@@ -27,15 +27,51 @@ OVERRIDES = typer.Argument(None, help="Dotted config overrides, e.g. train.steps
 RUN_DIR = typer.Option(None, help="Run directory (default: runs/<name>).")
 RESUME = typer.Option(False, help="Continue the run in --run-dir from its latest good checkpoint.")
 BASELINE = typer.Option(None, help="A baseline run directory: log the live loss gap to it.")
+PRINT_CONFIG = typer.Option(False, help="Print the resolved config (YAML) and exit, writing nothing.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from inkling_fp4 import __version__
+
+        typer.echo(f"fp4train {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """Train hybrid Mamba-Transformer language models with NVFP4 4-bit forward passes."""
 
 
+def _print_config(cfg) -> None:
+    import yaml
+
+    from inkling_fp4.config import to_dict
+
+    typer.echo(yaml.safe_dump(to_dict(cfg), sort_keys=False), nl=False)
+
+
 @app.command()
-def info() -> None:
+def recipes() -> None:
+    """List the built-in recipes (use one with --recipe NAME), one line each."""
+    from inkling_fp4.config import RECIPES_DIR
+
+    for path in sorted(RECIPES_DIR.glob("*.yaml")):
+        first = next((x for x in path.read_text().splitlines() if x.startswith("#")), "")
+        summary = first.lstrip("# ").removeprefix(f"{path.stem}:").strip()
+        typer.echo(f"{path.stem:<16} {summary}")
+
+
+@app.command()
+def info(
+    from_run: Path = typer.Option(
+        None, "--from", help="Also say what this run, checkpoint or Nemotron-H directory holds."
+    ),
+) -> None:
     """Show the device, and which backend and kernels each precision recipe would use here."""
     import importlib.util
 
@@ -62,6 +98,11 @@ def info() -> None:
             continue
         backend = resolve_backend("auto", recipe, device)
         typer.echo(f"  {recipe}: {describe_backend(backend, recipe, device)}")
+    if from_run is not None:
+        from inkling_fp4.train.load_run import describe
+
+        for line in describe(from_run):
+            typer.echo(line)
 
 
 @app.command()
@@ -73,16 +114,31 @@ def pretrain(
     run_dir: Path = RUN_DIR,
     resume: bool = RESUME,
     baseline: Path = BASELINE,
+    print_config: bool = PRINT_CONFIG,
+    from_run: Path = typer.Option(
+        None, "--from", help="Continue pretraining a run, checkpoint or Nemotron-H directory (its model)."
+    ),
 ) -> None:
     """Pretrain with the WSD schedule and the precision recipe, switching to BF16 before the decay."""
     from inkling_fp4.config import load_config
+    from inkling_fp4.train.load_run import find_checkpoint
     from inkling_fp4.train.pretrain import run
+    from inkling_fp4.train.run_dir import TOKENIZER_FILE
+    from inkling_fp4.train.sft import sft_config
 
     overrides = list(overrides or [])
     cfg = load_config(recipe or "tiny", overrides)
     run_dir = run_dir or Path("runs") / cfg.name
-    if resume and recipe is None:
-        cfg = _recorded_with(run_dir, overrides) or cfg  # the run's own config
+    recorded = _recorded_with(run_dir, overrides) if resume and recipe is None else None
+    if recorded is not None and from_run is not None:
+        raise UserError(f"--resume continues {run_dir} from its own checkpoint; drop --from")
+    if recorded is not None:
+        cfg = recorded  # the run's own config
+    elif from_run is not None:  # the base run's model and tokenizer, this recipe's everything else
+        cfg = sft_config(recipe, overrides, from_run, stage="pretrain", default_recipe="tiny")
+        cfg.data.tokenizer = str(find_checkpoint(from_run)[0] / TOKENIZER_FILE)
+    if print_config:
+        return _print_config(cfg)
     _finish(run(cfg, run_dir, resume=resume, baseline=baseline), "pretrain")
 
 
@@ -90,7 +146,7 @@ def pretrain(
 def sft(
     overrides: list[str] = OVERRIDES,
     from_run: Path = typer.Option(
-        None, "--from", help="Run or checkpoint directory to fine-tune (default: the newest pretrain run)."
+        None, "--from", help="Run, checkpoint or Nemotron-H dir to fine-tune (default: newest pretrain run)."
     ),
     recipe: str = typer.Option(
         None, help="SFT recipe path or built-in name (default: sft-tiny; with --resume: the run's config)."
@@ -98,6 +154,7 @@ def sft(
     run_dir: Path = RUN_DIR,
     resume: bool = RESUME,
     baseline: Path = BASELINE,
+    print_config: bool = PRINT_CONFIG,
 ) -> None:
     """Fine-tune a run on chat data (loss on the answers), with NVFP4 forward and backward passes."""
     from inkling_fp4.config import load_config
@@ -115,6 +172,8 @@ def sft(
     if cfg is None:
         from_run = from_run or _newest_base(run_dir, ("pretrain",), "fp4train pretrain")
         cfg = sft_config(recipe, overrides, from_run)
+    if print_config:
+        return _print_config(cfg)
     _finish(run(cfg, run_dir, resume=resume, baseline=baseline), "sft")
 
 
@@ -129,15 +188,19 @@ def _recorded_with(run_dir: Path, overrides: list[str]):
     return None if data is None else from_dict(RunConfig, apply_overrides(data, overrides))
 
 
-def _newest_base(run_dir: Path, stages: tuple[str, ...], first: str) -> Path:
+def _newest_base(run_dir: Path | None, stages: tuple[str, ...], first: str, in_order: bool = True) -> Path:
+    """The newest run under runs/ of the first of ``stages`` that has one (``in_order``), or of any
+    of them; said on the console."""
     from inkling_fp4.train.load_run import newest_run
 
-    found = newest_run(Path("runs"), stages, exclude=run_dir)
-    if found is None:
-        raise UserError(f"no {' or '.join(stages)} run with a checkpoint under runs/; run `{first}` first, "
-                        "or pass --from RUN")  # fmt: skip
-    typer.echo(f"--from: the newest {' or '.join(stages)} run under runs/, {found}")
-    return found
+    for group in [(stage,) for stage in stages] if in_order else [stages]:
+        found = newest_run(Path("runs"), group, exclude=run_dir)
+        if found is not None:
+            typer.echo(f"--from: the newest {' or '.join(group)} run under runs/, {found}")
+            return found
+    raise UserError(
+        f"no {' or '.join(stages)} run with a checkpoint under runs/; run `{first}` first, or pass --from RUN"
+    )
 
 
 def _finish(result, command: str) -> None:
@@ -169,6 +232,33 @@ def tokenizer(
     from inkling_fp4.data.bpe_training import train_tokenizer_command
 
     typer.echo(train_tokenizer_command(source, vocab_size, out, text_field, max_documents))
+
+
+@app.command()
+def export(
+    overrides: list[str] = typer.Argument(None, help="Export options, e.g. export.calibration_batches=8."),
+    from_run: Path = typer.Option(
+        None, "--from", help="Run, checkpoint or Nemotron-H directory (default: the newest run under runs/)."
+    ),
+    step: int = typer.Option(None, help="Export checkpoints/step_N of the run (default: the newest good)."),
+    format: str = typer.Option(..., "--format", help="hf | nvfp4-modelopt | nvfp4-compressed-tensors."),
+    out: Path = typer.Option(..., help="Directory to write (must not exist unless --force)."),
+    force: bool = typer.Option(False, help="Replace --out if it exists."),
+) -> None:
+    """Export a run for transformers (hf) or for NVFP4 serving engines (ModelOpt, compressed-tensors)."""
+    from inkling_fp4.config import apply_overrides, from_dict
+    from inkling_fp4.interop.calibration import ExportConfig
+    from inkling_fp4.interop.export import run_export
+
+    data = apply_overrides({"export": {}}, list(overrides or []))
+    unknown = sorted(set(data) - {"export"})
+    if unknown:
+        raise UserError(f"export takes export.<field>=value options only, not {', '.join(unknown)}")
+    options = from_dict(ExportConfig, data["export"], "export")
+    from_run = from_run or _newest_base(
+        None, ("pretrain", "sft", "rollout"), "fp4train pretrain", in_order=False
+    )
+    run_export(from_run, format, out, step=step, options=options, force=force, echo=typer.echo)
 
 
 def _comma_list(text: str) -> list[str]:
@@ -238,13 +328,86 @@ def compare_baseline(
         typer.echo(f"report: {report}")
 
 
-NOT_BUILT = "is not built yet: pretrain, sft and compare-baseline are; see the README's 'Not built yet'"
+@app.command()
+def generate(
+    overrides: list[str] = typer.Argument(
+        None, help="sampler.* / precision.* overrides, e.g. sampler.top_p=0.9."
+    ),
+    from_run: Path = typer.Option(
+        None, "--from", help="Run or checkpoint directory (default: the newest sft or pretrain run)."
+    ),
+    prompt: list[str] = typer.Option(None, help="A prompt (repeatable); sft runs get their chat template."),
+    prompts: Path = typer.Option(
+        None, help="A file of prompts, one a line (or .jsonl with a 'prompt' field)."
+    ),
+    out: Path = typer.Option(None, help="Write the completions as jsonl here."),
+) -> None:
+    """Complete prompts with a run's model under its own precision recipe; shows new tokens/s."""
+    from inkling_fp4.infer.generate import run_generate
+
+    run_generate(from_run, prompt, prompts, out, list(overrides or []), echo=typer.echo)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def rollout() -> None:
-    """Not built yet: RL with rollouts sampled under NVFP4 forward passes, rewards, policy update."""
-    raise UserError(f"fp4train rollout {NOT_BUILT}")
+@app.command("eval")
+def eval_(
+    overrides: list[str] = typer.Argument(
+        None, help="sampler.* / precision.* overrides, e.g. sampler.temperature=0.7."
+    ),
+    from_run: Path = typer.Option(
+        None, "--from", help="Run or checkpoint directory (default: the newest sft or pretrain run)."
+    ),
+    task: str = typer.Option(
+        ..., help="arithmetic, countdown, or a jsonl FILE of {prompt|question, answer}."
+    ),
+    samples: int = typer.Option(1, help="Completions per problem: > 1 adds pass@1 sampled and pass@K."),
+    problems: int = typer.Option(100, help="Held-out problems to score (a FILE: at most this many)."),
+) -> None:
+    """Accuracy on a task's held-out split (pass@1 greedy, pass@k sampled), into the run's metrics."""
+    from inkling_fp4.infer.evaluate import run_eval
+
+    run_eval(from_run, task, samples, problems, list(overrides or []), echo=typer.echo)
+
+
+@app.command()
+def rollout(
+    overrides: list[str] = OVERRIDES,
+    from_run: Path = typer.Option(
+        None, "--from", help="Run or checkpoint to train (default: the newest sft run, else pretrain run)."
+    ),
+    task: str = typer.Option(None, help="Built-in task: arithmetic or countdown (rl.task)."),
+    data: Path = typer.Option(None, help="A jsonl of {prompt, answer} or {question, answer} records."),
+    reward: str = typer.Option(None, help="A reward function MODULE:FUNCTION(prompt, completion, answer)."),
+    recipe: str = typer.Option(
+        None, help="RL recipe path or built-in name (default: rl-tiny; with --resume: the run's config)."
+    ),
+    run_dir: Path = RUN_DIR,
+    resume: bool = RESUME,
+    baseline: Path = BASELINE,
+) -> None:
+    """RL: sample with the run's NVFP4 forward pass, score with verifiable rewards, GRPO update."""
+    from inkling_fp4.config import load_config
+    from inkling_fp4.train import rollout as rl_stage
+    from inkling_fp4.train.sft import sft_config
+
+    overrides = list(overrides or [])
+    if task is not None and data is not None:
+        raise UserError("--task and --data both name the prompts; pass one")
+    if task is not None or data is not None:
+        overrides.append(f"rl.task={task if task is not None else data}")
+    if reward is not None:
+        overrides.append(f"rl.reward={reward}")
+    name = load_config(recipe or rl_stage.DEFAULT_RECIPE, overrides).name
+    run_dir = run_dir or Path("runs") / name
+    cfg = _recorded_with(run_dir, overrides) if resume and recipe is None else None
+    if cfg is not None and from_run is not None:
+        raise UserError(
+            f"--resume continues {run_dir} from its own checkpoint (it started from {cfg.init_from}); "
+            "drop --from"
+        )
+    if cfg is None:
+        from_run = from_run or _newest_base(run_dir, ("sft", "pretrain"), "fp4train pretrain && fp4train sft")
+        cfg = sft_config(recipe, overrides, from_run, stage="rollout", default_recipe=rl_stage.DEFAULT_RECIPE)
+    _finish(rl_stage.run(cfg, run_dir, resume=resume, baseline=baseline), "rollout")
 
 
 def main() -> None:

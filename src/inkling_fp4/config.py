@@ -21,8 +21,10 @@ import yaml
 from inkling_fp4.data.config import DataConfig
 from inkling_fp4.data.sft_config import SFTConfig
 from inkling_fp4.errors import ConfigError
+from inkling_fp4.infer.config import SamplerConfig
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.precision.config import PrecisionConfig
+from inkling_fp4.rl.config import RLConfig
 from inkling_fp4.train.config import (
     CheckpointConfig,
     EvalConfig,
@@ -32,7 +34,9 @@ from inkling_fp4.train.config import (
     TrainConfig,
 )
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+"""The built-in recipes, package data: in the repository a link to the top-level ``recipes/`` folder,
+in an installed package (wheel, ``pip install .``) a copy of it."""
 
 
 @dataclass
@@ -42,11 +46,13 @@ class RunConfig:
     name: str = "tiny"
     """Run name: the default run directory is ``runs/<name>`` and wandb's run name."""
     stage: str = "pretrain"
-    """Which stage trains this run: pretrain (token shards, every token trained) or sft (chat
-    examples, loss on the answers), each from its own ``fp4train`` command."""
+    """Which stage trains this run: pretrain (token shards, every token trained), sft (chat
+    examples, loss on the answers) or rollout (RL: sampled completions, rewards, GRPO), each from
+    its own ``fp4train`` command."""
     init_from: str | None = None
-    """The run or checkpoint directory whose weights, model config and tokenizer a later stage starts
-    from (``--from``; resolved to the checkpoint that was used); None for pretraining from scratch."""
+    """The run, checkpoint or Nemotron-H directory whose weights, model config and tokenizer this run
+    starts from (``--from``; resolved to the checkpoint that was used): always for sft and rollout,
+    optionally for pretraining (continued pretraining); None: pretraining from random weights."""
     model: ModelConfig = field(default_factory=ModelConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -57,16 +63,18 @@ class RunConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     log: LogConfig = field(default_factory=LogConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    """Generation (``fp4train generate`` / ``eval``, rollouts): filters, stops, precision."""
+    rl: RLConfig = field(default_factory=RLConfig)
+    """The rollout stage: task, groups, GRPO variant, mismatch correction (rl/config.py)."""
 
     def __post_init__(self):
         if self.stage not in STAGES:
             raise ValueError(f"stage must be one of {', '.join(STAGES)}, not '{self.stage}'")
-        if self.stage == "pretrain" and self.init_from is not None:
-            raise ValueError("init_from is for later stages (sft); pretraining starts from random weights")
 
 
-STAGES = ("pretrain", "sft")
-"""Stages that train a run (rollout joins them when it is built)."""
+STAGES = ("pretrain", "sft", "rollout")
+"""Stages that train a run, each from its own command."""
 
 
 # ----------------------------------------------------------------------------------------------

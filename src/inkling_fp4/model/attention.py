@@ -12,7 +12,8 @@ Masking:
   :class:`~inkling_fp4.model.packing.Packing`. Every query sees at least itself, so no row of the
   mask is empty. NOTE: SDPA's flash kernels take no mask, so packed batches run the memory-efficient
   kernel; the mask costs B·L² bytes.
-- decoding: one query per sequence against the cached keys 0 .. lengths[b] (a [B, 1, 1, T] mask).
+- decoding: one query per sequence against the cached keys 0 .. lengths[b], the query heads grouped
+  by kv head (:mod:`~inkling_fp4.model.attention_decode`).
 
 The softmax, QK^T and AV always run in high precision (BF16 under autocast, FP32 on CPU): only the
 two projections are QuantLinear layers that a precision recipe quantizes.
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inkling_fp4.model.attention_decode import gqa_decode
 from inkling_fp4.model.cache import AttentionState, InferenceCache
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.packing import Packing
@@ -105,13 +107,9 @@ class Attention(nn.Module):
         return self.o_proj(self._attend(q, k, v, None))
 
     def step(self, x: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
-        """x: [B, D] one new token per sequence, at position cache.lengths[b] -> [B, D]."""
+        """x: [B, D] one new token per sequence, at position cache.lengths[b] -> [B, D]. The query heads
+        read their kv head's cache in place (:mod:`~inkling_fp4.model.attention_decode`)."""
         state: AttentionState = cache.layers[self.layer_idx]
         q, k, v = self._qkv(x)  # q: [B, H, E], k, v: [B, K, E]
-        rows = torch.arange(x.shape[0], device=x.device)
-        state.k[rows, cache.lengths] = k.to(state.k.dtype)
-        state.v[rows, cache.lengths] = v.to(state.v.dtype)
-        T = cache.longest + 1
-        visible = torch.arange(T, device=x.device)[None, :] <= cache.lengths[:, None]  # [B, T]
-        y = self._attend(q[:, None], state.k[:, :T], state.v[:, :T], visible[:, None, None, :])
-        return self.o_proj(y[:, 0])  # [B, D]
+        y = gqa_decode(q, k, v, state.k, state.v, cache.lengths, span=cache.longest + 1)  # [B, H, E]
+        return self.o_proj(y.flatten(1))  # [B, D]

@@ -38,10 +38,15 @@ class MambaState:
     """[B, conv_dim, k-1] the last k-1 conv inputs (x||B||C before the conv), oldest first."""
     ssm: torch.Tensor
     """[B, H, P, N] SSM state S, FP32 (FP64 in a cache allocated for FP64)."""
+    done: torch.Tensor | None = None
+    """[B, G] int32 scratch of the fused decode kernel (heads of each group done, counted modulo H/G:
+    a multiple of H/G between steps), kept here so a step allocates and clears nothing; None on CPU."""
 
     def reset(self) -> None:
         self.conv.zero_()
         self.ssm.zero_()
+        if self.done is not None:
+            self.done.zero_()
 
 
 @dataclass

@@ -50,6 +50,9 @@ class ModelConfig:
     """Upper end of the dt initialisation range (see dt_min)."""
     dt_init_floor: float = 1e-4
     """Smallest dt the initialisation may produce (as in Mamba-2)."""
+    dt_min_clamp: float = 0.0
+    """Lower clamp of dt = softplus(dt_raw + dt_bias) in every forward (training and decoding), as
+    Nemotron-H in transformers applies at ``time_step_min``; 0 means no clamp."""
     a_init_range: tuple[float, float] = (1.0, 16.0)
     """A = -exp(A_log) is initialised with -A uniform in this range (Mamba-2)."""
     norm_eps: float = 1e-5
@@ -97,6 +100,8 @@ class ModelConfig:
             raise ValueError(f"model.head_dim must be a positive integer or null, got {self.head_dim}")
         if not 0 < self.dt_min <= self.dt_max:
             raise ValueError(f"model.dt_min={self.dt_min} and dt_max={self.dt_max} need 0 < dt_min <= dt_max")
+        if not self.dt_min_clamp >= 0:
+            raise ValueError(f"model.dt_min_clamp must be >= 0 (0: no clamp), got {self.dt_min_clamp}")
         if not 0 < self.a_init_range[0] <= self.a_init_range[1]:
             raise ValueError(f"model.a_init_range={list(self.a_init_range)} needs 0 < low <= high")
         if self.norm_eps <= 0 or self.init_std <= 0:

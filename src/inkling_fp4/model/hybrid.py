@@ -25,7 +25,10 @@ logits without ever holding them (the LM head and the loss run in chunks of toke
 
 Generation: ``allocate_cache`` then ``prefill`` with right-padded prompts and their lengths, then
 ``decode_step`` per token. Both return the next-token logits of each sequence [B, V] and run without
-autograd. See :mod:`inkling_fp4.model.cache` for how padding is kept out of the state.
+autograd. See :mod:`inkling_fp4.model.cache` for how padding is kept out of the state. A decode step
+reads each sequence's position from ``cache.lengths`` on the device and launches one fused kernel
+per mixer (:mod:`~inkling_fp4.model.mamba2_decode`, :mod:`~inkling_fp4.model.attention_decode`), so
+it can be captured and replayed as one CUDA graph (:mod:`inkling_fp4.model.decode_graph`).
 
 Shape letters: B batch, L length, D d_model, V vocabulary.
 """
@@ -98,8 +101,16 @@ class Block(nn.Module):
     def prefill(self, x: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
         return x + self.mixer.prefill(self.norm(x), cache)
 
-    def step(self, x: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
-        return x + self.mixer.step(self.norm(x), cache)
+    def step(
+        self, x: torch.Tensor, pending: torch.Tensor | None, cache: InferenceCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step of this block, like :meth:`forward`: x [B, D] the residual stream, pending the
+        previous block's mixer output (None for the first block) -> (x + pending, this mixer's output),
+        the add fused with this block's norm (one kernel on CUDA instead of two)."""
+        if pending is None:
+            return x, self.mixer.step(self.norm(x), cache)
+        x, normed = self.norm.add_and_norm(x, pending)
+        return x, self.mixer.step(normed, cache)
 
 
 class HybridLM(nn.Module):
@@ -228,8 +239,9 @@ class HybridLM(nn.Module):
         if cache.longest >= cache.max_len:
             raise UserError(f"decode_step: the cache is full ({cache.max_len} tokens); allocate a longer one")
         x = self.embed(tokens)  # [B, D]
+        pending = None  # each block's mixer output, added to x inside the next norm's kernel
         for block in self.layers:
-            x = block.step(x, cache)
+            x, pending = block.step(x, pending, cache)
         cache.lengths += 1
         cache.longest += 1
-        return self.lm_head(self.norm_f(x))  # [B, V]
+        return self.lm_head(self.norm_f.add_and_norm(x, pending)[1])  # [B, V]

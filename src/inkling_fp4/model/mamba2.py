@@ -2,7 +2,7 @@
 
     zxBCdt = in_proj(u)                         # Order: [z, x, B, C, dt]
     xBC    = silu(causal_conv1d(x||B||C))       # depthwise, kernel k, with bias
-    dt     = softplus(dt + dt_bias)             # [B, L, H], FP32
+    dt     = softplus(dt + dt_bias)             # [B, L, H], FP32; max(dt, dt_min_clamp) when set
     y      = SSD(x, dt, A = -exp(A_log), B, C) + D * x
     out    = out_proj(GatedRMSNorm(y, z))       # norm(y * silu(z)) in G groups
 
@@ -52,9 +52,10 @@ from inkling_fp4.model.compiled import cuda_kernel, fast_forms_on
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.conv import conv_silu, fused_conv_silu
 from inkling_fp4.model.grad_slab import split_with_grad_slab
+from inkling_fp4.model.mamba2_decode import fused_decode_applies, mamba_decode, mamba_decode_ref
 from inkling_fp4.model.norm import GatedRMSNorm, at_least_fp32, output_dtype, skip_gated_rms_norm
 from inkling_fp4.model.packing import Packing
-from inkling_fp4.model.ssd import ssd, ssd_step
+from inkling_fp4.model.ssd import ssd
 from inkling_fp4.precision.quant_linear import QuantLinear
 
 
@@ -103,6 +104,7 @@ class Mamba2Mixer(nn.Module):
         self.chunk_size = cfg.chunk_size
         self.ssd_impl = cfg.ssd_impl
         self.conv_impl = cfg.conv_impl
+        self.dt_min_clamp = cfg.dt_min_clamp
         k = cfg.conv_kernel
 
         in_width = 2 * self.d_inner + 2 * self.G * self.N + self.H  # Order: [z, x, B, C, dt]
@@ -145,6 +147,8 @@ class Mamba2Mixer(nn.Module):
         """The conv output's (after SiLU) x [.., E], B, C [.., G N] and raw dt -> x [.., H, P], B, C
         [.., G, N], dt [.., H] FP32."""
         dt = dt_softplus(dt_raw, self.dt_bias, ddt_into=ddt_into)  # [..., H]
+        if self.dt_min_clamp > 0:  # transformers' Nemotron-H clamps at time_step_min (no gradient below)
+            dt = dt.clamp(min=self.dt_min_clamp)
         return (
             x.unflatten(-1, (self.H, self.P)),
             B.unflatten(-1, (self.G, self.N)),
@@ -208,11 +212,13 @@ class Mamba2Mixer(nn.Module):
 
     def allocate_state(self, batch: int, max_len: int, device, dtype) -> MambaState:
         k = self.conv_weight.shape[1]
+        on_cuda = torch.device(device).type == "cuda"  # the fused decode kernel's scratch lives there
         return MambaState(
             conv=torch.zeros(batch, self.conv_dim, k - 1, device=device, dtype=dtype),
             ssm=torch.zeros(
                 batch, self.H, self.P, self.N, device=device, dtype=torch.promote_types(dtype, torch.float32)
             ),
+            done=torch.zeros(batch, self.G, device=device, dtype=torch.int32) if on_cuda else None,
         )
 
     def prefill(self, u: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
@@ -231,16 +237,18 @@ class Mamba2Mixer(nn.Module):
         return out
 
     def step(self, u: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
-        """u: [B, D] one new token per sequence -> [B, D]; advances the conv window and SSM state."""
+        """u: [B, D] one new token per sequence -> [B, D]; advances the conv window and SSM state.
+        Between the two GEMMs runs :mod:`~inkling_fp4.model.mamba2_decode`: one fused Triton kernel
+        on CUDA, its torch twin elsewhere."""
         state: MambaState = cache.layers[self.layer_idx]
-        z, xBC_in, dt_raw = self._split(self.in_proj(u))  # xBC_in: [B, C]
-        window = torch.cat([state.conv, xBC_in[..., None].to(state.conv.dtype)], -1)  # [B, C, k]
-        state.conv.copy_(window[..., 1:])
-        conv = (at_least_fp32(window) * self.conv_weight).sum(-1) + self.conv_bias  # [B, C]
-        xBC = F.silu(conv).to(xBC_in.dtype)
-        x, B, C = xBC.split(self.xbc_widths, -1)
-        x, B, C, dt = self._ssm_inputs(x, B, C, dt_raw)
-        A = -torch.exp(self.A_log)
-        y, new_ssm = ssd_step(state.ssm, x, dt, A, B, C)  # y: [B, H, P]
-        state.ssm.copy_(new_ssm)
-        return self._output(y.to(x.dtype), x, z)
+        zxbcdt = self.in_proj(u)  # [B, 2E + 2GN + H]
+        summed = torch.promote_types(zxbcdt.dtype, self.D.dtype)  # the skip sum's dtype, as in _output
+        args = (
+            zxbcdt, state.conv, state.ssm, self.conv_weight, self.conv_bias, self.dt_bias, self.A_log,
+            self.D, self.norm.weight, self.G, self.norm.eps, output_dtype(summed, u.device),
+        )  # fmt: skip
+        if fused_decode_applies(zxbcdt, state.conv, state.ssm):
+            h = mamba_decode(*args, dt_min_clamp=self.dt_min_clamp, done=state.done)  # [B, E]
+        else:
+            h = mamba_decode_ref(*args, dt_min_clamp=self.dt_min_clamp)
+        return self.out_proj(h)

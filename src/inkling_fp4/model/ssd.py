@@ -10,8 +10,9 @@ chunk the quadratic (attention-like) form ``y = (L o C B^T) (dt x)`` with the de
 ``L[i, j] = exp(sum_{k=j+1..i} dt_k A)`` ("segsum"), and between chunks a short recurrence over chunk
 states. It runs anywhere (pure PyTorch, FP32 or FP64 math), takes any G and any length (padded
 internally with dt = 0, which neither decays nor feeds the state), and is the reference every fast
-path is tested against. ``ssd_recurrent`` is the literal token-by-token recurrence: the test oracle
-and, through :func:`ssd_step`, the decoding step.
+path is tested against. ``ssd_recurrent`` is the literal token-by-token recurrence: the test oracle;
+:func:`ssd_step` is one step of it (the decoding step's math, which decoding runs fused with the
+conv and the gated norm in :mod:`inkling_fp4.model.mamba2_decode`).
 
 Packed documents: ``doc_ids`` marks documents; the state is zeroed where ``doc_ids`` changes. In the
 chunked form this is exact masking of every decay factor that crosses a boundary: inside the segsum,

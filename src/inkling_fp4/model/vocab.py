@@ -47,6 +47,22 @@ def grow_vocab(model: HybridLM, new_vocab_size: int) -> int:
     return rows
 
 
+def fit_tokenizer(model: HybridLM, tokenizer) -> str | None:
+    """Rows for the tokens a tokenizer gained (its chat tokens, added when it lacked them) and for
+    ids past the embedding, at the mean of the trained rows; what was done, for the log, or None."""
+    added = [tokenizer.hf.token_to_id(t) for t in tokenizer.added_specials]
+    grown = max(0, tokenizer.vocab_size - model.embed.num_embeddings)
+    if not added and not grown:
+        return None
+    grow_vocab(model, tokenizer.vocab_size)
+    mean_init_rows(model, added)
+    names = ", ".join(tokenizer.added_specials) or "none"
+    return (
+        f"vocabulary: {len(added)} chat tokens added to the tokenizer ({names}), {grown} new rows; their "
+        "embedding and head rows start at the mean of the others"
+    )
+
+
 @torch.no_grad()
 def mean_init_rows(model: HybridLM, ids: list[int]) -> int:
     """Set the embedding and head rows of ``ids`` to the FP32 mean of the model's other rows, growing

@@ -22,6 +22,9 @@ codes are deterministic, the values are 0, nothing is NaN.
 (and FP16): :meth:`NVFP4Tensor.block_values` is what an emulated GEMM multiplies, with ``S_dec``
 of both operands applied to the FP32 output (never folded into the BF16 operand).
 
+Row mode (:func:`quantize_rows`, activations under ``precision.activation_scale=row``): the
+recipe above applied to each row on its own, so ``amax`` and ``S_dec`` are [..., 1], one per row.
+
 2D mode (weights): one scale per 16×16 tile, from the tile's amax, stored repeated for the tile's
 16 rows. Because a tile's amax is the same for W and Wᵀ, the values of ``quantize(W, block_2d=True)``
 equal the transpose of those of ``quantize(W.t(), block_2d=True)``: fprop and dgrad see one W.
@@ -69,13 +72,13 @@ class NVFP4Tensor:
 
     codes: torch.Tensor  # uint8 [..., N//2]
     scales: torch.Tensor  # float8_e4m3fn [..., N//16]
-    amax: torch.Tensor  # float32 0-dim
+    amax: torch.Tensor  # float32 0-dim; [..., 1] for a row-scaled tensor (:func:`quantize_rows`)
     shape: torch.Size
     block_2d: bool = False
 
     @property
     def decode_scale(self) -> torch.Tensor:
-        """S_dec = 1/S_enc (float32 0-dim): the tensor scale applied to GEMM outputs."""
+        """S_dec = 1/S_enc (float32 0-dim, or [..., 1] per row): the tensor scale applied to GEMM outputs."""
         return tensor_scales(self.amax)[1]
 
     def block_values(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -153,6 +156,37 @@ def quantize_ref(
         amax=amax,
         shape=shape,
         block_2d=block_2d,
+    )
+
+
+def quantize_rows(x: torch.Tensor, name: str | None = None, check: bool = True) -> NVFP4Tensor:
+    """Row-scaled NVFP4 (round to nearest): every row of ``x: [..., N]`` is quantized exactly as
+    :func:`quantize_ref` quantizes that row alone, with its own FP32 scale from its own amax.
+
+    ``amax`` (and so ``decode_scale``) has shape [..., 1]: an emulated GEMM applies it to the rows
+    of its FP32 output, as it applies a tensor scale to the whole output. Every operation after the
+    per-row amax is elementwise, so no row's codes or scales depend on any other row: a token's
+    forward pass does not depend on the batch it is in (``precision.activation_scale=row``).
+    ``check``: raise on NaN/Inf now (a host sync); without it a caller defers the check to the amax.
+    """
+    op = "nvfp4.quantize_rows"
+    checks.check_input(x, op=op, block=BLOCK, name=name)
+    shape, n = x.shape, x.shape[-1]
+    xf = x.float().reshape(math.prod(shape[:-1]), n // BLOCK, BLOCK)  # x: [M, N/16, 16]
+    block_amax = xf.abs().amax(-1)  # [M, N/16]
+    amax = block_amax.amax(-1, keepdim=True) if block_amax.numel() else xf.new_zeros(xf.shape[0], 1)  # [M, 1]
+    if check:
+        checks.check_finite(x, op=op, name=name, amax=amax)
+    s_enc, s_dec = tensor_scales(amax)  # [M, 1] each
+    scales = block_decode_scales(block_amax, s_enc)  # [M, N/16]
+    encode = block_encode_scales(scales, s_dec)  # [M, N/16]
+    v = (xf * encode[..., None]).clamp_(-E2M1_MAX, E2M1_MAX).flatten(1)  # [M, N]
+    lead = shape[:-1]
+    return NVFP4Tensor(
+        codes=pack_nibbles(e2m1_encode(v)).reshape(*lead, n // 2),
+        scales=scales.reshape(*lead, n // BLOCK),
+        amax=amax.reshape(*lead, 1),
+        shape=shape,
     )
 
 

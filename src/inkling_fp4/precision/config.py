@@ -38,6 +38,19 @@ class PrecisionConfig:
     weights scaled from the largest amax of the last ``amax_history`` steps: one read of each, not two)."""
     amax_history: int = 16
     """Steps of amax history behind delayed scaling."""
+    activation_scale: str = "tensor"
+    """nvfp4: the FP32 second-level scale of fprop's activation operand x. 'tensor' (the paper's
+    recipe): one scale from the amax of the whole [tokens, K] tensor, so a token's codes depend on
+    every other token of its batch (in sampling, on which sequences share the decode batch: a
+    source of sampler/trainer mismatch). 'row': one scale per token row from that row's amax,
+    applied to the GEMM output's rows exactly as the tensor scale is applied to the whole output
+    (never folded into the BF16 operand), so a token's forward pass is the same in any batch.
+    Trade-off: a row scale fits each token's range (never coarser than the tensor scale, whose
+    amax is at least the row's) at the cost of one FP32 scale per row and a per-row multiply in
+    the GEMM epilogue (Blackwell applies it there; the emulation here is exact either way). Only
+    fprop's x: W's scale does not depend on the batch; dy (dgrad) and the wgrad operands exist
+    only in training and the wgrad operands are blocked along the tokens, where a row scale would
+    not follow a token. Applies to training and sampling alike."""
 
     def __post_init__(self):
         if self.recipe not in RECIPES:
@@ -58,6 +71,13 @@ class PrecisionConfig:
             raise ValueError(
                 f"precision.fp8_scaling=delayed needs precision.recipe=fp8-tensorwise (one scale per "
                 f"tensor); {self.recipe} scales per block from each block's own amax"
+            )
+        if self.activation_scale not in ("tensor", "row"):
+            raise ValueError("precision.activation_scale must be 'tensor' or 'row'")
+        if self.activation_scale == "row" and self.recipe != "nvfp4":
+            raise ValueError(
+                f"precision.activation_scale=row is for precision.recipe=nvfp4 (whose FP32 activation "
+                f"scale it makes per row), not {self.recipe}; use activation_scale=tensor"
             )
         if self.amax_history < 1:
             raise ValueError("precision.amax_history must be >= 1")

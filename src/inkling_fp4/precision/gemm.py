@@ -9,7 +9,9 @@ without a second quantization (its tiles are the same either way).
 Emulated NVFP4 / MXFP4 (why it is exact): an E2M1 element times its E4M3 (or E8M0) block scale has
 at most 6 significant bits and fits BF16 exactly, so ``block_values()`` (code · block scale, no
 tensor scale) is an exact BF16 tensor. Two such tensors are multiplied with FP32 accumulation and
-the two FP32 per-tensor decode scales multiply the FP32 output, as the Blackwell epilogue does;
+the two FP32 per-tensor decode scales multiply the FP32 output, as the Blackwell epilogue does
+(a row-scaled activation, ``precision.activation_scale=row``, brings one decode scale per row:
+its [M, 1] column multiplies the output's rows);
 only the accumulation order differs from the hardware. The tensor scale is never folded into the
 BF16 operand (that would round it). On CUDA a BF16 GEMM accumulates in FP32 and ``torch.mm(...,
 out_dtype=torch.float32)`` keeps the FP32 result; where a torch build lacks that overload we run
@@ -138,11 +140,25 @@ def quantize(
     """
     from inkling_fp4.numerics import fp8, mxfp4, nvfp4
 
+    if scale_with is not None and scale_with.dim():  # a row-scaled partner: no one output scale to fold
+        scale_with = None
     mr, mc = spec.multiple
     along = max(mc, 16 if spec.rht else 1)
     t = pad_to(t, along, mr) if transpose else pad_to(t, mr, along)
     sign_t = _signs_on(signs, t.device)  # for the fused kernels, on the operand's device
     sign_cpu = _signs_on(signs, torch.device("cpu"))  # nvfp4.rht reads the signs on the host
+    if spec.format == "nvfp4" and spec.row_scaled:  # fprop's x, one FP32 scale per row
+        assert not transpose and amax is None, "a row-scaled operand is quantized along its rows alone"
+        fused = _fused_for(t)
+        if fused is None:
+            return Operand(nvfp4.quantize_rows(t, name=name or None), spec)
+        eager = finite_guard.eager()  # else no host sync: the NaN/Inf check is deferred
+        dtype = torch.bfloat16 if values else None
+        bv = fused.fake_quantize_row_scaled(t, keep_codes=codes, dtype=dtype, name=name or None,
+                                            check_finite=eager)  # fmt: skip
+        if not eager:
+            finite_guard.record(bv.amax.amax(), f"NVFP4 operand '{name or 'unnamed'}'")
+        return Operand(bv.quantized, spec, values=bv.values, decode_scale=bv.decode_scale)
     if spec.format == "nvfp4":
         fused = _fused_for(t)
         assert amax is None or fused is not None, "a shared amax needs the fused NVFP4 kernels"
@@ -214,7 +230,7 @@ def shared_nvfp4_amaxes(
     pair = (
         row_spec is not None and token_spec is not None
         and row_spec.format == "nvfp4" and token_spec.format == "nvfp4"
-        and row_spec.block != (16, 16) and not row_spec.rht and token_spec.rht
+        and row_spec.block != (16, 16) and not row_spec.rht and token_spec.rht and not row_spec.row_scaled
     )  # fmt: skip
     fused = _fused_for(t) if pair else None
     if fused is None:
@@ -356,9 +372,11 @@ def emulated_matmul(
     if sa is None:
         return acc.to(out_dtype)
     scale = _output_scale(a, sa, b, sb)  # sa · sb, applied once in FP32
+    if scale.dim():  # a row-scaled a: [Ra, 1], one scale per output row
+        scale = scale[: acc.shape[0]]
     if out_dtype == torch.float32:
         return acc.mul_(scale)
-    if out_dtype == torch.bfloat16 and _fused_for(acc) is not None:
+    if out_dtype == torch.bfloat16 and _fused_for(acc) is not None and not scale.dim():
         from inkling_fp4.numerics.kernels.scale_output import scale_to_bf16
 
         return scale_to_bf16(acc, scale)  # bitwise the torch.mul below, in one vectorized pass

@@ -97,6 +97,9 @@ class PrecisionPolicy:
         """Delayed FP8 scaling's amaxes (``precision.fp8_scaling=delayed``), made at :meth:`apply`."""
         self._models: list[weakref.ref] = []
         self._device = torch.device("cpu")
+        self.version = 0
+        """The policy version: which weights the layers' frozen fprop operands were quantized from
+        (:meth:`freeze_weights`). :meth:`weights_updated` bumps it after each optimizer step or a load."""
 
     # -- which layer gets what ---------------------------------------------------------------
 
@@ -173,6 +176,23 @@ class PrecisionPolicy:
         :class:`AmaxHistory`); ``reduce_max`` max-reduces a tensor in place across ranks."""
         if self.amax_history is not None:
             self.amax_history.end_step(skipped, reduce_max)
+
+    def weights_updated(self) -> int:
+        """Count a new policy version (the weights changed: an optimizer step, a checkpoint load);
+        the next :meth:`freeze_weights` quantizes every layer's weight again. Returns the version."""
+        self.version += 1
+        return self.version
+
+    def freeze_weights(self, model: nn.Module) -> int:
+        """Hold every quantized layer's fprop weight operand, quantized once for this version, for the
+        forwards that run without autograd (the sampler's prefill and decode steps); returns how
+        many layers quantized now (0 when all hold this version already). Training is unaffected."""
+        return sum(m.freeze_weights(self.version) for m in _quant_linears(model))
+
+    def thaw_weights(self, model: nn.Module) -> None:
+        """Drop the held weight operands (:meth:`freeze_weights`)."""
+        for m in _quant_linears(model):
+            m.thaw_weights()
 
     @property
     def switched(self) -> bool:

@@ -16,6 +16,10 @@ the *quantized* operands the backward GEMMs consume (packed codes + scales): the
 operand and the wgrad activation operand ``Q(RHT(xᵀ))`` are produced in the forward pass, so an
 NVFP4 layer keeps ~0.56 bytes per element of x and W alive instead of BF16's 2, emulated or not.
 
+Forwards without autograd (sampling) may use W's fprop operand held quantized once per policy
+version (:meth:`QuantLinear.freeze_weights`, driven by ``PrecisionPolicy.freeze_weights``) instead of
+quantizing W in every call: the same values, bit for bit; training forwards always quantize W.
+
 Dims that are not multiples of a recipe's block (16, 32, 128) are zero-padded inside the GEMMs and
 the outputs sliced back; zeros change neither block scales nor products, so results are exactly
 those of a quantizer that accepted partial blocks.
@@ -48,6 +52,19 @@ class DelayedWords(NamedTuple):
     w_record: torch.Tensor
 
 
+class FrozenWeight(NamedTuple):
+    """W's fprop operand quantized once (:meth:`QuantLinear.freeze_weights`), with what it was made from."""
+
+    operand: gemm.Operand
+    version: int
+    """The policy version it was quantized for (:attr:`PrecisionPolicy.version`)."""
+    weight_version: int
+    """W's in-place version counter (``Tensor._version``) when quantized: an optimizer step or a
+    checkpoint load changes W in place and bumps it, so a stale operand is never used."""
+    recipe: Recipe
+    device: torch.device
+
+
 class QuantLinear(nn.Module):
     """``y = x @ W.T`` with W: [out_features, in_features] (FP32 master), no bias (Nemotron-H has none)."""
 
@@ -67,6 +84,8 @@ class QuantLinear(nn.Module):
         """The delayed-scaling :class:`~inkling_fp4.precision.amax_history.AmaxHistory` this layer
         records into (row ``amax_index``), set by the policy when the recipe scales x, dy and W that way."""
         self.amax_index = 0
+        self.frozen: FrozenWeight | None = None
+        """W's fprop operand held quantized for forwards without autograd (:meth:`freeze_weights`)."""
         nn.init.normal_(self.weight, std=1.0 / math.sqrt(in_features))
 
     def forward(self, x: torch.Tensor, pair_x: tuple | None = None, dy_fp8=None) -> torch.Tensor:
@@ -92,8 +111,52 @@ class QuantLinear(nn.Module):
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             y = _QuantLinearFn.apply(x2d, self.weight, self.gemms(x2d.shape[0], x2d.device), pair_x, dy_fp8)
         else:
-            y = quantized_forward(x2d, self.weight, recipe, name=self.full_name, out_dtype=torch.bfloat16)
+            wq = self.frozen_weight()  # W quantized once per policy version, or None
+            y = quantized_forward(
+                x2d, self.weight, recipe, name=self.full_name, out_dtype=torch.bfloat16, wq=wq
+            )
         return y.reshape(*lead, self.out_features)
+
+    def freeze_weights(self, version: int) -> bool:
+        """Quantize W's fprop operand once for policy ``version`` and hold it for the forwards that
+        run without autograd (sampling), instead of quantizing W in every call; True if it quantized
+        now, False if it holds that version already (or the recipe has no quantized fprop).
+
+        The operand is the one the no-grad fprop makes (the same quantizer on the same W, the BF16
+        block values and FP32 tensor scale kept), so outputs are bit for bit those without it; for
+        NVFP4 the 16×16 tiles are those the training fprop and dgrad use. (Delayed FP8 scaling is
+        the exception there as everywhere without autograd: W is scaled from its own amax.) It is
+        used only while the recipe, device and W itself are unchanged (:meth:`frozen_weight`);
+        training forwards never use it."""
+        recipe = self.recipe
+        if recipe is None or recipe.fprop is None or recipe.backend == "te":
+            self.frozen = None
+            return False
+        held = self.frozen
+        if held is not None and held.version == version and self.frozen_weight() is not None:
+            return False
+        weight = self.weight
+        with torch.no_grad(), torch.autocast(device_type=weight.device.type, enabled=False):
+            wq = gemm.quantize(weight, recipe.fprop.b, codes=False, values=True, name=f"{self.full_name} W")
+            if wq.values is None and wq.q is not None and wq.spec.format in ("nvfp4", "mxfp4"):
+                # the exact BF16 block values an emulated GEMM multiplies, decoded once here
+                decode = wq.q.decode_scale if wq.spec.format == "nvfp4" else None
+                wq = dataclasses.replace(wq, values=wq.q.block_values(torch.bfloat16), decode_scale=decode)
+        self.frozen = FrozenWeight(wq, version, weight._version, recipe, weight.device)
+        return True
+
+    def thaw_weights(self) -> None:
+        """Drop the held weight operand (forwards quantize W again, as training does)."""
+        self.frozen = None
+
+    def frozen_weight(self) -> gemm.Operand | None:
+        """The held fprop weight operand while it still describes W under this layer's recipe, else None."""
+        held = self.frozen
+        if held is None:
+            return None
+        same_recipe = held.recipe is self.recipe or held.recipe == self.recipe
+        fresh = held.weight_version == self.weight._version and held.device == self.weight.device
+        return held.operand if same_recipe and fresh else None
 
     def delayed_fp8_pairs(self) -> bool:
         """Whether x and dy are each quantized as one delayed-scaled tensorwise FP8 pair (for two
@@ -214,11 +277,13 @@ def _transposed_operand(
 
 
 def quantized_forward(
-    x2d: torch.Tensor, weight: torch.Tensor, recipe: Recipe, *, name: str = "", out_dtype=torch.float32
-) -> torch.Tensor:
-    """fprop only (no autograd): y [M, N], FP32 unless ``out_dtype`` says otherwise."""
+    x2d: torch.Tensor, weight: torch.Tensor, recipe: Recipe, *, name: str = "", out_dtype=torch.float32,
+    wq: gemm.Operand | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """fprop only (no autograd): y [M, N], FP32 unless ``out_dtype`` says otherwise. ``wq``: W's
+    fprop operand already quantized (:meth:`QuantLinear.freeze_weights`)."""
     with torch.autocast(device_type=x2d.device.type, enabled=False):
-        y, _, _ = _fprop(x2d, weight, recipe, name, out_dtype)
+        y, _, _ = _fprop(x2d, weight, recipe, name, out_dtype, wq=wq)
     return y
 
 

@@ -59,10 +59,16 @@ class OperandQuant:
     """16-point random Hadamard transform along the contraction dim before quantizing (wgrad)."""
     delayed: bool = False
     """Tensorwise FP8 only: the scale from earlier steps' amaxes (``precision/amax_history.py``)."""
+    row_scaled: bool = False
+    """NVFP4 1×16 only: one FP32 scale per row (the row's amax) instead of one per tensor, applied
+    to the GEMM output's rows (``precision.activation_scale=row``; ``nvfp4.quantize_rows``)."""
 
     def __post_init__(self):
         assert self.format in ("nvfp4", "mxfp4", "e4m3", "e5m2"), self.format
         assert not self.delayed or (self.block == TENSORWISE and self.format in ("e4m3", "e5m2")), self
+        assert not self.row_scaled or (
+            self.format == "nvfp4" and self.block == (1, 16) and not self.rht and not self.stochastic
+        ), self
 
     @property
     def multiple(self) -> tuple[int, int]:
@@ -79,6 +85,7 @@ class OperandQuant:
         blk = "tensor" if self.block == TENSORWISE else f"{self.block[0]}x{self.block[1]}"
         extra = (" SR" if self.stochastic else "") + (" RHT" if self.rht else "")
         extra += " delayed" if self.delayed else ""
+        extra += " row-scaled" if self.row_scaled else ""
         return f"{self.format} {blk}{extra}"
 
 
@@ -124,11 +131,13 @@ class Recipe:
 
 
 def nvfp4_recipe(
-    *, rht: bool = True, stochastic_rounding: bool = True, weight_2d: bool = True, rht_signs=None
-) -> Recipe:
-    """The paper's NVFP4 recipe, with its three techniques switchable for ablations."""
+    *, rht: bool = True, stochastic_rounding: bool = True, weight_2d: bool = True, rht_signs=None,
+    activation_scale: str = "tensor",
+) -> Recipe:  # fmt: skip
+    """The paper's NVFP4 recipe, with its three techniques switchable for ablations; with
+    ``activation_scale="row"`` fprop's x has one FP32 scale per token row (``PrecisionConfig``)."""
     w = OperandQuant("nvfp4", (16, 16) if weight_2d else (1, 16))
-    x = OperandQuant("nvfp4", (1, 16))
+    x = OperandQuant("nvfp4", (1, 16), row_scaled=activation_scale == "row")
     dy = OperandQuant("nvfp4", (1, 16), stochastic=stochastic_rounding)
     dy_t = OperandQuant("nvfp4", (1, 16), stochastic=stochastic_rounding, rht=rht)
     x_t = OperandQuant("nvfp4", (1, 16), rht=rht)
@@ -188,6 +197,7 @@ def build_recipe(cfg) -> Recipe | None:
             stochastic_rounding=cfg.stochastic_rounding,
             weight_2d=cfg.weight_2d,
             rht_signs=rht_sign_vector(cfg.rht_signs, cfg.rht_seed),
+            activation_scale=cfg.activation_scale,
         )
     if cfg.recipe == "mxfp4":
         return mxfp4_recipe(

@@ -27,6 +27,10 @@ def te_recipe(recipe: Recipe):
     from transformer_engine.common import recipe as te_recipes
 
     if recipe.name == "nvfp4":
+        if recipe.fprop is not None and recipe.fprop.a.row_scaled:
+            raise UserError(
+                "precision.activation_scale=row runs on the emulated backend; use precision.backend=emulated"
+            )
         if recipe.rht_signs is not None and recipe.rht_signs != rht_sign_vector("fixed", 0):
             raise UserError(
                 "precision.rht_signs=random cannot run on backend te (Transformer Engine uses the fixed "

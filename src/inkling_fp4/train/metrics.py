@@ -47,11 +47,18 @@ def step_line(step: int, total: int, r: dict) -> str:
         return _num(r, key, spec, bad)
 
     width = len(str(total))
-    return (
+    line = (
         f"step {step:>{width}}/{total} | loss {n('loss', '.4f')} | lr {n('lr', '.2e')} | "
         f"gnorm {n('grad_norm', '.3f')} | tok/s {n('tokens_per_s', ',.0f')} | mfu {n('mfu', '.1%')} | "
         f"eta {format_duration(_float(r.get('eta_s')))} | {r['precision']}"
     )
+    if "reward_mean" in r:  # an RL step's rollouts
+        line += (
+            f" | reward {n('reward_mean', '.3f')} acc {n('accuracy', '.2f')} "
+            f"len {n('completion_len_mean', '.0f')}"
+            f" | mismatch k3 {n('mismatch_k3', '.2e')} | gen tok/s {n('gen_tokens_per_s', ',.0f')}"
+        )
+    return line
 
 
 def _num(r: dict, key: str, spec: str, nonfinite=()) -> str:

@@ -29,7 +29,10 @@ from inkling_fp4.data.batch import Batch
 from inkling_fp4.data.pipeline import PretrainData, build_pretrain_data
 from inkling_fp4.data.tokenizer import check_vocab
 from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.model.vocab import fit_tokenizer
 from inkling_fp4.train import distributed as D
+from inkling_fp4.train.checkpoint import load_model_tensors
+from inkling_fp4.train.load_run import load_run_checkpoint
 from inkling_fp4.train.stages import RunResult, finish, stage_frame
 from inkling_fp4.train.trainer import Trainer, batch_geometry
 
@@ -50,6 +53,9 @@ class PretrainTask:
 
     def evaluate(self, trainer: Trainer) -> dict:
         return trainer.validation_loss(self.val_batches)
+
+    def step_metrics(self) -> dict:
+        return {}
 
     def state_dict(self) -> dict:
         return self.data.train.state_dict()
@@ -73,14 +79,27 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                     world_size=dist.world_size, total_tokens=cfg.train.steps * tokens_per_step,
                 )  # fmt: skip
             D.barrier(dist)
+        describe, base_tensors = [f"data: {data.describe()}"], None
+        if start.fresh and cfg.init_from is not None:  # continued pretraining: another run's weights
+            _, base_model, _, ckpt = load_run_checkpoint(cfg.init_from)
+            describe.insert(0, f"init: weights and model from {ckpt.path} (step {ckpt.step}); optimizer: "
+                               "fresh AdamW; schedule: this recipe's WSD")  # fmt: skip
+            grown = fit_tokenizer(base_model, data.tokenizer)
+            if grown:
+                describe.append(grown)
+                cfg.model.vocab_size = base_model.cfg.vocab_size
+            base_tensors = {k: v.detach().clone() for k, v in base_model.state_dict().items()}
+            del base_model
         check_vocab(data.tokenizer, cfg.model.vocab_size)
         # each rank evaluates its share of eval.batches x micro x ranks windows: with the default micro
         # batch (batch_size / ranks) the validation set is the same whatever the number of processes
         task = PretrainTask(data, data.val_batches(cfg.eval.batches, micro, rank_shard=True))
         with torch.device(dist.device), initial_weights_rng(cfg.train.init_seed, dist.device):
             model = HybridLM(cfg.model)
+        if base_tensors is not None:
+            load_model_tensors(model, base_tensors, dist.device)
         trainer = Trainer(cfg, run_dir, dist, model, baseline)
-        return finish(trainer, task, start, data.tokenizer, [f"data: {data.describe()}"])
+        return finish(trainer, task, start, data.tokenizer, describe)
 
 
 def seed_everything(seed: int) -> None:

@@ -31,11 +31,11 @@ from inkling_fp4.data.tokenizer import Tokenizer, check_vocab
 from inkling_fp4.errors import ConfigError, UserError
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
-from inkling_fp4.model.vocab import grow_vocab, mean_init_rows
+from inkling_fp4.model.vocab import fit_tokenizer
 from inkling_fp4.train.checkpoint import load_model_tensors
-from inkling_fp4.train.load_run import find_checkpoint, load_run_checkpoint
+from inkling_fp4.train.load_run import find_checkpoint, load_run_checkpoint, run_config
 from inkling_fp4.train.pretrain import seed_everything
-from inkling_fp4.train.run_dir import TOKENIZER_FILE, recorded_config
+from inkling_fp4.train.run_dir import TOKENIZER_FILE
 from inkling_fp4.train.stages import RunResult, finish, stage_frame
 from inkling_fp4.train.trainer import Trainer, batch_geometry
 
@@ -59,6 +59,9 @@ class SFTTask:
     def evaluate(self, trainer: Trainer) -> dict | None:
         return trainer.validation_loss(self.val_batches) if self.val_batches else None  # val_fraction 0
 
+    def step_metrics(self) -> dict:
+        return {}
+
     def state_dict(self) -> dict:
         return self.data.train.state_dict()
 
@@ -70,16 +73,22 @@ class SFTTask:
 # the config of a fine-tuning run
 
 
-def sft_config(recipe: str | Path | None, overrides: list[str], base: str | Path) -> RunConfig:
-    """The SFT recipe with its overrides, on the model of ``base`` (a run or checkpoint directory).
+def sft_config(
+    recipe: str | Path | None, overrides: list[str], base: str | Path, stage: str = "sft",
+    default_recipe: str = DEFAULT_RECIPE,
+) -> RunConfig:  # fmt: skip
+    """The recipe of a stage that starts from another run (sft, rollout) with its overrides, on the
+    model of ``base`` (a run or checkpoint directory).
 
     The model section and the tokenizer come from the base run; a recipe or override that sets one
     of their fields to another value is refused, naming the field and both values."""
     base_dir, ckpt = find_checkpoint(base)
-    base_cfg = recorded_config(base_dir)
+    base_cfg = run_config(base_dir)  # a Nemotron-H directory: its imported config
     if base_cfg is None:
         raise UserError(f"--from {base}: {base_dir} has no config.yaml; pass a complete run directory")
-    data = load_yaml(resolve_recipe_path(recipe or DEFAULT_RECIPE))
+    data = load_yaml(resolve_recipe_path(recipe or default_recipe))
+    if stage == "pretrain":  # a pretraining recipe describes its own model: the base's replaces it
+        data.pop("model", None)
     data = apply_overrides(data, list(overrides))
     given_model = data.pop("model", None) or {}
     base_model = to_dict(base_cfg.model)
@@ -90,11 +99,11 @@ def sft_config(recipe: str | Path | None, overrides: list[str], base: str | Path
         if getattr(probe, key) != getattr(base_cfg.model, key):
             raise ConfigError(
                 f"model.{key}={getattr(probe, key)!r} disagrees with the checkpoint {ckpt.path} "
-                f"(model.{key}={getattr(base_cfg.model, key)!r}); leave the model section out of the SFT "
+                f"(model.{key}={getattr(base_cfg.model, key)!r}); leave the model section out of the {stage} "
                 "recipe: the model is the base run's"
             )
     data["model"] = base_model
-    data["stage"] = "sft"
+    data["stage"] = stage
     data["init_from"] = str(ckpt.path)
     section = data.setdefault("data", {})
     if not isinstance(section, dict):
@@ -106,7 +115,7 @@ def sft_config(recipe: str | Path | None, overrides: list[str], base: str | Path
             raise ConfigError(
                 f"data.tokenizer={section['tokenizer']} is another tokenizer ({given.vocab_size} tokens, "
                 f"hash {given.content_hash[:12]}) than the checkpoint's ({own.vocab_size} tokens, hash "
-                f"{own.content_hash[:12]}); leave data.tokenizer out: SFT uses the base run's"
+                f"{own.content_hash[:12]}); leave data.tokenizer out: {stage} uses the base run's"
             )
         section["tokenizer"] = None
     section["vocab_size"] = base_cfg.data.vocab_size
@@ -133,15 +142,9 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                 f"{base_cfg.stage} run {ckpt.path.parent.parent.name}); optimizer: fresh AdamW; schedule: "
                 f"this recipe's WSD over {cfg.train.steps} steps"
             )
-            added = [tokenizer.hf.token_to_id(t) for t in tokenizer.added_specials]
-            grown = grow_vocab(base_model, tokenizer.vocab_size)
-            if added or grown:
-                mean_init_rows(base_model, added)
-                describe.append(
-                    f"vocabulary: {len(added)} chat tokens added to the tokenizer "
-                    f"({', '.join(tokenizer.added_specials) or 'none'}), {grown} new rows; their embedding "
-                    "and head rows start at the mean of the others"
-                )
+            grown = fit_tokenizer(base_model, tokenizer)
+            if grown:
+                describe.append(grown)
                 cfg.model.vocab_size = base_model.cfg.vocab_size
             base_tensors = {k: v.detach().clone() for k, v in base_model.state_dict().items()}
             del base_model

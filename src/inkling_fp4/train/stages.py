@@ -74,4 +74,8 @@ def run_stage(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Pat
         from inkling_fp4.train import sft
 
         return sft.run(cfg, run_dir, resume=resume, baseline=baseline)
+    if cfg.stage == "rollout":
+        from inkling_fp4.train import rollout
+
+        return rollout.run(cfg, run_dir, resume=resume, baseline=baseline)
     raise AssertionError(f"unknown stage {cfg.stage}")  # RunConfig validates the stage

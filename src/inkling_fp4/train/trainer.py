@@ -18,8 +18,9 @@ the task's own resumable state); everything else is here, once:
                                          end the step in flight, checkpoint, and report the signal
 
 A task is anything with ``next_batches(micro, accum)``, ``real_tokens(batches)``,
-``evaluate(trainer)``, ``state_dict()`` / ``load_state_dict()`` and ``loss_fn`` (None: the model's
-own masked cross-entropy, which CUDA graphs can capture). The trainer never asks which stage it runs.
+``evaluate(trainer)``, ``step_metrics()`` (its own figures for a logged step), ``state_dict()`` /
+``load_state_dict()`` and ``loss_fn`` (None: the model's own masked cross-entropy, which CUDA graphs
+can capture). The trainer never asks which stage it runs.
 
 The loss of a step is the mean over every trained target token of the global batch, so the
 gradient does not depend on how the batch is split into micro batches and ranks. Throughput counts
@@ -85,6 +86,8 @@ class Task(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    def step_metrics(self) -> dict: ...
 
 
 @dataclass
@@ -229,7 +232,8 @@ class Trainer:
         self.tokens["trained"] += trained
         self.tokens["real"] += real
         batches = [b.to(self.device, non_blocking=True) for b in batches]
-        n_tokens = torch.tensor(float(trained), device=self.device)
+        # a step with nothing to train (RL: every completion masked) has a zero loss: no 0 / 0
+        n_tokens = torch.tensor(float(max(trained, 1)), device=self.device)
         loss_sum, fault = torch.zeros((), device=self.device), None
         grad_scale = dist.world_size / n_tokens  # DDP averages over ranks
         use_graph = self.use_graph and loss_fn is None
@@ -424,6 +428,7 @@ def fit(trainer: Trainer, task: Task) -> FitResult:
                     "eta_s": (cfg.train.steps - step) * session_time / session_steps,
                     "skipped": result.verdict.skip, "trained_tokens": trainer.tokens["trained"],
                 }  # fmt: skip
+                record.update(task.step_metrics())  # the stage's own figures (rewards, mismatch, ...)
                 if trainer.live_gap is not None:
                     record["baseline_loss"] = trainer.live_gap.at(step)
                     record["gap"] = trainer.live_gap.gap(step, result.loss)
@@ -465,13 +470,13 @@ def fit(trainer: Trainer, task: Task) -> FitResult:
 
 
 def _eval_line(step: int, values: dict) -> str:
-    parts = [f"eval step {step}:"]
+    parts = []
     if "val_loss_bf16" in values:
         parts.append(f"val loss bf16 {values['val_loss_bf16']:.4f}")
         if values.get("val_precision", "bf16") != "bf16":
-            parts.append(f"| {values['val_precision']} {values['val_loss']:.4f}")
-    parts += [f"| {k} {v:.4f}" for k, v in values.items() if k.startswith("eval_") and isinstance(v, float)]
-    return " ".join(parts)
+            parts[-1] += f" | {values['val_precision']} {values['val_loss']:.4f}"
+    parts += [f"{k} {v:.4f}" for k, v in values.items() if k.startswith("eval_") and isinstance(v, float)]
+    return f"eval step {step}: " + " | ".join(parts)
 
 
 def _global_counts(counts: list[int], dist: D.DistInfo) -> list[int]:

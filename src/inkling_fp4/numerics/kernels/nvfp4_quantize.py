@@ -16,6 +16,10 @@ that the GEMM applies to its output, so no eager op recomputes it. Stochastic ro
 random bytes per block from one Philox call keyed by (seed, block index); the seed is a kernel
 argument drawn from the caller's torch generator.
 
+Row-scaled mode (``ROW_SCALED``, ``precision.activation_scale=row``): ``amax`` holds one amax per
+row [M] (from a first pass over the rows) and each row gets its own tensor scale, as
+``nvfp4.quantize_rows`` computes it; its decode scales [M] are then computed by the caller.
+
 2-D mode (``TILE_2D``): one scale per 16x16 tile, the max over the tile's 16 rows of the 1x16 block
 maxima, stored once per row so the scale tensor keeps the 1x16 layout. BLOCK_M is a multiple of 16
 then, and tile rows past M count as zeros (as in the reference).
@@ -41,7 +45,7 @@ def _quantize_rows_kernel(
     x_ptr, amax_ptr, seed, seed_ptr, codes_ptr, scales_ptr, values_ptr, decode_ptr, partner_ptr, M, N,
     stride_xm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE_2D: tl.constexpr, STOCHASTIC: tl.constexpr,
     SEED_PTR: tl.constexpr, WRITE_CODES: tl.constexpr, WRITE_VALUES: tl.constexpr, WRITE_DECODE: tl.constexpr,
-    PARTNER: tl.constexpr,
+    PARTNER: tl.constexpr, ROW_SCALED: tl.constexpr = False,
 ):  # fmt: skip
     if SEED_PTR:  # replayed by a CUDA graph: the seed from the device word (see seeds.py)
         seed = replay_seed(seed_ptr, seed)
@@ -60,7 +64,10 @@ def _quantize_rows_kernel(
     if TILE_2D:
         tile_amax = tl.max(tl.reshape(block_amax, [BLOCK_M // 16, 16, G]), axis=1)  # [BLOCK_M/16, G]
         block_amax = tl.reshape(tl.broadcast_to(tile_amax[:, None, :], [BLOCK_M // 16, 16, G]), [BLOCK_M, G])
-    s_enc, decode_scale = tensor_scales(tl.load(amax_ptr))
+    if ROW_SCALED:  # one tensor scale per row: s_enc, decode_scale [BLOCK_M, 1]
+        s_enc, decode_scale = tensor_scales(tl.load(amax_ptr + rows, mask=rows < M, other=0.0)[:, None])
+    else:
+        s_enc, decode_scale = tensor_scales(tl.load(amax_ptr))
     if WRITE_DECODE:  # the tensor decode scale 1/S_enc for the GEMM output, written once
         store_decode_scale(decode_ptr, decode_scale, partner_ptr, PARTNER)
     block_index = rows[:, None] * (N // 16) + blocks[None, :]
@@ -94,8 +101,10 @@ def quantize_rows(
     block_m: int | None = None,
     block_n: int = 256,
     num_warps: int | None = None,
+    row_scaled: bool = False,
 ) -> None:
-    """Launch the row quantizer on x [M, N] (unit last-dim stride, N % 16 == 0) given its amax.
+    """Launch the row quantizer on x [M, N] (unit last-dim stride, N % 16 == 0) given its amax
+    (FP32 [1]; with ``row_scaled`` one per row, [M], and no ``decode``, 2-D mode or ``seed``).
 
     Writes into whichever of ``codes`` (uint8 [M, N/2]) with ``scales`` (uint8 view of E4M3
     [M, N/16]), ``values`` ([M, N], BF16 or FP32) and ``decode`` (FP32 [1]: the tensor decode scale
@@ -109,6 +118,8 @@ def quantize_rows(
         block_m = 16 if block_2d else 8
     if num_warps is None:
         num_warps = 4 if block_m >= 16 else 2
+    if row_scaled and (block_2d or decode is not None or seed is not None):
+        raise ValueError("quantize_rows: row_scaled takes no block_2d, decode or seed")
     if block_2d and block_m % 16:
         raise ValueError(f"quantize_rows: block_m={block_m} must be a multiple of 16 in 2-D mode")
     m, n = x.shape
@@ -128,5 +139,5 @@ def quantize_rows(
         m, n, x.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, TILE_2D=block_2d, STOCHASTIC=seed is not None, SEED_PTR=from_ptr,
         WRITE_CODES=codes is not None, WRITE_VALUES=values is not None, WRITE_DECODE=decode is not None,
-        PARTNER=partner is not None, num_warps=num_warps,
+        PARTNER=partner is not None, ROW_SCALED=row_scaled, num_warps=num_warps,
     )  # fmt: skip

@@ -235,6 +235,41 @@ def fake_quantize(
     return NVFP4BlockValues(values, decode, amax, quantized, product)
 
 
+def fake_quantize_row_scaled(
+    x: torch.Tensor,
+    keep_codes: bool = False,
+    dtype: torch.dtype | None = torch.bfloat16,
+    name: str | None = None,
+    check_finite: bool = True,
+) -> NVFP4BlockValues:
+    """Block values of ``nvfp4.quantize_rows(x)`` (one FP32 scale per row) in one pass plus the row
+    amaxes: ``decode_scale`` and ``amax`` are [..., 1]; ``keep_codes`` also returns the packed tensor."""
+    op = "nvfp4.fake_quantize_row_scaled"
+    checks.check_input(x, op=op, block=BLOCK, name=name)
+    x2 = _rows_view(x)
+    m, n = x2.shape
+    amax = x2.abs().amax(-1).float() if m * n else x2.new_zeros(m, dtype=torch.float32)  # [M], exact
+    codes = torch.empty((m, n // 2), dtype=torch.uint8, device=x.device) if keep_codes else None
+    scales = torch.empty((m, n // BLOCK), dtype=torch.float8_e4m3fn, device=x.device) if keep_codes else None
+    values = torch.empty((m, n), dtype=dtype, device=x.device) if dtype else None
+    if m * n:
+        quantize_rows(
+            x2, amax, block_2d=False, seed=None, codes=codes,
+            scales=scales.view(torch.uint8) if keep_codes else None, values=values, row_scaled=True,
+        )  # fmt: skip
+    if check_finite:
+        checks.check_finite(x, op=op, name=name, amax=amax)
+    lead = x.shape[:-1]
+    amax = amax.reshape(*lead, 1)
+    decode = nvfp4.tensor_scales(amax)[1]  # the reference's 1/S_enc per row, bit for bit
+    quantized = None
+    if keep_codes:
+        codes, scales = codes.reshape(*lead, n // 2), scales.reshape(*lead, n // BLOCK)
+        quantized = nvfp4.NVFP4Tensor(codes=codes, scales=scales, amax=amax, shape=x.shape)
+    values = None if values is None else values.reshape(x.shape)
+    return NVFP4BlockValues(values, decode, amax, quantized)
+
+
 def fake_quantize_rht_t(
     x: torch.Tensor,
     signs: torch.Tensor | None = None,

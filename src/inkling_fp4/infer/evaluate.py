@@ -1,0 +1,141 @@
+"""``fp4train eval``: a run's accuracy on a task's held-out problems, pass@1 greedy and pass@k.
+
+Tasks: ``arithmetic`` and ``countdown`` (``rl/tasks``: their ``eval`` split, which no training
+draw can reach, and their own rewards), or a jsonl FILE of ``{prompt, answer}`` or ``{question,
+answer}`` records checked with ``rl.rewards.numeric``.
+
+- pass@1 (greedy): one completion per problem at temperature 0.
+- with ``--samples K`` > 1, K completions per problem at ``sampler.temperature`` (> 0): pass@1
+  (sampled) is the mean fraction correct, pass@K the fraction of problems with at least one right
+  (the unbiased estimator 1 - C(n-c, k)/C(n, k) of Chen et al. 2021 at n = k).
+
+The numbers are printed as a table and appended to the run's ``metrics.jsonl`` as an ``eval``
+event row (step = the checkpoint's step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from inkling_fp4.errors import DataError, UserError
+from inkling_fp4.infer.from_run import load_run_sampler
+from inkling_fp4.train.metrics import METRICS_FILE
+from inkling_fp4.train.run_dir import CONFIG_FILE
+
+TASKS = ("arithmetic", "countdown")
+
+
+@dataclass
+class EvalProblem:
+    prompt: str
+    answer: str
+
+
+@dataclass
+class EvalResult:
+    task: str
+    problems: int
+    samples: int
+    pass1_greedy: float
+    pass1_sampled: float | None
+    pass_k: float | None
+
+    def table(self) -> str:
+        k = self.samples
+        head = ["task", "problems", "pass@1 greedy"]
+        row = [self.task, str(self.problems), f"{self.pass1_greedy:.3f}"]
+        if self.pass_k is not None:
+            head += [f"pass@1 sampled (k={k})", f"pass@{k}"]
+            row += [f"{self.pass1_sampled:.3f}", f"{self.pass_k:.3f}"]
+        widths = [max(len(a), len(b)) for a, b in zip(head, row, strict=True)]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in (head, row))
+
+
+def task_problems(task: str, n: int, seed: int) -> tuple[str, list[EvalProblem], Callable]:
+    """(task name, held-out problems, reward) for a built-in task name or a jsonl file."""
+    from inkling_fp4.rl import rewards
+
+    if task in TASKS:
+        module = importlib.import_module(f"inkling_fp4.rl.tasks.{task}")
+        problems = [EvalProblem(p.prompt, p.answer) for p in module.problems("eval", n, seed)]
+        return task, problems, module.reward
+    path = Path(task)
+    if not path.is_file():
+        raise UserError(
+            f"--task {task}: neither {' nor '.join(TASKS)} nor a jsonl file of {{prompt, answer}}"
+        )
+    problems = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"--task {path}, line {i + 1}: not JSON ({e.msg})") from None
+        prompt = record.get("prompt", record.get("question")) if isinstance(record, dict) else None
+        if not isinstance(prompt, str) or not isinstance(record.get("answer"), (str, int, float)):
+            raise DataError(f'--task {path}, line {i + 1}: expected {{"prompt" or "question", "answer"}}')
+        problems.append(EvalProblem(prompt, str(record["answer"])))
+    if not problems:
+        raise UserError(f"--task {path} holds no problem")
+    return path.name, problems[:n], rewards.numeric
+
+
+def run_eval(
+    from_run: Path | None, task: str, samples: int, n_problems: int, overrides: list[str] | None, echo=print
+) -> EvalResult:
+    if samples < 1:
+        raise UserError(f"--samples {samples}: give at least 1")
+    if n_problems < 1:
+        raise UserError(f"--problems {n_problems}: give at least 1")
+    rs = load_run_sampler(from_run, overrides, echo)
+    cfg = rs.cfg.sampler
+    if samples > 1 and cfg.temperature == 0:
+        raise UserError(f"--samples {samples} draws samples: set sampler.temperature > 0 (it is 0, greedy)")
+    name, problems, reward = task_problems(task, n_problems, cfg.seed)
+    prompts = [rs.encode(p.prompt, f"problem {i}") for i, p in enumerate(problems)]
+    echo(f"eval: {name}, {len(problems)} problems; {rs.describe()}")
+    sampler = rs.sampler
+
+    def scores(completions, k):  # [problem][sample]
+        got = [
+            reward(problems[i // k].prompt, c.text, problems[i // k].answer)
+            for i, c in enumerate(completions)
+        ]
+        return [got[i * k : (i + 1) * k] for i in range(len(problems))]
+
+    sampled_cfg = sampler.cfg
+    try:
+        sampler.cfg = dataclasses.replace(sampled_cfg, temperature=0.0)
+        greedy = scores(sampler.generate(prompts), 1)
+        pass1_sampled = pass_k = None
+        if samples > 1:
+            sampler.cfg = sampled_cfg
+            drawn = scores(sampler.generate([p for p in prompts for _ in range(samples)]), samples)
+            pass1_sampled = sum(sum(s) / samples for s in drawn) / len(problems)
+            pass_k = sum(1.0 if max(s) > 0 else 0.0 for s in drawn) / len(problems)
+    finally:
+        sampler.cfg = sampled_cfg
+    result = EvalResult(name, len(problems), samples, sum(s[0] for s in greedy) / len(problems),
+                        pass1_sampled, pass_k)  # fmt: skip
+    echo(result.table())
+    stats = sampler.stats
+    echo(f"{stats.new_tokens} new tokens in {stats.seconds:.2f} s: {stats.tokens_per_s:,.1f} new tokens/s")
+    summary = result.table().splitlines()[1]
+    row = {"step": rs.checkpoint.step, "event": "eval", "message": f"eval {name}: {summary}",
+           "task": name, "problems": result.problems, "samples": samples, "pass@1": result.pass1_greedy,
+           "sampler_precision": cfg.precision, "checkpoint": str(rs.checkpoint.path)}  # fmt: skip
+    if pass_k is not None:
+        row.update(
+            {"pass@1_sampled": pass1_sampled, f"pass@{samples}": pass_k, "temperature": cfg.temperature}
+        )
+    if (rs.run_dir / CONFIG_FILE).is_file():  # a run directory (not an imported Nemotron-H one)
+        with (rs.run_dir / METRICS_FILE).open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        echo(f"appended to {rs.run_dir / METRICS_FILE}")
+    return result

@@ -1,0 +1,89 @@
+"""A sampler for a run directory: what ``fp4train generate`` and ``eval`` start from.
+
+The run's model and tokenizer come from its newest good checkpoint (``train.load_run``); the
+overrides may change only the ``sampler`` and ``precision`` sections (the model, its data and its
+weights are the run's). Prompts are encoded as the run saw text: a pretrain run's documents open
+with the document token, an sft run's prompts are its chat template with one user turn
+(``data.chat.encode_prompt``) ending in ``<|assistant|>``.
+
+The context (``sampler.max_context``, default the run's ``data.seq_len``) bounds prompt plus
+completion: the hybrid has no positional embedding and so no hard limit, but it never trained on
+longer sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from inkling_fp4.config import RunConfig, apply_overrides, from_dict, parse_override, to_dict
+from inkling_fp4.data.chat import encode_prompt
+from inkling_fp4.data.tokenizer import Tokenizer
+from inkling_fp4.errors import ConfigError, UserError
+from inkling_fp4.infer.sampler import Sampler, resolve_device, sampler_policy
+from inkling_fp4.train.checkpoint import Checkpoint
+
+OVERRIDABLE = ("sampler", "precision")
+
+
+@dataclass
+class RunSampler:
+    cfg: RunConfig
+    """The run's config with the overrides applied."""
+    run_dir: Path
+    checkpoint: Checkpoint
+    sampler: Sampler
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.sampler.tokenizer
+
+    def encode(self, text: str, where: str = "prompt") -> list[int]:
+        """A prompt's tokens as this run reads text (see the module docstring)."""
+        if not text.strip():
+            raise UserError(f"{where} is empty; give some text to continue")
+        tok = self.tokenizer
+        if self.cfg.stage == "sft":
+            tokens = encode_prompt(tok, [{"role": "user", "content": text}])
+        else:
+            tokens = [tok.bos, *tok.encode(text)]
+        self.sampler.check_prompt(tokens, where)
+        return tokens
+
+    def describe(self) -> str:
+        policy = self.sampler.policy
+        precision = policy.describe(self.sampler.model) if policy is not None else "bf16"
+        return (
+            f"{self.run_dir} step {self.checkpoint.step} ({self.cfg.stage}); sampler.precision="
+            f"{self.cfg.sampler.precision}: {precision}; context {self.sampler.context} tokens"
+        )
+
+
+def load_run_sampler(from_run: Path | None, overrides: list[str] | None = None, echo=print) -> RunSampler:
+    """The sampler of ``from_run`` (default: the newest sft or pretrain run under runs/)."""
+    from inkling_fp4.train.load_run import load_run_checkpoint, newest_run
+
+    overrides = list(overrides or [])
+    for text in overrides:
+        path, _ = parse_override(text)
+        if path[0] not in OVERRIDABLE:
+            raise ConfigError(
+                f"override '{text}': generation takes {' and '.join(s + '.*' for s in OVERRIDABLE)} "
+                "overrides (the model and its data are the run's)"
+            )
+    if from_run is None:
+        from_run = newest_run(Path("runs"), ("sft", "pretrain"))
+        if from_run is None:
+            raise UserError("no sft or pretrain run with a checkpoint under runs/; pass --from RUN")
+        echo(f"--from: the newest sft or pretrain run under runs/, {from_run}")
+    cfg, model, tokenizer, ckpt = load_run_checkpoint(from_run)
+    cfg = from_dict(RunConfig, apply_overrides(to_dict(cfg), overrides))
+    device = resolve_device(cfg.sampler.device)
+    model = model.to(device)
+    switched = ckpt.state.get("schedule", {}).get("switched_scope")
+    policy = sampler_policy(cfg.precision, cfg.sampler.precision, cfg.model.n_layers, switched)
+    policy.apply(model)
+    context = cfg.sampler.max_context or cfg.data.seq_len
+    sampler = Sampler(model, tokenizer, cfg.sampler, policy, context=context)
+    run_dir = ckpt.path.parent.parent if ckpt.path.parent.name == "checkpoints" else ckpt.path
+    return RunSampler(cfg, run_dir, ckpt, sampler)

@@ -1,0 +1,74 @@
+"""``fp4train generate``: completions of prompts from a run, printed or written as jsonl.
+
+Prompts come from ``--prompt TEXT`` (repeatable) or ``--prompts FILE``: a ``.jsonl`` file of
+``{"prompt": ...}`` records, or any other text file with one prompt per line (blank lines skipped).
+With ``--out FILE`` each completion is one JSON line: prompt, completion, tokens, logprobs,
+finish_reason.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from inkling_fp4.errors import DataError, UserError
+from inkling_fp4.infer.from_run import load_run_sampler
+from inkling_fp4.infer.sampler import Completion
+
+
+def read_prompts(path: Path) -> list[str]:
+    """The prompts of a ``--prompts`` file (see the module docstring)."""
+    if not path.is_file():
+        raise UserError(f"--prompts {path}: no such file; pass a text file (one prompt a line) or a .jsonl")
+    lines = path.read_text().splitlines()
+    if path.suffix != ".jsonl":
+        prompts = [line for line in lines if line.strip()]
+    else:
+        prompts = []
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"--prompts {path}, line {i + 1}: not JSON ({e.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                raise DataError(f'--prompts {path}, line {i + 1}: expected {{"prompt": "text"}}')
+            prompts.append(record["prompt"])
+    if not prompts:
+        raise UserError(f"--prompts {path} holds no prompt")
+    return prompts
+
+
+def run_generate(
+    from_run: Path | None,
+    prompts: list[str] | None,
+    prompts_file: Path | None,
+    out: Path | None,
+    overrides: list[str] | None,
+    echo=print,
+) -> list[Completion]:
+    if prompts and prompts_file is not None:
+        raise UserError("--prompt and --prompts: give the prompts one way")
+    texts = list(prompts or []) or (read_prompts(prompts_file) if prompts_file is not None else [])
+    if not texts:
+        raise UserError("nothing to complete: give --prompt TEXT (repeatable) or --prompts FILE")
+    rs = load_run_sampler(from_run, overrides, echo)
+    tokens = [rs.encode(t, f"prompt {i}" if len(texts) > 1 else "the prompt") for i, t in enumerate(texts)]
+    echo(f"generate: {rs.describe()}")
+    completions = rs.sampler.generate(tokens)
+    for i, (text, c) in enumerate(zip(texts, completions, strict=True)):
+        echo(f"[{i}] {text}")
+        echo(f"  -> {c.text}")
+        echo(f"     ({len(c.tokens)} tokens, {c.finish_reason})")
+    stats = rs.sampler.stats
+    echo(f"{stats.new_tokens} new tokens in {stats.seconds:.2f} s: {stats.tokens_per_s:,.1f} new tokens/s")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w") as f:
+            for text, c in zip(texts, completions, strict=True):
+                row = {"prompt": text, "completion": c.text, "tokens": c.tokens, "logprobs": c.logprobs,
+                       "finish_reason": c.finish_reason}  # fmt: skip
+                f.write(json.dumps(row) + "\n")
+        echo(f"wrote {len(completions)} completions to {out}")
+    return completions

@@ -1,0 +1,10 @@
+"""Nemotron-H checkpoints in and out of fp4train, and NVFP4 checkpoints that serving engines load.
+
+- :mod:`~.nemotron_h`: the config and tensor-name mapping to and from transformers' ``NemotronH``;
+- :mod:`~.hf_writer`: the ``hf`` export (a directory ``AutoModelForCausalLM`` loads);
+- :mod:`~.importer`: a Nemotron-H directory as (RunConfig, model, tokenizer);
+- :mod:`~.nvfp4_weights`: the NVFP4 weight values the training forward uses, per linear layer;
+- :mod:`~.calibration`: input scales from a few batches of the run's data;
+- :mod:`~.modelopt_writer` / :mod:`~.compressed_tensors_writer`: the two NVFP4 layouts;
+- :mod:`~.export`: ``fp4train export``, which picks one of the writers.
+"""

@@ -1,0 +1,116 @@
+"""The ``hf`` export: a directory that transformers loads as ``NemotronHForCausalLM``.
+
+    <out>/config.json               model_type nemotron_h (the pattern as hybrid_override_pattern and
+                                    layers_block_type), plus ``quantization_config`` for NVFP4 exports
+    <out>/model.safetensors         transformers' names (:mod:`~.nemotron_h`); FP32 master weights, or
+                                    the NVFP4 writers' tensors
+    <out>/generation_config.json    bos / eos (``<|end|>`` and ``<|endoftext|>``) / pad ids
+    <out>/tokenizer.json            the run's tokenizer
+    <out>/tokenizer_config.json     for ``AutoTokenizer``: special tokens and the chat template
+
+Every file is a function of the model and the tokenizer only (sorted JSON keys, no timestamps), so
+exporting an imported export gives the same bytes. The directory is written next to ``out`` and
+renamed into place: a failed export leaves nothing that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from inkling_fp4.data.chat import CHAT_TEMPLATE_JINJA
+from inkling_fp4.data.tokenizer import END, PAD, Tokenizer
+from inkling_fp4.errors import UserError
+from inkling_fp4.interop.nemotron_h import hf_config, to_hf_tensors
+from inkling_fp4.model.config import ModelConfig
+from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.train.checkpoint import model_tensors
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+def hf_tensors(model: HybridLM) -> dict[str, torch.Tensor]:
+    """The model's FP32 tensors under transformers' names, on the CPU."""
+    own = {k: t.detach().float().cpu() for k, t in model_tensors(model)}
+    return to_hf_tensors(model.cfg, own)
+
+
+def _json(data: dict) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def model_config_json(cfg: ModelConfig, tokenizer: Tokenizer, max_len: int) -> dict:
+    return hf_config(cfg, bos=tokenizer.bos, eos=tokenizer.end, pad=tokenizer.pad, max_len=max_len)
+
+
+def tokenizer_files(tokenizer: Tokenizer, max_len: int) -> dict[str, str]:
+    """tokenizer.json and tokenizer_config.json as text."""
+    bos = tokenizer.token(tokenizer.bos)
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": bos,
+        "eos_token": END,
+        "pad_token": PAD,
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_len,
+        "chat_template": CHAT_TEMPLATE_JINJA,
+    }
+    return {"tokenizer.json": tokenizer.hf.to_str(pretty=True), "tokenizer_config.json": _json(config)}
+
+
+def write_hf(
+    out: str | Path,
+    cfg: ModelConfig,
+    tokenizer: Tokenizer,
+    tensors: dict[str, torch.Tensor],
+    *,
+    max_len: int,
+    quantization_config: dict | None = None,
+    extra_files: dict[str, str] | None = None,
+    force: bool = False,
+) -> list[Path]:
+    """Write an ``hf`` export of ``tensors`` (transformers' names) into ``out``; returns the files.
+
+    ``quantization_config`` goes into config.json (the NVFP4 formats); ``extra_files`` (name -> text)
+    beside it (ModelOpt's hf_quant_config.json). ``out`` must not exist unless ``force``."""
+    out = Path(out)
+    if out.exists() and not force:
+        raise UserError(f"--out {out} exists; pass another directory or --force to replace it")
+    config = model_config_json(cfg, tokenizer, max_len)
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
+    generation = {
+        "bos_token_id": tokenizer.bos,
+        "eos_token_id": [tokenizer.end, tokenizer.eos],
+        "pad_token_id": tokenizer.pad,
+    }
+    texts = {CONFIG_FILE: _json(config), "generation_config.json": _json(generation)}
+    texts.update(tokenizer_files(tokenizer, max_len))
+    texts.update(extra_files or {})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        save_file(
+            {k: v.contiguous() for k, v in tensors.items()},
+            str(tmp / WEIGHTS_FILE),
+            metadata={"format": "pt"},
+        )
+        for name, text in texts.items():
+            (tmp / name).write_text(text)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return sorted(out.iterdir())

@@ -1,0 +1,62 @@
+"""The ``nvfp4-modelopt`` export: NVIDIA ModelOpt's NVFP4 layout (TensorRT-LLM, vLLM's ``modelopt``).
+
+Per quantized linear module ``<m>`` (transformers' names):
+
+    <m>.weight          uint8          [out, in/2]   two E2M1 codes a byte, even element low
+    <m>.weight_scale    float8_e4m3fn  [out, in/16]  block decode scales (16×16 tiles, per row)
+    <m>.weight_scale_2  float32        []            amax / (6·448) = S_dec, the global decode scale
+    <m>.input_scale     float32        []            calibrated input amax / (6·448)
+
+so W = code · weight_scale · weight_scale_2. ``hf_quant_config.json`` and config.json's
+``quantization_config`` say ``quant_algo: NVFP4``, ``group_size: 16``, no KV-cache quantization, and
+list in ``exclude_modules`` every linear module the recipe keeps in BF16, the embeddings and the LM
+head. Unquantized tensors are BF16, except the Mamba-2 A_log, D and dt_bias (FP32, as trained).
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from inkling_fp4.interop.nvfp4_weights import E2M1_E4M3_MAX, NVFP4Weight
+
+QUANT_ALGO = "NVFP4"
+GROUP_SIZE = 16
+
+
+def modelopt_tensors(
+    base: dict[str, torch.Tensor], quantized: dict[str, NVFP4Weight], input_amax: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The export's tensors: ``base`` (transformers' names, FP32) with the quantized modules replaced."""
+    out = {}
+    for name, t in base.items():
+        module = name.rpartition(".")[0]
+        if module in quantized and name.endswith(".weight"):
+            w = quantized[module]
+            out[name] = w.codes
+            out[f"{module}.weight_scale"] = w.scales
+            out[f"{module}.weight_scale_2"] = w.decode_scale.reshape(())
+            amax = input_amax[module].float()
+            out[f"{module}.input_scale"] = (amax / E2M1_E4M3_MAX).reshape(())
+        else:
+            out[name] = keep_dtype(name, t)
+    return out
+
+
+def keep_dtype(name: str, t: torch.Tensor) -> torch.Tensor:
+    """BF16 for what serving keeps in high precision, FP32 for the SSM parameters."""
+    return t.float() if name.rpartition(".")[2] in ("A_log", "D", "dt_bias") else t.to(torch.bfloat16)
+
+
+def modelopt_metadata(excluded: list[str], version: str) -> tuple[dict, dict[str, str]]:
+    """(config.json's quantization_config, {hf_quant_config.json: its text})."""
+    quant = {
+        "quant_algo": QUANT_ALGO,
+        "group_size": GROUP_SIZE,
+        "kv_cache_quant_algo": None,
+        "exclude_modules": sorted(excluded),
+    }
+    hf_quant = {"producer": {"name": "fp4train", "version": version}, "quantization": quant}
+    text = json.dumps(hf_quant, indent=2, sort_keys=True) + "\n"
+    return {"quant_method": "modelopt", **quant}, {"hf_quant_config.json": text}

@@ -1,0 +1,113 @@
+"""The decode step as one CUDA graph per batch-size bucket.
+
+A decode step of a small model is some hundred kernel launches (per layer a norm fused with the
+residual add, the GEMMs and one mixer kernel; then the head) whose work is microseconds each: run
+eagerly it waits on the host. Captured once and replayed, the step is one launch, and the GPU runs
+the kernels back to back.
+
+What makes the step capturable: every shape is static for a given cache (batch = the bucket, the
+cache preallocated at ``max_len``), and no kernel takes a host value that changes per token. Where
+each sequence stands lives on the device (``cache.lengths``, [B]): the attention kernel writes this
+token's key and value at ``lengths[b]`` and reads positions 0 .. lengths[b] (a length mask over the
+preallocated cache, not a host-side slice), the Mamba-2 kernel needs no length at all, and the step
+ends with ``lengths += 1`` on the device. Nothing reads the device back: a replay queues work and
+returns.
+
+Buckets: a batch of n sequences runs in the graph of :func:`batch_bucket` (n), the next power of
+two, with the surplus rows as padding the caller ignores; so a sampler whose batch shrinks as
+sequences finish reuses a handful of graphs instead of capturing one per size.
+
+``GraphedDecoder(model, cache)`` captures ``model.decode_step`` on that cache (after a warm-up on
+its own zeroed state, which it then restores), and ``decoder(tokens)`` replays it. The logits it
+returns are the graph's output buffer, overwritten by the next replay. A later ``prefill`` into the
+same cache keeps the graph valid (the cache's tensors are updated in place); another cache needs
+another graph. The capture runs under the caller's autocast settings with autocast's weight-cast
+cache off: a cached cast made outside the graph would be freed while the graph still reads it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inkling_fp4.errors import UserError
+from inkling_fp4.model.cache import InferenceCache
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+"""Batch sizes a decode graph is captured for (a larger batch is its own bucket)."""
+
+
+def batch_bucket(n: int) -> int:
+    """The batch size of the graph that decodes ``n`` sequences: the smallest bucket >= n."""
+    if n < 1:
+        raise ValueError(f"batch_bucket: a batch has at least one sequence, got {n}")
+    return next((b for b in BUCKETS if b >= n), n)
+
+
+def _cache_tensors(cache: InferenceCache) -> list[torch.Tensor]:
+    tensors = [cache.lengths]
+    for state in cache.layers:
+        if state is not None:
+            tensors += [t for f in state.__dataclass_fields__ if (t := getattr(state, f)) is not None]
+    return tensors
+
+
+class GraphedDecoder:
+    """``model.decode_step(tokens, cache)`` for this ``cache``, replayed as one CUDA graph.
+
+    ``warmup`` eager steps run first on a side stream (Triton compiles and autotunes there, cuBLAS
+    picks its kernels), on the cache zeroed and then restored, so the caller's state is untouched."""
+
+    def __init__(self, model: nn.Module, cache: InferenceCache, warmup: int = 2):
+        device = cache.lengths.device
+        if device.type != "cuda":
+            raise ValueError(f"GraphedDecoder needs a CUDA cache, got one on {device}")
+        from inkling_fp4.train.graphed_step import graph_blocker
+
+        blocker = graph_blocker(model, 1, device)
+        if blocker is not None:
+            raise ValueError(f"the decode step cannot be captured as a CUDA graph: {blocker}")
+        if cache.max_len < warmup + 1:
+            raise ValueError(f"GraphedDecoder: a cache of max_len {cache.max_len} is too short to warm up")
+        self.model = model
+        self.cache = cache
+        self.tokens = torch.zeros(cache.batch_size, dtype=torch.long, device=device)  # [B] the input
+        autocast = dict(
+            device_type="cuda",
+            dtype=torch.get_autocast_dtype("cuda"),
+            enabled=torch.is_autocast_enabled("cuda"),
+            cache_enabled=False,
+        )
+        saved = [t.clone() for t in _cache_tensors(cache)]
+        longest = cache.longest
+        for t in _cache_tensors(cache):
+            t.zero_()
+        cache.longest = 0
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side), torch.autocast(**autocast):
+            for _ in range(warmup):
+                model.decode_step(self.tokens, cache)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        cache.longest = 0
+        with torch.cuda.graph(self.graph), torch.autocast(**autocast):
+            self.logits = model.decode_step(self.tokens, cache)  # [B, V], the graph's output buffer
+        for t, s in zip(_cache_tensors(cache), saved, strict=True):
+            t.copy_(s)
+        cache.longest = longest
+
+    @property
+    def batch_size(self) -> int:
+        return self.cache.batch_size
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: [B] the next token of each sequence (any integer dtype, on the cache's device) ->
+        the logits of the token after it [B, V]: the graph's buffer, valid until the next call."""
+        cache = self.cache
+        if cache.longest >= cache.max_len:
+            raise UserError(f"decode_step: the cache is full ({cache.max_len} tokens); allocate a longer one")
+        self.tokens.copy_(tokens)
+        self.graph.replay()
+        cache.longest += 1
+        return self.logits

@@ -1,0 +1,239 @@
+"""Triton kernels of the decoding step: the fused Mamba-2 step and GQA decode attention.
+
+Their torch twins, and the math, are in :mod:`inkling_fp4.model.mamba2_decode` and
+:mod:`inkling_fp4.model.attention_decode`; the tests hold each kernel to its twin
+(tests/test_decode_kernels.py). Both kernels read every length from device memory and take no host
+value that changes from one token to the next, so a decode step that calls them can be captured once
+as a CUDA graph and replayed (:mod:`inkling_fp4.model.decode_graph`).
+
+Numerics: FP32 math, each output rounded once (helpers of :mod:`~inkling_fp4.model.glue_kernels.common`,
+which also behave under ``TRITON_INTERPRET=1``).
+
+Shape letters: B batch, E d_inner, C conv channels, H heads, P head dim, G groups, N state, k conv
+width; attention: H query heads, K kv heads, R = H / K query heads per kv head, Dh head dim, T cache
+length.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inkling_fp4.model.glue_kernels.common import (
+    TL_DTYPES,
+    exp,
+    load_f32,
+    log1p,
+    on_device,
+    round_to,
+    rsqrt,
+    to_f32,
+)
+
+SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # F.softplus's default: above it softplus(v) = v
+KP = tl.constexpr(4)  # conv taps held per channel (the kernel takes conv widths k <= 4)
+MAMBA_WARPS = 4  # a [64, 128] FP32 state tile is 64 registers a thread at 4 warps
+ATTN_BLOCK_T = 64  # cached positions per iteration of the attention loop
+ATTN_WARPS = 4
+
+
+@triton.jit
+def _conv_silu(row_ptr, conv_ptr, w_ptr, b_ptr, ch, cmask, E: tl.constexpr, K: tl.constexpr,
+               SHIFT: tl.constexpr):  # fmt: skip
+    """Channels ``ch`` [c] of one sequence: the conv + SiLU of (window, this input) in FP32, rounded to
+    the input's dtype; with SHIFT the shifted window is stored back. conv_ptr points at the
+    sequence's [C, K-1] window."""
+    j = tl.arange(0, KP)
+    old = load_f32(conv_ptr + ch[:, None] * (K - 1) + j[None, :], cmask[:, None] & (j[None, :] < K - 1))
+    new = to_f32(round_to(load_f32(row_ptr + E + ch, cmask), conv_ptr.dtype.element_ty))  # as the window
+    w = load_f32(w_ptr + ch[:, None] * K + j[None, :], cmask[:, None] & (j[None, :] < K))
+    win = tl.where(j[None, :] == K - 1, new[:, None], old)  # [c, KP]: oldest first, this input at K-1
+    acc = tl.sum(win * w, axis=1) + load_f32(b_ptr + ch, cmask)
+    if SHIFT:
+        _shift_window(row_ptr, conv_ptr, ch, cmask, E, K)
+    s = acc / (1.0 + exp(-acc))
+    return to_f32(round_to(s, row_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _shift_window(row_ptr, conv_ptr, ch, cmask, E: tl.constexpr, K: tl.constexpr):
+    """conv window of channels ``ch`` <- (window[1:], this input)."""
+    j = tl.arange(0, KP)
+    new = load_f32(row_ptr + E + ch, cmask)
+    nxt = load_f32(
+        conv_ptr + ch[:, None] * (K - 1) + j[None, :] + 1, cmask[:, None] & (j[None, :] + 1 < K - 1)
+    )
+    nxt = tl.where(j[None, :] == K - 2, new[:, None], nxt)
+    # NOTE every thread must have read the window before any thread shifts it: a channel's taps may
+    # sit in different threads (and a small tile is replicated across threads)
+    tl.debug_barrier()
+    mask = cmask[:, None] & (j[None, :] < K - 1)
+    tl.store(
+        conv_ptr + ch[:, None] * (K - 1) + j[None, :], round_to(nxt, conv_ptr.dtype.element_ty), mask=mask
+    )
+
+
+@triton.jit
+def _mamba_decode(row0_ptr, s_row, conv0_ptr, w_ptr, b_ptr, ssm0_ptr, dtb_ptr, alog_ptr, d_ptr, nw_ptr,
+                  gated0_ptr, sumsq0_ptr, count0_ptr, out0_ptr, s_out, eps, dt_min,
+                  E: tl.constexpr, C: tl.constexpr, H: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
+                  G: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_GW: tl.constexpr, BLOCK_HG: tl.constexpr):  # fmt: skip
+    """Program (b, h): the conv of x (head h's channels) and of its group's B and C, dt, the state
+    update, y with the D skip and the gate, into an FP32 scratch row with this head's sum of squares.
+    The group's last program to finish (an atomic count per (b, g), modulo H/G) applies the group's RMS
+    norm and shifts the group's B and C conv windows, which the group's other programs have read by then."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    HG: tl.constexpr = H // G
+    g = h // HG
+    row_ptr = row0_ptr + b * s_row
+    conv_ptr = conv0_ptr + b * (C * (K - 1))
+    n = tl.arange(0, BLOCK_N)
+    nmask = n < N
+    Bv = _conv_silu(row_ptr, conv_ptr, w_ptr, b_ptr, E + g * N + n, nmask, E, K, False)  # [N]
+    Cv = _conv_silu(row_ptr, conv_ptr, w_ptr, b_ptr, E + G * N + g * N + n, nmask, E, K, False)
+    p = tl.arange(0, BLOCK_P)
+    pmask = p < P
+    x = _conv_silu(row_ptr, conv_ptr, w_ptr, b_ptr, h * P + p, pmask, E, K, True)  # [P]: this head's
+    v = to_f32(tl.load(row_ptr + E + C + h)) + tl.load(dtb_ptr + h).to(tl.float32)
+    dt = tl.where(v > SOFTPLUS_THRESHOLD, v, log1p(exp(v)))
+    dt = tl.where(dt < dt_min, dt_min, dt)  # the model's lower clamp (0: none); a NaN stays NaN
+    decay = exp(dt * -exp(tl.load(alog_ptr + h).to(tl.float32)))
+    smask = pmask[:, None] & nmask[None, :]
+    s_ptrs = ssm0_ptr + ((b * H + h) * P + p[:, None]) * N + n[None, :]
+    S = tl.load(s_ptrs, mask=smask, other=0.0)  # [P, N] FP32
+    S = decay * S + (dt * x)[:, None] * Bv[None, :]
+    tl.store(s_ptrs, S, mask=smask)
+    y = tl.sum(S * Cv[None, :], axis=1) + x * tl.load(d_ptr + h).to(tl.float32)  # [P]
+    z = load_f32(row_ptr + h * P + p, pmask)
+    gated = tl.where(pmask, y * (z / (1.0 + exp(-z))), 0.0)
+    tl.store(gated0_ptr + b * E + h * P + p, gated, mask=pmask)
+    tl.store(sumsq0_ptr + b * H + h, tl.sum(gated * gated, axis=0))
+    # NOTE the barrier orders every thread's stores (and reads of the B, C windows) before the count's
+    # release; the last program's acquire then sees them all
+    tl.debug_barrier()
+    done = tl.atomic_add(count0_ptr + b * G + g, 1, sem="acq_rel")  # never reset: counted modulo HG
+    if done % HG == HG - 1:
+        hs = tl.arange(0, BLOCK_HG)
+        sumsq = tl.sum(
+            tl.load(sumsq0_ptr + b * H + g * HG + hs, mask=hs < HG, other=0.0, cache_modifier=".cg"), axis=0
+        )
+        GW: tl.constexpr = HG * P
+        c = tl.arange(0, BLOCK_GW)
+        cmask = c < GW
+        row = tl.load(gated0_ptr + b * E + g * GW + c, mask=cmask, other=0.0, cache_modifier=".cg")
+        out = row * rsqrt(sumsq / GW + eps) * load_f32(nw_ptr + g * GW + c, cmask)
+        tl.store(out0_ptr + b * s_out + g * GW + c, round_to(out, out0_ptr.dtype.element_ty), mask=cmask)
+        _shift_window(row_ptr, conv_ptr, E + g * N + n, nmask, E, K)
+        _shift_window(row_ptr, conv_ptr, E + G * N + g * N + n, nmask, E, K)
+
+
+def mamba_decode_triton(
+    zxbcdt, conv_state, ssm_state, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, n_groups, eps,
+    out_dtype, dt_min_clamp=0.0, done=None,
+) -> torch.Tensor:  # fmt: skip
+    """See :func:`inkling_fp4.model.mamba2_decode.mamba_decode`."""
+    Bsz, H, P, N = ssm_state.shape
+    C, K = conv_state.shape[1], conv_state.shape[2] + 1
+    E = H * P
+    if K > 4 or K < 2:
+        raise ValueError(f"the fused Mamba-2 decode step takes conv widths 2..4, not {K}")
+    if ssm_state.dtype != torch.float32 or not (ssm_state.is_contiguous() and conv_state.is_contiguous()):
+        raise ValueError("the fused Mamba-2 decode step needs contiguous states and an FP32 SSM state")
+    for t in (zxbcdt, conv_state):
+        if t.dtype not in TL_DTYPES:
+            raise ValueError(
+                f"the fused Mamba-2 decode step takes float32, bfloat16 or float16, not {t.dtype}"
+            )
+    if zxbcdt.stride(-1) != 1:
+        zxbcdt = zxbcdt.contiguous()
+    dev = zxbcdt.device
+    out = torch.empty(Bsz, E, device=dev, dtype=out_dtype)
+    gated = torch.empty(Bsz, E, device=dev, dtype=torch.float32)  # y * silu(z), before the norm
+    sumsq = torch.empty(Bsz, H, device=dev, dtype=torch.float32)
+    if done is None:
+        done = torch.zeros(Bsz, n_groups, device=dev, dtype=torch.int32)  # heads of (b, g) done
+    elif done.shape != (Bsz, n_groups) or done.dtype != torch.int32 or not done.is_contiguous():
+        raise ValueError(f"mamba_decode: done must be a contiguous [{Bsz}, {n_groups}] int32 tensor")
+    hg = H // n_groups
+    with on_device(zxbcdt):
+        _mamba_decode[(Bsz, H)](
+            zxbcdt, zxbcdt.stride(0), conv_state, conv_weight, conv_bias, ssm_state, dt_bias, A_log, D,
+            norm_weight, gated, sumsq, done, out, out.stride(0), eps, float(dt_min_clamp),
+            E=E, C=C, H=H, P=P, N=N, G=n_groups, K=K, BLOCK_P=triton.next_power_of_2(P),
+            BLOCK_N=triton.next_power_of_2(N), BLOCK_GW=triton.next_power_of_2(hg * P),
+            BLOCK_HG=triton.next_power_of_2(hg), num_warps=MAMBA_WARPS,
+        )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _gqa_decode(q0_ptr, s_qb, kn0_ptr, vn0_ptr, s_nb, kc0_ptr, vc0_ptr, s_cb, s_ct, len_ptr, out0_ptr, s_ob,
+                scale, R: tl.constexpr, DH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_T: tl.constexpr):  # fmt: skip
+    """Program (b, kv head kh): write this token's k, v at position len[b], then attend the R query
+    heads that share kh over positions 0 .. len[b] with an online softmax (FP32 running max and sum).
+    Both products are FP32 dots of the values as stored (exact products of BF16 inputs): the step
+    is bound by reading the cache, not by these few multiply-adds."""
+    b = tl.program_id(0).to(tl.int64)
+    kh = tl.program_id(1)
+    L = tl.load(len_ptr + b)  # the new token's position
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < DH
+    kc_ptr = kc0_ptr + b * s_cb + kh * DH
+    vc_ptr = vc0_ptr + b * s_cb + kh * DH
+    kn = tl.load(kn0_ptr + b * s_nb + kh * DH + d, mask=dmask)
+    vn = tl.load(vn0_ptr + b * s_nb + kh * DH + d, mask=dmask)
+    tl.store(kc_ptr + L * s_ct + d, round_to(to_f32(kn), kc0_ptr.dtype.element_ty), mask=dmask)
+    tl.store(vc_ptr + L * s_ct + d, round_to(to_f32(vn), vc0_ptr.dtype.element_ty), mask=dmask)
+    tl.debug_barrier()  # NOTE the loop below reads position L back, in other threads
+    r = tl.arange(0, BLOCK_R)
+    rmask = r < R
+    q_ptrs = q0_ptr + b * s_qb + (kh * R + r[:, None]) * DH + d[None, :]
+    q = load_f32(q_ptrs, rmask[:, None] & dmask[None, :])  # [R, Dh], rows padded to a dot's 16
+    m = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    s = tl.zeros((BLOCK_R,), tl.float32)
+    acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+    t0 = tl.arange(0, BLOCK_T)
+    for start in range(0, L + 1, BLOCK_T):
+        t = start + t0
+        tmask = t <= L
+        kv_mask = tmask[:, None] & dmask[None, :]
+        k = load_f32(kc_ptr + t[:, None] * s_ct + d[None, :], kv_mask)  # [T, Dh]
+        v = load_f32(vc_ptr + t[:, None] * s_ct + d[None, :], kv_mask)
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [R, T]
+        scores = tl.where(tmask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        alpha = exp(m - m_new)
+        pr = exp(scores - m_new[:, None])  # [R, T]
+        s = s * alpha + tl.sum(pr, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(pr, v, input_precision="ieee")
+        m = m_new
+    y = acc / s[:, None]
+    o_ptrs = out0_ptr + b * s_ob + (kh * R + r[:, None]) * DH + d[None, :]
+    tl.store(o_ptrs, round_to(y, out0_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
+
+
+def gqa_decode_triton(q, k_new, v_new, k_cache, v_cache, lengths) -> torch.Tensor:
+    """See :func:`inkling_fp4.model.attention_decode.gqa_decode`."""
+    Bsz, H, DH = q.shape
+    K = k_new.shape[1]
+    for t in (q, k_new, v_new):
+        if t.stride(-1) != 1 or t.stride(-2) != DH:
+            raise ValueError("gqa_decode: q, k, v need contiguous heads ([B, heads, Dh], row stride free)")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_new.stride(0) != v_new.stride(0):
+        raise ValueError("gqa_decode: the KV cache must be contiguous [B, T, K, Dh]")
+    out = torch.empty(Bsz, H, DH, device=q.device, dtype=q.dtype)
+    R = H // K
+    if k_cache.dtype not in TL_DTYPES:
+        raise ValueError(f"gqa_decode takes a float32, bfloat16 or float16 cache, not {k_cache.dtype}")
+    with on_device(q):
+        _gqa_decode[(Bsz, K)](
+            q, q.stride(0), k_new, v_new, k_new.stride(0), k_cache, v_cache, k_cache.stride(0),
+            k_cache.stride(1), lengths, out, out.stride(0), DH**-0.5,
+            R=R, DH=DH, BLOCK_R=max(16, triton.next_power_of_2(R)),
+            BLOCK_D=max(16, triton.next_power_of_2(DH)), BLOCK_T=ATTN_BLOCK_T, num_warps=ATTN_WARPS,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,95 @@
+"""RL configuration: the task, the groups, the GRPO variant, the mismatch correction.
+
+The defaults follow what TRL's GRPOTrainer and verl ship today where they agree, and say why where
+they do not: groups of 8, advantages scaled by the group's std (GRPO), DAPO's clip-higher
+(eps_low 0.2, eps_high 0.28), token-mean aggregation (DAPO, verl's default: every token weighs the
+same, so long completions are not down-weighted), no KL penalty (both libraries' current default),
+zero-variance groups kept (their advantage is 0, so they only dilute the mean) and counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inkling_fp4.rl.grpo import AGGREGATIONS, LEVELS, SCALES
+from inkling_fp4.rl.mismatch import CORRECTIONS
+
+TASKS = ("arithmetic", "countdown")
+VERIFIERS = ("numeric", "exact")
+OLD_LOGP = ("trainer", "sampler")
+
+
+@dataclass
+class RLConfig:
+    task: str = "arithmetic"
+    """Built-in task (arithmetic | countdown), or a jsonl file of {prompt, answer} or {question,
+    answer} records (``--data``)."""
+    reward: str | None = None
+    """A reward function ``MODULE:FUNCTION(prompt, completion, answer) -> float`` instead of the
+    task's own (``--reward``); it runs in a worker process with a timeout."""
+    verifier: str = "numeric"
+    """For a jsonl task: numeric (the final number, exact rationals) or exact (the text after ####)."""
+    levels: list[int] | None = None
+    """Difficulty levels of the built-in task (None: all)."""
+    prompts_per_step: int = 8
+    """Prompts sampled per RL step; each gets ``group_size`` completions."""
+    group_size: int = 8
+    """Completions per prompt (G): the group whose rewards are normalised together."""
+    epochs: int = 1
+    """Passes over each step's rollouts (1: strictly on-policy)."""
+    mini_batches: int = 1
+    """Optimizer updates per epoch (the rollouts split into this many mini-batches)."""
+    scale_rewards: str = "group"
+    """Advantage = reward - group mean, divided by the group's std (group), the batch's (batch), or
+    not at all (none: Dr. GRPO)."""
+    eps_low: float = 0.2
+    """Lower clip of the ratio: 1 - eps_low."""
+    eps_high: float = 0.28
+    """Upper clip of the ratio: 1 + eps_high (> eps_low: DAPO's clip-higher)."""
+    aggregation: str = "token-mean"
+    """token-mean | seq-mean-token-mean | seq-mean-token-sum (see rl/grpo.py)."""
+    ratio_level: str = "token"
+    """token (GRPO) or sequence (GSPO's length-normalised sequence ratio)."""
+    kl_coef: float = 0.0
+    """Coefficient of the k3 KL penalty to the frozen initial policy (0: no reference model)."""
+    entropy_coef: float = 0.0
+    """Coefficient of an entropy bonus on the completion tokens (0: none)."""
+    mask_truncated: bool = True
+    """Completions cut by the token limit get no loss (their reward judges an unfinished answer)."""
+    drop_zero_variance: bool = False
+    """Drop groups whose rewards are all equal from the update (counted either way)."""
+    correction: str = "tis"
+    """Rollout / trainer mismatch correction: none | tis (truncated importance sampling per token) |
+    mask (drop completions with a token beyond the cap)."""
+    tis_cap: float = 2.0
+    """Cap of the importance ratio (TIS), and the bound outside which ``mask`` drops a completion."""
+    old_logp: str = "trainer"
+    """The old policy's log-probabilities: recomputed by the trainer (trainer) or the sampler's own
+    (sampler: the bypass mode, no recomputation)."""
+    reward_timeout: float = 5.0
+    """Seconds a user reward function may take per completion before it scores 0."""
+    eval_prompts: int = 64
+    """Held-out problems per evaluation (greedy pass@1, every ``eval.every`` optimizer steps)."""
+
+    def __post_init__(self):
+        checks = [
+            (self.verifier in VERIFIERS, f"rl.verifier must be one of {', '.join(VERIFIERS)}"),
+            (self.scale_rewards in SCALES, f"rl.scale_rewards must be one of {', '.join(SCALES)}"),
+            (self.aggregation in AGGREGATIONS, f"rl.aggregation must be one of {', '.join(AGGREGATIONS)}"),
+            (self.ratio_level in LEVELS, f"rl.ratio_level must be one of {', '.join(LEVELS)}"),
+            (self.correction in CORRECTIONS, f"rl.correction must be one of {', '.join(CORRECTIONS)}"),
+            (self.old_logp in OLD_LOGP, f"rl.old_logp must be one of {', '.join(OLD_LOGP)}"),
+            (
+                self.prompts_per_step >= 1 and self.group_size >= 2,
+                "rl.prompts_per_step >= 1, rl.group_size >= 2",
+            ),
+            (self.epochs >= 1 and self.mini_batches >= 1, "rl.epochs and rl.mini_batches must be >= 1"),
+            (0 <= self.eps_low < 1 and self.eps_high >= 0, "rl.eps_low in [0, 1) and rl.eps_high >= 0"),
+            (self.kl_coef >= 0 and self.entropy_coef >= 0, "rl.kl_coef and rl.entropy_coef must be >= 0"),
+            (self.tis_cap > 1, "rl.tis_cap must be > 1"),
+            (self.reward_timeout > 0, "rl.reward_timeout must be > 0 seconds"),
+            (self.eval_prompts >= 1, "rl.eval_prompts must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)

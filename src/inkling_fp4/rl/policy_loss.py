@@ -1,0 +1,56 @@
+"""The policy-gradient loss of one micro batch of rollouts, in the shared trainer's form.
+
+The trainer divides a micro batch's summed loss by the trained-token count of the whole step, so the
+loss here is ``sum_bt w_bt * l_bt`` with
+
+    l_bt = L_bt (GRPO's clipped surrogate, rl/grpo.py)
+         + kl_coef * k3(logp, ref_logp)          (the KL penalty to the frozen reference, optional)
+         - entropy_coef * H_bt                   (an entropy bonus, optional)
+    w_bt = the aggregation's token weight x the mismatch correction (rl/grpo.token_weights,
+           rl/mismatch.correction_weights; built with the batch, no gradient)
+
+The forward is the trainer's (its precision recipe: NVFP4 forward and the recipe's backward), and
+full logits are taken for the log-probabilities and the entropy (a rollout's rows are short).
+Figures of the last call (clip fractions, KL, entropy) are kept for the step's metrics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inkling_fp4.rl import grpo
+from inkling_fp4.rl.config import RLConfig
+from inkling_fp4.rl.rollout_batch import RolloutBatch, token_entropy, token_logprobs
+
+
+class PolicyLossFn:
+    """``loss_fn(train_model, batch)`` for :meth:`Trainer.step`."""
+
+    def __init__(self, cfg: RLConfig):
+        self.cfg = cfg
+        self.figures: dict[str, float] = {}
+
+    def __call__(self, model, b: RolloutBatch) -> torch.Tensor:
+        cfg = self.cfg
+        logits_BLV = model(b.input_ids, doc_ids=b.doc_ids)
+        logp_BL = token_logprobs(logits_BLV, b.targets)
+        mask = b.loss_mask
+        pl = grpo.clipped_policy_loss(
+            logp_BL, b.old_logp, b.advantages, mask, cfg.eps_low, cfg.eps_high, cfg.ratio_level
+        )
+        loss_BL = pl.loss_BT
+        n = mask.sum().clamp(min=1)
+        with torch.no_grad():
+            figures = {
+                "clip_low": float(pl.clipped_low_BT.sum() / n),
+                "clip_high": float(pl.clipped_high_BT.sum() / n),
+            }
+        if cfg.kl_coef > 0 and b.ref_logp is not None:
+            kl_BL = grpo.k3_kl(logp_BL, b.ref_logp) * mask
+            loss_BL = loss_BL + cfg.kl_coef * kl_BL
+            figures["kl_ref"] = float(kl_BL.detach().sum() / n)
+        if cfg.entropy_coef > 0:
+            ent_BL = token_entropy(logits_BLV) * mask
+            loss_BL = loss_BL - cfg.entropy_coef * ent_BL
+        self.figures = figures
+        return (loss_BL * b.weights).sum()

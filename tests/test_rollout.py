@@ -1,0 +1,143 @@
+"""fp4train rollout end to end on CPU: exact resume, the sampler's weights after each step, rewards
+that fail, every metric logged, refusals."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from inkling_fp4.errors import UserError
+from inkling_fp4.precision import gemm
+from inkling_fp4.precision.quant_linear import QuantLinear
+from inkling_fp4.train import rollout
+from inkling_fp4.train.sft import sft_config
+from model_helpers import SMALL_RUN
+from test_run_dir import cli, one_line, tree_hash
+
+pytestmark = pytest.mark.slow
+
+RL = ["rl.prompts_per_step=2", "rl.group_size=4", "train.batch_size=8", "train.micro_batch_size=4",
+      "sampler.max_new_tokens=12", "rl.eval_prompts=4", "eval.every=3", "log.progress=false",
+      "rl.levels=[1]", "train.checkpoint_every=0", "rl.mask_truncated=false"]  # fmt: skip
+METRICS = ("reward_mean", "reward_std", "accuracy", "completion_len_mean", "completion_len_max",
+           "truncated_frac", "entropy", "clip_low", "clip_high", "zero_var_frac", "gen_tokens_per_s",
+           "tokens_per_s", "time_sample_s", "time_score_s", "time_train_s", "time_refresh_s",
+           "mismatch_k3", "mismatch_abs_mean", "mismatch_abs_max", "mismatch_ratio_min",
+           "mismatch_ratio_mean", "mismatch_ratio_max", "mismatch_frac_over_cap")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    run = tmp_path_factory.mktemp("runs") / "pre"
+    code, _, err = cli(["pretrain", "--run-dir", str(run), *SMALL_RUN, f"data.cache_dir={cache}",
+                        "train.steps=4", "eval.every=0"])  # fmt: skip
+    assert code == 0, err
+    return run
+
+
+def rows(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_rl(base, run_dir, *overrides, resume=False):
+    cfg = sft_config(None, [*RL, *overrides], base, stage="rollout", default_recipe=rollout.DEFAULT_RECIPE)
+    rollout.run(cfg, run_dir, resume=resume)
+    return rows(run_dir)
+
+
+def test_rollout_logs_every_metric_and_resumes_bit_exact(base, tmp_path):
+    straight = train_rl(base, tmp_path / "a", "train.steps=6")
+    steps = [r for r in straight if "reward_mean" in r]
+    assert [r["step"] for r in steps] == list(range(1, 7)) and [r["rl_step"] for r in steps] == list(
+        range(1, 7)
+    )
+    for r in steps:
+        missing = [k for k in METRICS if k not in r]
+        assert not missing, missing
+        assert 0 <= r["reward_mean"] <= 1 and r["mismatch_k3"] >= 0 and r["completion_len_max"] <= 12
+    evals = [r for r in straight if "eval_accuracy" in r]
+    assert [r["step"] for r in evals] == [3, 6] and all(0 <= r["eval_accuracy"] <= 1 for r in evals)
+    train_rl(base, tmp_path / "b", "train.steps=6", "train.stop_after=3")
+    parted = train_rl(base, tmp_path / "b", "train.steps=6", resume=True)
+
+    def trained(rs):
+        return [
+            (r["step"], r["loss"], r["grad_norm"], r["reward_mean"], r["mismatch_k3"])
+            for r in rs
+            if "loss" in r
+        ]
+
+    assert trained(straight) == trained(parted)  # floats compared exactly
+
+
+def test_sampler_weights_are_the_trainers_quantized_after_each_step(base, tmp_path, monkeypatch):
+    """Before each RL step's sampling, every quantized layer holds W quantized as it stands after the
+    previous optimizer step: the same BF16 block values a fresh quantization gives."""
+    real = rollout.RolloutTask._sampler_now
+    checked = []
+
+    def checking(self):
+        sampler = real(self)
+        for m in self.trainer.model.modules():
+            if isinstance(m, QuantLinear) and m.recipe is not None and m.recipe.fprop is not None:
+                held = m.frozen_weight()
+                assert held is not None, m.full_name
+                with torch.no_grad():
+                    fresh = gemm.quantize(m.weight, m.recipe.fprop.b, codes=False, values=True)
+                    fresh_values = (
+                        fresh.values if fresh.values is not None else fresh.q.block_values(torch.bfloat16)
+                    )
+                assert torch.equal(held.values, fresh_values), m.full_name
+                checked.append(self.trainer.step_count)
+        return sampler
+
+    monkeypatch.setattr(rollout.RolloutTask, "_sampler_now", checking)
+    train_rl(base, tmp_path / "w", "train.steps=3", "eval.every=0")
+    assert sorted(set(checked)) == [0, 1, 2, 3]  # before steps 1, 2 and 3, and the final evaluation
+
+
+def test_rewards_that_raise_or_return_nan_score_zero_and_the_run_goes_on(base, tmp_path, monkeypatch):
+    (tmp_path / "bad_rewards.py").write_text(
+        "import math\n\ncalls = {'n': 0}\n\n\ndef reward(prompt, completion, answer):\n"
+        "    calls['n'] += 1\n    if calls['n'] % 3 == 0:\n        raise ValueError('bad reward')\n"
+        "    return math.nan if calls['n'] % 3 == 1 else 1.0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    got = train_rl(base, tmp_path / "r", "train.steps=2", "eval.every=0", "rl.reward=bad_rewards:reward")
+    steps = [r for r in got if "reward_mean" in r]
+    assert len(steps) == 2 and all(math.isfinite(r["reward_mean"]) for r in steps)
+    failures = steps[0]["reward_failures"]
+    assert failures["raised"] > 0 and failures["invalid"] > 0
+    assert any(r.get("event") == "reward_failure" and "bad reward" in r["message"] for r in got)
+
+
+def test_cli_refusals(base, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(["rollout", *RL])
+    assert code == 2 and "fp4train pretrain" in one_line(err)
+    code, _, err = cli(["rollout", "--from", str(base), "--task", "arithmetic", "--data", "x.jsonl"])
+    assert code == 2 and "--task and --data" in one_line(err)
+    code, _, err = cli(["rollout", "--from", str(base), *RL, "train.batch_size=12"])
+    assert code == 2 and "train.batch_size=8" in one_line(err) and not (tmp_path / "runs").exists()
+    code, _, err = cli(["rollout", "--from", str(base), "--data", "missing.jsonl", *RL])
+    assert code == 2 and "missing.jsonl" in one_line(err) and not (tmp_path / "runs").exists()
+    code, _, err = cli(["rollout", "--from", str(base), "--reward", "nowhere:f", *RL])
+    assert code == 2 and "cannot import nowhere" in one_line(err)
+
+
+def test_cli_rollout_on_a_jsonl_task_with_resume(base, tmp_path):
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"}) + "\n"
+                            for i in range(20)))  # fmt: skip
+    run = tmp_path / "qa"
+    code, out, err = cli(["rollout", "--from", str(base), "--data", str(data), "--run-dir", str(run), *RL,
+                          "train.steps=2", "eval.every=0"])  # fmt: skip
+    assert code == 0, err
+    assert "task: qa.jsonl, 18 train prompts, 2 held out" in out
+    before = tree_hash(run)
+    code, _, err = cli(["rollout", "--resume", "--run-dir", str(run), "rl.group_size=2"])
+    assert code == 2 and "rl.group_size" in one_line(err) and tree_hash(run) == before
+    with pytest.raises(UserError):
+        rollout.check_geometry(sft_config(None, [*RL, "rl.mini_batches=3"], base, stage="rollout"))
