@@ -107,5 +107,3 @@ def test_info_lists_every_recipe_with_its_backend(monkeypatch, capsys):
         assert f"  {recipe}: " in out
     if not __import__("torch").cuda.is_available():
         assert "  nvfp4: emulated" in out  # no FP4 or FP8 hardware: exact emulation
-
-

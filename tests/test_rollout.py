@@ -141,3 +141,10 @@ def test_cli_rollout_on_a_jsonl_task_with_resume(base, tmp_path):
     assert code == 2 and "rl.group_size" in one_line(err) and tree_hash(run) == before
     with pytest.raises(UserError):
         rollout.check_geometry(sft_config(None, [*RL, "rl.mini_batches=3"], base, stage="rollout"))
+
+
+def test_print_config_shows_the_rollout_config_and_writes_nothing(base, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli(["rollout", "--from", str(base), "--print-config", "--task", "countdown"])
+    assert code == 0, err
+    assert "stage: rollout" in out and "task: countdown" in out and not (tmp_path / "runs").exists()

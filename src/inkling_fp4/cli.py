@@ -158,11 +158,23 @@ def sft(
 ) -> None:
     """Fine-tune a run on chat data (loss on the answers), with NVFP4 forward and backward passes."""
     from inkling_fp4.config import load_config
-    from inkling_fp4.train.sft import DEFAULT_RECIPE, run, sft_config
+    from inkling_fp4.train.sft import DEFAULT_RECIPE, run
 
     overrides = list(overrides or [])
     name = load_config(recipe or DEFAULT_RECIPE, overrides).name  # no model yet: only the name
     run_dir = run_dir or Path("runs") / name
+    cfg = _on_base(recipe, DEFAULT_RECIPE, overrides, from_run, run_dir, resume, "sft", ("pretrain",),
+                   "fp4train pretrain")  # fmt: skip
+    if print_config:
+        return _print_config(cfg)
+    _finish(run(cfg, run_dir, resume=resume, baseline=baseline), "sft")
+
+
+def _on_base(recipe, default_recipe, overrides, from_run, run_dir, resume, stage, bases, first):
+    """A later stage's config: the run's own on --resume, else the recipe on the model of --from
+    (default: the newest run of the first of ``bases`` that has one)."""
+    from inkling_fp4.train.sft import sft_config
+
     cfg = _recorded_with(run_dir, overrides) if resume and recipe is None else None
     if cfg is not None and from_run is not None:
         raise UserError(
@@ -170,11 +182,9 @@ def sft(
             "drop --from"
         )
     if cfg is None:
-        from_run = from_run or _newest_base(run_dir, ("pretrain",), "fp4train pretrain")
-        cfg = sft_config(recipe, overrides, from_run)
-    if print_config:
-        return _print_config(cfg)
-    _finish(run(cfg, run_dir, resume=resume, baseline=baseline), "sft")
+        from_run = from_run or _newest_base(run_dir, bases, first)
+        cfg = sft_config(recipe, overrides, from_run, stage=stage, default_recipe=default_recipe)
+    return cfg
 
 
 def _recorded_with(run_dir: Path, overrides: list[str]):
@@ -383,11 +393,11 @@ def rollout(
     run_dir: Path = RUN_DIR,
     resume: bool = RESUME,
     baseline: Path = BASELINE,
+    print_config: bool = PRINT_CONFIG,
 ) -> None:
     """RL: sample with the run's NVFP4 forward pass, score with verifiable rewards, GRPO update."""
     from inkling_fp4.config import load_config
     from inkling_fp4.train import rollout as rl_stage
-    from inkling_fp4.train.sft import sft_config
 
     overrides = list(overrides or [])
     if task is not None and data is not None:
@@ -398,15 +408,10 @@ def rollout(
         overrides.append(f"rl.reward={reward}")
     name = load_config(recipe or rl_stage.DEFAULT_RECIPE, overrides).name
     run_dir = run_dir or Path("runs") / name
-    cfg = _recorded_with(run_dir, overrides) if resume and recipe is None else None
-    if cfg is not None and from_run is not None:
-        raise UserError(
-            f"--resume continues {run_dir} from its own checkpoint (it started from {cfg.init_from}); "
-            "drop --from"
-        )
-    if cfg is None:
-        from_run = from_run or _newest_base(run_dir, ("sft", "pretrain"), "fp4train pretrain && fp4train sft")
-        cfg = sft_config(recipe, overrides, from_run, stage="rollout", default_recipe=rl_stage.DEFAULT_RECIPE)
+    cfg = _on_base(recipe, rl_stage.DEFAULT_RECIPE, overrides, from_run, run_dir, resume, "rollout",
+                   ("sft", "pretrain"), "fp4train pretrain && fp4train sft")  # fmt: skip
+    if print_config:
+        return _print_config(cfg)
     _finish(rl_stage.run(cfg, run_dir, resume=resume, baseline=baseline), "rollout")
 
 

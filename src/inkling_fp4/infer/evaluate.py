@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from inkling_fp4.errors import DataError, UserError
+from inkling_fp4.errors import UserError
 from inkling_fp4.infer.from_run import load_run_sampler
 from inkling_fp4.train.metrics import METRICS_FILE
 from inkling_fp4.train.run_dir import CONFIG_FILE
@@ -64,25 +64,10 @@ def task_problems(task: str, n: int, seed: int) -> tuple[str, list[EvalProblem],
         module = importlib.import_module(f"inkling_fp4.rl.tasks.{task}")
         problems = [EvalProblem(p.prompt, p.answer) for p in module.problems("eval", n, seed)]
         return task, problems, module.reward
+    from inkling_fp4.rl.prompts import read_jsonl
+
     path = Path(task)
-    if not path.is_file():
-        raise UserError(
-            f"--task {task}: neither {' nor '.join(TASKS)} nor a jsonl file of {{prompt, answer}}"
-        )
-    problems = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"--task {path}, line {i + 1}: not JSON ({e.msg})") from None
-        prompt = record.get("prompt", record.get("question")) if isinstance(record, dict) else None
-        if not isinstance(prompt, str) or not isinstance(record.get("answer"), (str, int, float)):
-            raise DataError(f'--task {path}, line {i + 1}: expected {{"prompt" or "question", "answer"}}')
-        problems.append(EvalProblem(prompt, str(record["answer"])))
-    if not problems:
-        raise UserError(f"--task {path} holds no problem")
+    problems = [EvalProblem(p.text, p.answer) for p in read_jsonl(path, "--task")]
     return path.name, problems[:n], rewards.numeric
 
 

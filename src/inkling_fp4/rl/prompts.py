@@ -64,18 +64,20 @@ def _task(cfg: RLConfig, seed: int) -> TaskData:
         train = [Prompt(p.prompt, p.answer) for p in module.problems("train", POOL, seed, levels)]
         held = [Prompt(p.prompt, p.answer) for p in module.problems("eval", cfg.eval_prompts, seed, levels)]
         return TaskData(cfg.task, train, held, module.reward, True)
-    records = _read_jsonl(Path(cfg.task))
+    records = read_jsonl(Path(cfg.task))
     n_eval = max(1, round(EVAL_FRACTION * len(records))) if len(records) > 1 else 0
     verify = rewards.numeric if cfg.verifier == "numeric" else rewards.exact
     train, held = records[: len(records) - n_eval], records[len(records) - n_eval :]
     return TaskData(Path(cfg.task).name, train, held[: cfg.eval_prompts], verify, True)
 
 
-def _read_jsonl(path: Path) -> list[Prompt]:
+def read_jsonl(path: Path, flag: str = "--data") -> list[Prompt]:
+    """``{prompt, answer}`` or GSM8K's ``{question, answer}`` records; bad lines are one-line errors
+    naming ``flag``, the file and the line."""
     if not path.is_file():
         raise DataError(
-            f"--data {path}: no such file; pass a jsonl of {{prompt, answer}} records, or --task "
-            f"{' | '.join(TASKS)}"
+            f"{flag} {path}: no such file; pass a jsonl of {{prompt, answer}} records, or one of the "
+            f"built-in tasks ({' | '.join(TASKS)})"
         )
     out = []
     for i, raw in enumerate(path.read_bytes().splitlines()):
@@ -85,20 +87,20 @@ def _read_jsonl(path: Path) -> list[Prompt]:
             record = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
             raise DataError(
-                f"--data {path}, line {i + 1}: not UTF-8 ({e.reason}); re-encode the file"
+                f"{flag} {path}, line {i + 1}: not UTF-8 ({e.reason}); re-encode the file"
             ) from None
         except json.JSONDecodeError as e:
-            raise DataError(f"--data {path}, line {i + 1}: not JSON ({e.msg})") from None
+            raise DataError(f"{flag} {path}, line {i + 1}: not JSON ({e.msg})") from None
         prompt = record.get("prompt", record.get("question")) if isinstance(record, dict) else None
         answer = record.get("answer") if isinstance(record, dict) else None
         if not isinstance(prompt, str) or not prompt.strip() or not isinstance(answer, (str, int, float)):
             fields = ", ".join(record) if isinstance(record, dict) else type(record).__name__
             raise DataError(
-                f"--data {path}, line {i + 1}: expected {{prompt (or question): text, answer}}, got {fields}"
+                f"{flag} {path}, line {i + 1}: expected {{prompt (or question): text, answer}}, got {fields}"
             )
         out.append(Prompt(prompt, str(answer)))
     if not out:
-        raise DataError(f"--data {path} holds no record")
+        raise DataError(f"{flag} {path} holds no record")
     return out
 
 
