@@ -6,7 +6,7 @@ dt]), and the layer's cache (conv window [B, C, k-1], SSM state S [B, H, P, N]):
     window = [conv_state, xBC]                       # [B, C, k]: the last k-1 inputs, then this one
     conv_state <- window[:, :, 1:]                   # the shift
     xBC    = silu(sum_j window[.., j] w[.., j] + b)  # depthwise conv + SiLU, rounded to xBC's dtype
-    dt     = softplus(dt_raw + dt_bias)              # [B, H] FP32 (the twin: max(dt, dt_min_clamp))
+    dt     = softplus(dt_raw + dt_bias)              # [B, H] FP32, then max(dt, dt_min_clamp) when set
     S      <- exp(dt A) S + (dt x) B^T               # A = -exp(A_log); head h reads group h // (H/G)
     y      = S C + D x                               # [B, H, P]
     h      = norm(y * silu(z)) * w                   # RMS over G groups of E/G channels
@@ -56,7 +56,7 @@ def mamba_decode_ref(
 ) -> torch.Tensor:
     """The torch twin of :func:`mamba_decode`: same arguments, same in-place state updates, returns h
     [B, E] in ``out_dtype``. zxbcdt: [B, 2E + 2GN + H]; conv_state: [B, C, k-1]; ssm_state: [B, H, P, N].
-    ``dt_min_clamp`` > 0: dt = max(dt, dt_min_clamp) (``model.dt_min_clamp``; the kernel has no clamp)."""
+    ``dt_min_clamp`` > 0: dt = max(dt, dt_min_clamp) (``model.dt_min_clamp``; the kernel clamps the same)."""
     Bsz, Hh, P, N = ssm_state.shape
     E, C = Hh * P, conv_state.shape[1]
     z, xBC_in, dt_raw = zxbcdt.split([E, C, Hh], -1)
