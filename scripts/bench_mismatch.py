@@ -64,7 +64,7 @@ def main() -> None:
                 prompts, [c.tokens for c in completions], [c.logprobs for c in completions], tok.pad
             )
             with torch.no_grad(), autocast_for(torch.device(a.device)):
-                t_logp = token_logprobs(model(ids.to(a.device)), targets.to(a.device)).cpu()
+                t_logp = token_logprobs(model(ids.to(a.device)), targets.to(a.device))[0].cpu()
             s = mismatch_stats(t_logp, s_logp, mask, cap=2.0)
             print(f"| {name} | {batch} | {int(mask.sum())} | {s['k3']:.2e} | {s['abs_mean']:.2e} | "
                   f"{s['abs_max']:.2e} | {s['ratio_min']:.4f} | {s['ratio_max']:.4f} |")  # fmt: skip

@@ -18,8 +18,9 @@ from inkling_fp4.interop.nvfp4_weights import nvfp4_recipe, quantize_weight
 from inkling_fp4.numerics import nvfp4
 from inkling_fp4.precision import gemm
 from inkling_fp4.precision.config import PrecisionConfig
+from inkling_fp4.precision.linear_gemms import quantized_forward
 from inkling_fp4.precision.policy import PrecisionPolicy
-from inkling_fp4.precision.quant_linear import QuantLinear, quantized_forward
+from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.train.load_run import load_run
 from test_export_hf import run  # noqa: F401  (the module's pretrain run fixture)
 from test_run_dir import cli, one_line

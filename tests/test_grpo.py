@@ -93,3 +93,40 @@ def test_mismatch_figures_tis_and_masking_by_hand():
     masked = mismatch.correction_weights(trainer, sampler, mask, "mask", cap=1.5)
     assert masked.tolist() == [[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]  # the padded 0.9 does not count
     assert torch.equal(mismatch.correction_weights(trainer, sampler, mask, "none", cap=1.5), mask.float())
+
+
+def test_policy_loss_fn_is_the_formula_with_kl_and_entropy():
+    """PolicyLossFn on fixed logits equals sum w * (L_clip + kl_coef * k3 - entropy_coef * H), and
+    its figures sum over the step's micro batches."""
+    import torch.nn.functional as F
+
+    from inkling_fp4.rl.config import RLConfig
+    from inkling_fp4.rl.policy_loss import PolicyLossFn
+    from inkling_fp4.rl.rollout_batch import RolloutBatch
+
+    g = fresh_generator()
+    B, L, V = 3, 5, 7
+    logits = torch.randn(B, L, V, generator=g)
+    targets = torch.randint(0, V, (B, L), generator=g)
+    mask = torch.rand(B, L, generator=g) < 0.7
+    old = torch.randn(B, L, generator=g) * 0.1 - 2
+    ref = torch.randn(B, L, generator=g) * 0.1 - 2
+    adv = torch.randn(B, generator=g)
+    w = torch.rand(B, L, generator=g)
+    batch = RolloutBatch(torch.zeros(B, L, dtype=torch.long), targets, mask, adv, old, old, w, ref_logp=ref)
+    cfg = RLConfig(kl_coef=0.05, entropy_coef=0.01, eps_low=0.2, eps_high=0.28)
+    fn = PolicyLossFn(cfg)
+    got = fn(lambda ids, doc_ids=None: logits, batch)
+    logp_all = F.log_softmax(logits, -1)
+    logp = logp_all.gather(-1, targets[..., None])[..., 0]
+    rho = torch.exp((logp - old) * mask)
+    surrogate = -torch.minimum(rho * adv[:, None], rho.clamp(0.8, 1.28) * adv[:, None]) * mask
+    kl = (torch.exp(ref - logp) - (ref - logp) - 1) * mask
+    ent = -(logp_all.exp() * logp_all).sum(-1) * mask
+    want = (w * (surrogate + 0.05 * kl - 0.01 * ent)).sum()
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+    fn(lambda ids, doc_ids=None: logits, batch)  # a second micro batch of the same step
+    figures = fn.figures()
+    assert figures["kl_ref"] == pytest.approx(float(kl.sum() / mask.sum()), rel=1e-5)
+    fn.new_step()
+    assert fn.figures() == {}

@@ -11,8 +11,9 @@ import torch
 from inkling_fp4.errors import NumericsError
 from inkling_fp4.numerics import hadamard, nvfp4
 from inkling_fp4.precision import finite_guard, gemm
+from inkling_fp4.precision.linear_gemms import quantized_forward
 from inkling_fp4.precision.policy import RoundingRNG
-from inkling_fp4.precision.quant_linear import QuantLinear, quantized_forward
+from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.precision.recipes import (
     fp8_recipe,
     fp8_tensorwise_recipe,

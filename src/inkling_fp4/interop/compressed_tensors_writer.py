@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from inkling_fp4.interop.modelopt_writer import keep_dtype
-from inkling_fp4.interop.nvfp4_weights import E2M1_E4M3_MAX, NVFP4Weight
+from inkling_fp4.interop.nvfp4_weights import E2M1_E4M3_MAX, NVFP4Weight, replace_quantized
 
 FORMAT = "nvfp4-pack-quantized"
 
@@ -41,19 +40,16 @@ def compressed_tensors(
     base: dict[str, torch.Tensor], quantized: dict[str, NVFP4Weight], input_amax: dict[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
     """The export's tensors: ``base`` (transformers' names, FP32) with the quantized modules replaced."""
-    out = {}
-    for name, t in base.items():
-        module = name.rpartition(".")[0]
-        if module in quantized and name.endswith(".weight"):
-            w = quantized[module]
-            out[f"{module}.weight_packed"] = w.codes
-            out[f"{module}.weight_scale"] = w.scales
-            out[f"{module}.weight_global_scale"] = w.encode_scale.reshape(1)
-            amax = input_amax[module].float()
-            out[f"{module}.input_global_scale"] = (torch.full_like(amax, E2M1_E4M3_MAX) / amax).reshape(1)
-        else:
-            out[name] = keep_dtype(name, t)
-    return out
+
+    def tensors_of(module: str, w: NVFP4Weight, amax: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {
+            f"{module}.weight_packed": w.codes,
+            f"{module}.weight_scale": w.scales,
+            f"{module}.weight_global_scale": w.encode_scale.reshape(1),
+            f"{module}.input_global_scale": (torch.full_like(amax, E2M1_E4M3_MAX) / amax).reshape(1),
+        }
+
+    return replace_quantized(base, quantized, input_amax, tensors_of)
 
 
 def compressed_tensors_config(ignored: list[str]) -> dict:

@@ -19,7 +19,7 @@ import json
 
 import torch
 
-from inkling_fp4.interop.nvfp4_weights import E2M1_E4M3_MAX, NVFP4Weight
+from inkling_fp4.interop.nvfp4_weights import E2M1_E4M3_MAX, NVFP4Weight, replace_quantized
 
 QUANT_ALGO = "NVFP4"
 GROUP_SIZE = 16
@@ -29,24 +29,16 @@ def modelopt_tensors(
     base: dict[str, torch.Tensor], quantized: dict[str, NVFP4Weight], input_amax: dict[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
     """The export's tensors: ``base`` (transformers' names, FP32) with the quantized modules replaced."""
-    out = {}
-    for name, t in base.items():
-        module = name.rpartition(".")[0]
-        if module in quantized and name.endswith(".weight"):
-            w = quantized[module]
-            out[name] = w.codes
-            out[f"{module}.weight_scale"] = w.scales
-            out[f"{module}.weight_scale_2"] = w.decode_scale.reshape(())
-            amax = input_amax[module].float()
-            out[f"{module}.input_scale"] = (amax / E2M1_E4M3_MAX).reshape(())
-        else:
-            out[name] = keep_dtype(name, t)
-    return out
 
+    def tensors_of(module: str, w: NVFP4Weight, amax: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {
+            f"{module}.weight": w.codes,
+            f"{module}.weight_scale": w.scales,
+            f"{module}.weight_scale_2": w.decode_scale.reshape(()),
+            f"{module}.input_scale": (amax / E2M1_E4M3_MAX).reshape(()),
+        }
 
-def keep_dtype(name: str, t: torch.Tensor) -> torch.Tensor:
-    """BF16 for what serving keeps in high precision, FP32 for the SSM parameters."""
-    return t.float() if name.rpartition(".")[2] in ("A_log", "D", "dt_bias") else t.to(torch.bfloat16)
+    return replace_quantized(base, quantized, input_amax, tensors_of)
 
 
 def modelopt_metadata(excluded: list[str], version: str) -> tuple[dict, dict[str, str]]:

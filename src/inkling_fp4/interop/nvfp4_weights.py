@@ -20,6 +20,7 @@ Which layers: those the run's precision policy quantizes (``precision.bf16_first
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -136,3 +137,27 @@ def quantized_modules(
             for n, part in zip(names, parts, strict=True):
                 quantized[prefix + n] = (part, linear.full_name)
     return quantized, kept
+
+
+def keep_dtype(name: str, t: torch.Tensor) -> torch.Tensor:
+    """BF16 for what serving keeps in high precision, FP32 for the SSM parameters."""
+    return t.float() if name.rpartition(".")[2] in ("A_log", "D", "dt_bias") else t.to(torch.bfloat16)
+
+
+def replace_quantized(
+    base: dict[str, torch.Tensor],
+    quantized: dict[str, NVFP4Weight],
+    input_amax: dict[str, torch.Tensor],
+    tensors_of: Callable[[str, NVFP4Weight, torch.Tensor], dict[str, torch.Tensor]],
+) -> dict[str, torch.Tensor]:
+    """An NVFP4 export's tensors: ``base`` (transformers' names, FP32) with each quantized module's
+    weight replaced by ``tensors_of(module, weight, input amax)`` (each format names its own), the
+    rest in :func:`keep_dtype`."""
+    out = {}
+    for name, t in base.items():
+        module = name.rpartition(".")[0]
+        if module in quantized and name.endswith(".weight"):
+            out.update(tensors_of(module, quantized[module], input_amax[module].float()))
+        else:
+            out[name] = keep_dtype(name, t)
+    return out

@@ -26,7 +26,8 @@ import torch
 
 from inkling_fp4.model.compiled import fast_forms_on
 from inkling_fp4.model.grad_slab import FP8Scaling, GradSlab
-from inkling_fp4.precision.quant_linear import LinearGEMMs, QuantLinear, save_operands, saved_operands
+from inkling_fp4.precision.linear_gemms import LinearGEMMs, save_operands, saved_operands
+from inkling_fp4.precision.quant_linear import QuantLinear
 
 
 def applies(in_proj: QuantLinear, u: torch.Tensor) -> bool:

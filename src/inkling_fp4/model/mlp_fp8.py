@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from inkling_fp4.precision import gemm
-from inkling_fp4.precision.quant_linear import LinearGEMMs, QuantLinear, save_operands, saved_operands
+from inkling_fp4.precision.linear_gemms import LinearGEMMs, save_operands, saved_operands
+from inkling_fp4.precision.quant_linear import QuantLinear
 
 
 def applies(up: QuantLinear, down: QuantLinear, x: torch.Tensor) -> bool:

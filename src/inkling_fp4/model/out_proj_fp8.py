@@ -26,7 +26,8 @@ from inkling_fp4.model.grad_slab import FP8Scaling
 from inkling_fp4.model.norm import skip_gated_rms_norm
 from inkling_fp4.numerics import fp8
 from inkling_fp4.precision.gemm import Operand
-from inkling_fp4.precision.quant_linear import LinearGEMMs, QuantLinear, save_operands, saved_operands
+from inkling_fp4.precision.linear_gemms import LinearGEMMs, save_operands, saved_operands
+from inkling_fp4.precision.quant_linear import QuantLinear
 
 
 def applies(out_proj: QuantLinear, z: torch.Tensor, out_dtype: torch.dtype) -> bool:

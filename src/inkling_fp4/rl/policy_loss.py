@@ -20,7 +20,7 @@ import torch
 
 from inkling_fp4.rl import grpo
 from inkling_fp4.rl.config import RLConfig
-from inkling_fp4.rl.rollout_batch import RolloutBatch, token_entropy, token_logprobs
+from inkling_fp4.rl.rollout_batch import RolloutBatch, token_logprobs
 
 
 class PolicyLossFn:
@@ -28,29 +28,38 @@ class PolicyLossFn:
 
     def __init__(self, cfg: RLConfig):
         self.cfg = cfg
-        self.figures: dict[str, float] = {}
+        self._sums: dict[str, torch.Tensor] = {}
+
+    def new_step(self) -> None:
+        """Forget the previous optimizer step's figures."""
+        self._sums = {}
+
+    def figures(self) -> dict[str, float]:
+        """This step's clip fractions (and KL to the reference), per trained token."""
+        sums = dict(self._sums)
+        n = sums.pop("tokens", None)
+        return {} if n is None else {k: float(v / n.clamp(min=1)) for k, v in sums.items()}
 
     def __call__(self, model, b: RolloutBatch) -> torch.Tensor:
         cfg = self.cfg
         logits_BLV = model(b.input_ids, doc_ids=b.doc_ids)
-        logp_BL = token_logprobs(logits_BLV, b.targets)
+        logp_BL, ent_BL = token_logprobs(logits_BLV, b.targets, entropy=cfg.entropy_coef > 0)
         mask = b.loss_mask
         pl = grpo.clipped_policy_loss(
             logp_BL, b.old_logp, b.advantages, mask, cfg.eps_low, cfg.eps_high, cfg.ratio_level
         )
         loss_BL = pl.loss_BT
-        n = mask.sum().clamp(min=1)
-        with torch.no_grad():
-            figures = {
-                "clip_low": float(pl.clipped_low_BT.sum() / n),
-                "clip_high": float(pl.clipped_high_BT.sum() / n),
-            }
+        parts = {
+            "tokens": mask.sum(),
+            "clip_low": pl.clipped_low_BT.sum(),
+            "clip_high": pl.clipped_high_BT.sum(),
+        }
         if cfg.kl_coef > 0 and b.ref_logp is not None:
             kl_BL = grpo.k3_kl(logp_BL, b.ref_logp) * mask
             loss_BL = loss_BL + cfg.kl_coef * kl_BL
-            figures["kl_ref"] = float(kl_BL.detach().sum() / n)
-        if cfg.entropy_coef > 0:
-            ent_BL = token_entropy(logits_BLV) * mask
-            loss_BL = loss_BL - cfg.entropy_coef * ent_BL
-        self.figures = figures
+            parts["kl_ref"] = kl_BL.detach().sum()
+        if ent_BL is not None:
+            loss_BL = loss_BL - cfg.entropy_coef * ent_BL * mask
+        for key, value in parts.items():
+            self._sums[key] = self._sums.get(key, 0) + value.detach().double()
         return (loss_BL * b.weights).sum()

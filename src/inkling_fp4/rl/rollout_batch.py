@@ -72,12 +72,11 @@ def build_rows(
     return input_ids, targets, mask, logp
 
 
-def token_logprobs(logits_BLV: torch.Tensor, targets_BL: torch.Tensor) -> torch.Tensor:
-    """log p(target) [B, L] in FP32 from logits [B, L, V]."""
-    return F.log_softmax(logits_BLV.float(), dim=-1).gather(-1, targets_BL[..., None])[..., 0]
-
-
-def token_entropy(logits_BLV: torch.Tensor) -> torch.Tensor:
-    """Entropy of each position's distribution [B, L], FP32."""
-    logp = F.log_softmax(logits_BLV.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+def token_logprobs(
+    logits_BLV: torch.Tensor, targets_BL: torch.Tensor, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log p(target) [B, L], and with ``entropy`` each position's entropy [B, L]), FP32, from
+    logits [B, L, V] through one log-softmax."""
+    logp_BLV = F.log_softmax(logits_BLV.float(), dim=-1)
+    picked = logp_BLV.gather(-1, targets_BL[..., None])[..., 0]
+    return picked, (-(logp_BLV.exp() * logp_BLV).sum(-1) if entropy else None)

@@ -37,7 +37,7 @@ from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.rl import grpo, mismatch
 from inkling_fp4.rl.policy_loss import PolicyLossFn
 from inkling_fp4.rl.prompts import PromptStream, TaskData, load_task
-from inkling_fp4.rl.rollout_batch import RolloutBatch, build_rows, token_entropy, token_logprobs
+from inkling_fp4.rl.rollout_batch import RolloutBatch, build_rows, token_logprobs
 from inkling_fp4.rl.scoring import RewardRunner
 from inkling_fp4.train.checkpoint import load_model_tensors
 from inkling_fp4.train.load_run import load_run_checkpoint
@@ -68,6 +68,7 @@ class RolloutTask:
     # -- the trainer's protocol ------------------------------------------------------------------
 
     def next_batches(self, micro: int, accum: int) -> list[RolloutBatch]:
+        self.loss_fn.new_step()
         if not self.queue:
             self._roll()
         mini = self.queue.pop(0)
@@ -79,7 +80,7 @@ class RolloutTask:
 
     def step_metrics(self) -> dict:
         figures, self.figures = self.figures, {}
-        return {**figures, **self.loss_fn.figures}
+        return {**figures, **self.loss_fn.figures()}
 
     def evaluate(self, trainer: Trainer) -> dict:
         """Greedy pass@1 on the task's held-out problems, with the policy as it stands."""
@@ -132,9 +133,9 @@ class RolloutTask:
         with autocast_for(device):
             for i in range(0, rows.input_ids.shape[0], micro):
                 ids = rows.input_ids[i : i + micro].to(device)
-                logits = model(ids)
-                logp.append(token_logprobs(logits, rows.targets[i : i + micro].to(device)).cpu())
-                ent.append(token_entropy(logits).cpu())
+                lp, en = token_logprobs(model(ids), rows.targets[i : i + micro].to(device), entropy=True)
+                logp.append(lp.cpu())
+                ent.append(en.cpu())
         return torch.cat(logp), torch.cat(ent)
 
     def _roll(self) -> None:
