@@ -19,6 +19,8 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "quantize, GEMM epilogue (Triton)",
         (
             "_quantize_rows_kernel",
+            "_quantize_rows_whole_kernel",
+            "_scaled_gemm_kernel",
             "_quantize_fp8_kernel",
             "_rht_kernel",
             "_abs_max_kernel",

@@ -79,3 +79,43 @@ def test_capture_leaves_the_cache_as_it_was():
     after = [t for s in cache.layers if s is not None for t in vars(s).values()]
     assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))
     assert torch.equal(cache.lengths, lengths) and cache.longest == longest
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("scale", ["tensor", "row"])
+def test_graphed_nvfp4_decode_with_held_weights_equals_eager(scale):
+    """NVFP4 with the weights held (the sampler's forward): every replay reduces its activation amax
+    into words zeroed inside the graph, so the 30th replay's logits are the eager step's (a word
+    zeroed once before the capture would carry every earlier replay's amax into the next, moving the
+    scales by up to 2x)."""
+    from inkling_fp4.precision.config import PrecisionConfig
+    from inkling_fp4.precision.policy import PrecisionPolicy
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(preset="tiny")
+    model = HybridLM(cfg).cuda().eval()
+    policy = PrecisionPolicy(PrecisionConfig(recipe="nvfp4", activation_scale=scale), cfg.n_layers)
+    policy.apply(model)
+    policy.freeze_weights(model)
+    prompts = torch.randint(0, cfg.vocab_size, (4, 12), device="cuda")
+    lengths = torch.tensor([12, 3, 7, 1], device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        cache = model.allocate_cache(4, 48)
+        first = model.prefill(prompts, lengths, cache).float()
+        eager_tokens, eager_last = _greedy(lambda t: model.decode_step(t, cache), first, 30)
+        graphed = GraphedDecoder(model, cache)
+        model.prefill(prompts, lengths, cache)
+        graphed_tokens, graphed_last = _greedy(graphed, first, 30)
+    assert torch.equal(graphed_tokens, eager_tokens)
+    torch.testing.assert_close(graphed_last, eager_last, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_torch_twins_are_not_captured():
+    from inkling_fp4.model.compiled import reference_glue
+
+    model = HybridLM(ModelConfig(preset="tiny")).cuda()
+    with reference_glue(), pytest.raises(ValueError, match="twins"):
+        GraphedDecoder(model, model.allocate_cache(2, 8))

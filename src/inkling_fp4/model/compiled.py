@@ -49,6 +49,11 @@ def reference_glue() -> Iterator[None]:
         _ENABLED[0] = previous
 
 
+def glue_enabled() -> bool:
+    """False inside :func:`reference_glue` (the plain PyTorch forms run)."""
+    return _ENABLED[0]
+
+
 def fast_forms_on(first: torch.Tensor) -> bool:
     """Whether a decorated function called with ``first`` as its first argument runs its fast form."""
     return _ENABLED[0] and first.is_cuda and not torch.compiler.is_compiling()

@@ -23,6 +23,13 @@ returns are the graph's output buffer, overwritten by the next replay. A later `
 same cache keeps the graph valid (the cache's tensors are updated in place); another cache needs
 another graph. The capture runs under the caller's autocast settings with autocast's weight-cast
 cache off: a cached cast made outside the graph would be freed while the graph still reads it.
+
+Quantized forwards (NVFP4, FP8) need two more things of a capture, as the training step's graph
+does (``train/graphed_step.py``): the amax words their kernels reduce into are taken from a pool
+zero-filled inside the graph, so that each replay starts from zero (a word zeroed once, before the
+capture, would carry the largest amax of every earlier replay into the next); and the deferred NaN/Inf
+records of their operands go to the capture (a check, which reads the device, must not run inside
+it), their amaxes copied out after each replay for the next check.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from torch import nn
 
 from inkling_fp4.errors import UserError
 from inkling_fp4.model.cache import InferenceCache
+from inkling_fp4.precision import finite_guard
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 """Batch sizes a decode graph is captured for (a larger batch is its own bucket)."""
@@ -67,6 +75,13 @@ class GraphedDecoder:
         blocker = graph_blocker(model, 1, device)
         if blocker is not None:
             raise ValueError(f"the decode step cannot be captured as a CUDA graph: {blocker}")
+        from inkling_fp4.model.compiled import glue_enabled
+
+        if not glue_enabled():  # the attention twin slices the cache at a host-side length (cache.longest)
+            raise ValueError(
+                "the decode step's torch twins (reference_glue) cannot be captured: they read the "
+                "cache's length on the host, which a replay would not update"
+            )
         if cache.max_len < warmup + 1:
             raise ValueError(f"GraphedDecoder: a cache of max_len {cache.max_len} is too short to warm up")
         self.model = model
@@ -91,8 +106,14 @@ class GraphedDecoder:
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         cache.longest = 0
-        with torch.cuda.graph(self.graph), torch.autocast(**autocast):
-            self.logits = model.decode_step(self.tokens, cache)  # [B, V], the graph's output buffer
+        from inkling_fp4.numerics.kernels.amax import start_new_pool  # needs triton: imported here
+
+        finite_guard.raise_if_non_finite()  # the warm-up's records: a check inside the capture would sync
+        with finite_guard.capturing() as self.records:
+            with torch.cuda.graph(self.graph), torch.autocast(**autocast):
+                start_new_pool(device)  # NVFP4 amax words zeroed inside the graph, on every replay
+                self.logits = model.decode_step(self.tokens, cache)  # [B, V], the graph's output buffer
+        start_new_pool(device)  # ... and never handed to eager code
         for t, s in zip(_cache_tensors(cache), saved, strict=True):
             t.copy_(s)
         cache.longest = longest
@@ -109,5 +130,6 @@ class GraphedDecoder:
             raise UserError(f"decode_step: the cache is full ({cache.max_len} tokens); allocate a longer one")
         self.tokens.copy_(tokens)
         self.graph.replay()
+        finite_guard.record_replay(self.records)  # the quantized operands' amaxes, for the NaN/Inf check
         cache.longest += 1
         return self.logits

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 
 from inkling_fp4.precision import gemm
+from inkling_fp4.precision.decode_fprop import decode_fprop
 from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant, Recipe
 
 
@@ -73,6 +74,10 @@ def quantized_forward(
     """fprop only (no autograd): y [M, N], FP32 unless ``out_dtype`` says otherwise. ``wq``: W's
     fprop operand already quantized (:meth:`QuantLinear.freeze_weights`)."""
     with torch.autocast(device_type=x2d.device.type, enabled=False):
+        if out_dtype == torch.bfloat16 and recipe.fprop is not None:
+            y = decode_fprop(x2d, wq, recipe.fprop.a, weight.shape[0], name)  # one fused kernel, or None
+            if y is not None:
+                return y
         y, _, _ = _fprop(x2d, weight, recipe, name, out_dtype, wq=wq)
     return y
 

@@ -26,14 +26,17 @@ from inkling_fp4.numerics.kernels.common import bf16_round
 @triton.jit
 def _scale_to_bf16_kernel(
     acc_ptr, scale_ptr, out_ptr, M, N, stride_am, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr, ROW_SCALE: tl.constexpr = False,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     r = rows.to(tl.int64)[:, None]
     acc = tl.load(acc_ptr + r * stride_am + cols[None, :], mask=mask, other=0.0)
-    y = acc * tl.load(scale_ptr)
+    if ROW_SCALE:  # one scale per row [M]
+        y = acc * tl.load(scale_ptr + rows, mask=rows < M, other=0.0)[:, None]
+    else:
+        y = acc * tl.load(scale_ptr)
     if NATIVE_BF16:
         out = y.to(tl.bfloat16)  # cvt.rn: to nearest even
     else:  # the interpreter's cast truncates (and loses subnormals): round the bits, keep the top half
@@ -45,9 +48,11 @@ def _scale_to_bf16_kernel(
 def scale_to_bf16(
     acc: torch.Tensor, scale: torch.Tensor, *, block_m: int = 16, block_n: int = 256, num_warps: int = 4
 ) -> torch.Tensor:
-    """acc FP32 [M, N] (unit column stride) times the FP32 one-element ``scale``, rounded once to BF16:
-    a new [M, N] BF16 tensor, bit for bit ``torch.mul(acc, scale, out=torch.empty(..., bfloat16))``."""
-    if acc.dtype != torch.float32 or scale.dtype != torch.float32 or scale.numel() != 1:
+    """acc FP32 [M, N] (unit column stride) times the FP32 one-element ``scale`` (or one per row, [M]),
+    rounded once to BF16: a new [M, N] BF16 tensor, bit for bit ``torch.mul(acc, scale, out=torch.empty(
+    ..., bfloat16))`` (with the row scales as a column, [M, 1])."""
+    m = acc.shape[0] if acc.dim() else 0
+    if acc.dtype != torch.float32 or scale.dtype != torch.float32 or scale.numel() not in (1, m):
         raise ValueError(
             f"scale_to_bf16 takes an FP32 product and one FP32 scale, got {acc.dtype} and "
             f"{scale.dtype} x {scale.numel()}"
@@ -62,6 +67,6 @@ def scale_to_bf16(
     _scale_to_bf16_kernel[grid](
         acc, scale, out, m, n, acc.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, NATIVE_BF16=os.environ.get("TRITON_INTERPRET") != "1",
-        num_warps=num_warps,
+        ROW_SCALE=scale.numel() != 1, num_warps=num_warps,
     )  # fmt: skip
     return out

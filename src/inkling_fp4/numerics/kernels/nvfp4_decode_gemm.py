@@ -1,0 +1,163 @@
+"""The emulated NVFP4 fprop at decode sizes in two launches: quantize x, then multiply and scale.
+
+    y [M, N] = bf16( (Qv(x) [M, K] · Wv [N, K]ᵀ)  ·  (1/S_enc(x) · 1/S_enc(W)) )
+
+Qv(x) are x's NVFP4 block values (1x16 blocks, round to nearest: ``code · block scale``, exact in
+BF16), Wv the weight's held block values (16x16 tiles, :meth:`QuantLinear.freeze_weights`). At decode
+sizes (M = the batch, at most a few hundred rows) each launch costs microseconds for well under a
+microsecond of work, so the unfused fprop (amax pass, quantize pass, FP32-output cuBLAS GEMM, the
+product of the decode scales, the BF16 epilogue: five launches) is mostly launches. Here:
+
+1. :func:`quantize_rows_whole`: with ``row`` activation scales (one S_enc per row), one launch: a
+   program owns whole rows, takes each row's amax in a first loop over K (the row is re-read from
+   L2) and writes Qv(x) and the row's output scale ``1/S_enc(row) · 1/S_enc(W)``. With ``tensor``
+   scales the amax of all of x is needed first, so that case is the amax pass plus the existing
+   quantize pass (``nvfp4_quantize.quantize_rows``, which writes the output scale with its partner).
+2. :func:`scaled_gemm`: ``tl.dot`` over BF16 values (exact products, FP32 sums) with the output scale
+   (one per row, or one) and the rounding to BF16 in its epilogue.
+
+Why not quantize x inside the GEMM: every column block of the GEMM would quantize all of its rows
+again, and at K = 3072 that redundant work made one such kernel 10x slower than cuBLAS (H200).
+
+The values are those of the unfused path: the quantization is the same device functions
+(``common.py``) on the same elements, so Qv(x) and the scales are bit for bit the reference's; only
+the order of the FP32 sums differs from cuBLAS's (as between any two GEMM libraries), and the
+epilogue is the same two roundings (the FP32 product with the output scale, then to nearest BF16).
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from inkling_fp4.numerics.kernels.common import bf16_round, block_values, encode_blocks, tensor_scales
+
+MAX_ROWS = 256
+"""Largest M these kernels are used for (decode batches); larger GEMMs (prefill) go to cuBLAS."""
+
+
+def _native() -> bool:
+    """Hardware BF16 conversion and BF16 tensor-core dots (not the interpreter, see ``common.py``)."""
+    return os.environ.get("TRITON_INTERPRET") != "1"
+
+
+@triton.jit
+def _row_max(half):
+    """max |x| per row of [BLOCK_M, G, 8] -> [BLOCK_M]; NaN counts as +Inf (a hardware max drops it)."""
+    magnitude = tl.abs(half)
+    magnitude = tl.where(magnitude == magnitude, magnitude, float("inf"))
+    return tl.max(tl.max(magnitude, axis=2), axis=1)
+
+
+@triton.jit
+def _quantize_rows_whole_kernel(
+    x_ptr, w_decode_ptr, values_ptr, out_scale_ptr, amax_ptr, M, K, stride_xm,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    G: tl.constexpr = BLOCK_K // 16
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ptr = x_ptr + rows.to(tl.int64)[:, None, None] * stride_xm
+    half = tl.arange(0, 8)[None, :]
+    running = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # pass 1: each row's amax
+        blocks = k0 // 16 + tl.arange(0, G)
+        mask = ((rows < M)[:, None] & (blocks < K // 16)[None, :])[:, :, None]
+        ptrs = row_ptr + (blocks[:, None] * 16 + half)[None]  # [BLOCK_M, G, 8]
+        lo = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        hi = tl.load(ptrs + 8, mask=mask, other=0.0).to(tl.float32)
+        running = tl.maximum(running, tl.maximum(_row_max(lo), _row_max(hi)))
+    s_enc, decode = tensor_scales(running[:, None])  # [BLOCK_M, 1]
+    tl.store(amax_ptr + rows, running, mask=rows < M)
+    tl.store(out_scale_ptr + rows, tl.reshape(decode, [BLOCK_M]) * tl.load(w_decode_ptr), mask=rows < M)
+    for k0 in range(0, K, BLOCK_K):  # pass 2: the block values
+        blocks = k0 // 16 + tl.arange(0, G)
+        block_mask = (rows < M)[:, None] & (blocks < K // 16)[None, :]  # [BLOCK_M, G]
+        ptrs = row_ptr + (blocks[:, None] * 16 + half)[None]
+        lo = tl.load(ptrs, mask=block_mask[:, :, None], other=0.0).to(tl.float32)
+        hi = tl.load(ptrs + 8, mask=block_mask[:, :, None], other=0.0).to(tl.float32)
+        block_amax = tl.maximum(tl.max(tl.abs(lo), axis=2), tl.max(tl.abs(hi), axis=2))
+        _, scale, _, _, value_lo, value_hi = encode_blocks(lo, hi, block_amax, s_enc, decode, 0, 0, False)
+        cols = (blocks[:, None] * 16 + tl.arange(0, 16)[None, :])[None]  # [1, G, 16]
+        v = block_values(value_lo, value_hi, scale, BLOCK_M, G)
+        tl.store(values_ptr + rows.to(tl.int64)[:, None, None] * K + cols, v.to(tl.bfloat16),
+                 mask=block_mask[:, :, None])  # fmt: skip
+
+
+def quantize_rows_whole(
+    x: torch.Tensor, w_decode: torch.Tensor, *, block_m: int = 1, block_k: int = 256
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] (unit column stride, K % 16 == 0), one FP32 scale per row, in one launch ->
+    (BF16 block values [M, K], output scales ``1/S_enc(row) · w_decode`` FP32 [M], row amaxes [M])."""
+    m, k = x.shape
+    values = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)
+    out_scale = torch.empty(m, dtype=torch.float32, device=x.device)
+    amax = torch.empty(m, dtype=torch.float32, device=x.device)
+    _quantize_rows_whole_kernel[(triton.cdiv(m, block_m),)](
+        x, w_decode, values, out_scale, amax, m, k, x.stride(0), BLOCK_M=block_m, BLOCK_K=block_k,
+        num_warps=2,
+    )  # fmt: skip
+    return values, out_scale, amax
+
+
+@triton.jit
+def _scaled_gemm_kernel(
+    a_ptr, b_ptr, scale_ptr, y_ptr, M, N, K, stride_am, stride_bn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_SCALE: tl.constexpr,
+    NATIVE: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    a_rows = a_ptr + rows.to(tl.int64)[:, None] * stride_am
+    b_cols = b_ptr + cols.to(tl.int64)[None, :] * stride_bn  # Bᵀ tile [BLOCK_K, BLOCK_N]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_rows + ks[None, :], mask=(rows < M)[:, None] & (ks < K)[None, :], other=0.0)
+        b = tl.load(b_cols + ks[:, None], mask=(ks < K)[:, None] & (cols < N)[None, :], other=0.0)
+        if NATIVE:
+            acc = tl.dot(a, b, acc)  # BF16 x BF16: exact products, FP32 sums
+        else:  # the interpreter multiplies BF16 as raw bits: the same exact products in FP32
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    if ROW_SCALE:
+        y = acc * tl.load(scale_ptr + rows, mask=rows < M, other=0.0)[:, None]
+    else:
+        y = acc * tl.load(scale_ptr)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    out_ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_ym + cols[None, :]
+    if NATIVE:
+        tl.store(out_ptrs, y.to(tl.bfloat16), mask=mask)  # cvt.rn: to nearest even
+    else:  # the interpreter's cast truncates: round the bits, keep the top half
+        bits = bf16_round(y, False).to(tl.int32, bitcast=True)
+        tl.store(out_ptrs, (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True), mask=mask)
+
+
+def _tiles(m: int, n: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps): the whole batch in one row tile up to 64 rows (the weight,
+    most of the bytes, is then read once), and column tiles narrow enough to fill the GPU. The
+    fastest of a sweep over a 158M model's decode GEMMs (H200, scripts/bench_decode_gemm.py)."""
+    if m > 64:
+        return 64, 64, 128, 4
+    return max(16, triton.next_power_of_2(m)), 32 if n <= 2048 else 64, 256, 4
+
+
+def scaled_gemm(
+    a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, *, tiles: tuple[int, int, int, int] | None = None
+) -> torch.Tensor:
+    """bf16(a [M, K] · b [N, K]ᵀ · scale) for BF16 a and b (block values: exact products), FP32 sums;
+    ``scale`` FP32: one element, or one per row of a ([M])."""
+    m, k = a.shape
+    n = b.shape[0]
+    if b.shape[1] != k or a.stride(1) != 1 or b.stride(1) != 1 or a.dtype != b.dtype != torch.bfloat16:
+        raise ValueError(f"scaled_gemm: BF16 a {tuple(a.shape)} and b {tuple(b.shape)}, unit column stride")
+    row_scale = scale.numel() != 1
+    if row_scale and scale.numel() != m:
+        raise ValueError(f"scaled_gemm: {scale.numel()} scales for {m} rows")
+    y = torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
+    block_m, block_n, block_k, warps = tiles or _tiles(m, n)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    _scaled_gemm_kernel[grid](
+        a, b, scale, y, m, n, k, a.stride(0), b.stride(0), y.stride(0), BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, ROW_SCALE=row_scale, NATIVE=_native(), num_warps=warps,
+    )  # fmt: skip
+    return y

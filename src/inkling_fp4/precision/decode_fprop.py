@@ -1,0 +1,75 @@
+"""The no-grad NVFP4 fprop at decode sizes as one fused kernel, where it applies.
+
+A sampler's decode step runs every linear layer on M = the batch rows against a weight held quantized
+once per policy version (:meth:`QuantLinear.freeze_weights`). The unfused emulated fprop is five
+launches for microseconds of work each; ``numerics/kernels/nvfp4_decode_gemm.py`` quantizes x in one
+launch (two under ``tensor`` activation scales) and multiplies with the output scale in its GEMM's
+epilogue, with the same values (see that module).
+
+:func:`decode_fprop` returns None wherever the kernel does not apply, and the caller runs the unfused
+path, its reference: no Triton for this device, more than ``MAX_ROWS`` rows (prefill: one cuBLAS GEMM
+is then the faster), an x operand other than round-to-nearest NVFP4 1x16, a weight not held as BF16
+block values, or a contraction the held weight was padded along.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inkling_fp4.precision import finite_guard, gemm
+from inkling_fp4.precision.recipes import OperandQuant
+
+GEMM = "auto"
+"""The GEMM after the quantize pass: ``triton`` (one kernel with the output scale in its epilogue),
+``cublas`` (an FP32-output cuBLAS GEMM, then the scale-and-round kernel: same values, one launch more)
+or ``auto``: cuBLAS for the wide GEMMs of the larger batches (more than 64 rows, more than 2048
+columns: the LM head, in_proj, up_proj), where its kernels outrun the Triton one by more than the
+launch (H200: 49 us against 73 for the 32768-wide head at 256 rows), Triton elsewhere."""
+
+
+def _applies(x2d: torch.Tensor, wq: gemm.Operand | None, spec: OperandQuant) -> bool:
+    if wq is None or wq.spec.format != "nvfp4" or wq.values is None or wq.decode_scale is None:
+        return False
+    if spec.format != "nvfp4" or spec.block != (1, 16) or spec.stochastic or spec.rht:
+        return False
+    from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import MAX_ROWS
+
+    m, k = x2d.shape
+    return (
+        0 < m <= MAX_ROWS
+        and k % 16 == 0
+        and wq.values.dtype == torch.bfloat16
+        and wq.values.shape[1] == k
+        and wq.decode_scale.numel() == 1
+        and not wq.transposed
+        and gemm._fused_for(x2d) is not None
+    )
+
+
+def decode_fprop(
+    x2d: torch.Tensor, wq: gemm.Operand | None, spec: OperandQuant, n: int, name: str
+) -> torch.Tensor | None:
+    """y BF16 [M, n] = Q(x2d) · W_heldᵀ with its output scale, in two launches (three under tensor
+    scaling); None where that does not apply (see the module docstring). The x amax goes to the
+    deferred NaN/Inf check."""
+    if not _applies(x2d, wq, spec):
+        return None
+    from inkling_fp4.numerics.kernels import nvfp4_decode_gemm as kernels
+
+    x = x2d if x2d.stride(1) == 1 else x2d.contiguous()
+    if spec.row_scaled:  # xv [M, K] BF16, out_scale [M], amax [M]
+        xv, out_scale, amax = kernels.quantize_rows_whole(x, wq.decode_scale)
+        amax = amax.amax()
+    else:  # the amax pass, then the quantize pass, which also writes 1/S_enc(x) · 1/S_enc(W)
+        bv = gemm._fused_for(x).fake_quantize(x, check_finite=False, scale_with=wq.decode_scale)
+        xv, out_scale, amax = bv.values, bv.output_scale, bv.amax
+    label = f"NVFP4 operand '{name} x'"
+    finite_guard.record(amax, label)
+    if finite_guard.eager():
+        finite_guard.raise_if_non_finite()
+    w = wq.values[:n]  # [n, K] (the held tiles pad N to 16)
+    if GEMM == "triton" or (GEMM == "auto" and (x.shape[0] <= 64 or n <= 2048)):
+        return kernels.scaled_gemm(xv, w, out_scale)
+    from inkling_fp4.numerics.kernels.scale_output import scale_to_bf16
+
+    return scale_to_bf16(gemm.mm_fp32_out(xv, w.t()), out_scale)
