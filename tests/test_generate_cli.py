@@ -46,6 +46,32 @@ def test_generate_prints_completions_and_writes_jsonl(run, tmp_path):
     assert [json.loads(x)["tokens"] for x in out2.read_text().splitlines()] == [r["tokens"] for r in rows]
 
 
+def test_one_prompt_is_streamed_as_it_would_be_printed(run, monkeypatch):
+    """One prompt without --out streams: the text is written in pieces as it is decoded, and the
+    output is line for line that of --no-stream (but for the timing)."""
+    import inkling_fp4.infer.generate as gen
+
+    pieces = []
+
+    class Recording(gen.TextStream):
+        def __init__(self, tokenizer, stop, write):
+            super().__init__(tokenizer, stop, lambda text: (pieces.append(text), write(text)))
+
+    monkeypatch.setattr(gen, "TextStream", Recording)
+    args = ["generate", "--from", str(run), "--prompt", "The cat", "sampler.max_new_tokens=6",
+            "sampler.temperature=0"]  # fmt: skip
+    code, streamed, err = cli(args)
+    assert code == 0, err
+    code, printed, err = cli([*args, "--no-stream"])
+    assert code == 0, err
+    assert len(pieces) > 1 and f"  -> {''.join(pieces)}\n" in printed
+
+    def lines(out):
+        return [line for line in out.splitlines() if "new tokens/s" not in line]
+
+    assert lines(streamed) == lines(printed)
+
+
 def test_generate_without_from_takes_the_newest_run(run, tmp_path, monkeypatch):
     shutil.copytree(run, tmp_path / "runs" / "pre")
     monkeypatch.chdir(tmp_path)
@@ -98,6 +124,7 @@ def test_eval_scores_a_task_and_appends_to_the_metrics(run, tmp_path):
         (["sampler.temperature=-1"], "sampler.temperature must be >= 0"),
         (["model.d_model=8"], "generation takes sampler.* and precision.* overrides"),
         ([], "give --prompt TEXT"),
+        (["--stream", "--prompt", "a", "--prompt", "b"], "--stream shows one completion"),
     ],
 )
 def test_generate_refuses_bad_input_in_one_line(run, args, message):

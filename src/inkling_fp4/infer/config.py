@@ -38,6 +38,12 @@ class SamplerConfig:
     depend on it: finished sequences keep decoding until the check and are cut where they ended)."""
     device: str = "auto"
     """auto (CUDA when available) | cpu | cuda | cuda:N."""
+    cuda_graph: bool = True
+    """On a CUDA device, replay the decode step as a CUDA graph per batch bucket, captured once and
+    kept across generate calls (``infer/decode_graphs.py``): a small model's step otherwise waits on
+    kernel launches. It computes what eager decoding computes (a batch smaller than its bucket is
+    padded with copies of its first row, which change no other row); ignored on other devices and
+    where the model cannot be captured (decoded eagerly then, with one line saying why)."""
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:

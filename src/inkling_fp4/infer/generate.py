@@ -4,16 +4,23 @@ Prompts come from ``--prompt TEXT`` (repeatable) or ``--prompts FILE``: a ``.jso
 ``{"prompt": ...}`` records, or any other text file with one prompt per line (blank lines skipped).
 With ``--out FILE`` each completion is one JSON line: prompt, completion, tokens, logprobs,
 finish_reason.
+
+Streaming (``--stream``; the default for one prompt without ``--out``): the completion's text is
+written as it is decoded, only where it is final (``infer/streaming.py``), so the streamed text is
+the completion's text exactly; the host then reads the tokens back after every decode step.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from inkling_fp4.errors import DataError, UserError
 from inkling_fp4.infer.from_run import load_run_sampler
-from inkling_fp4.infer.sampler import Completion
+from inkling_fp4.infer.sampler import Completion, Sampler
+from inkling_fp4.infer.streaming import TextStream
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -40,6 +47,22 @@ def read_prompts(path: Path) -> list[str]:
     return prompts
 
 
+def write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def streamed(sampler: Sampler, text: str, tokens: list[int], echo, write) -> list[Completion]:
+    """One prompt's completion, printed as the non-streamed one is, its text written as it is decoded."""
+    echo(f"[0] {text}")
+    write("  -> ")
+    stream = TextStream(sampler.tokenizer, sampler.cfg.stop, write)
+    completions = sampler.generate([tokens], on_tokens=lambda _, toks, ends: stream.update(toks[0], ends[0]))
+    write("\n")
+    echo(f"     ({len(completions[0].tokens)} tokens, {completions[0].finish_reason})")
+    return completions
+
+
 def run_generate(
     from_run: Path | None,
     prompts: list[str] | None,
@@ -47,20 +70,29 @@ def run_generate(
     out: Path | None,
     overrides: list[str] | None,
     echo=print,
+    stream: bool | None = None,
+    write: Callable[[str], None] = write_stdout,
 ) -> list[Completion]:
+    """``stream``: None streams one prompt printed without ``--out`` (see the module docstring)."""
     if prompts and prompts_file is not None:
         raise UserError("--prompt and --prompts: give the prompts one way")
     texts = list(prompts or []) or (read_prompts(prompts_file) if prompts_file is not None else [])
     if not texts:
         raise UserError("nothing to complete: give --prompt TEXT (repeatable) or --prompts FILE")
+    if stream and len(texts) > 1:
+        raise UserError(f"--stream shows one completion as it is decoded; {len(texts)} prompts given")
+    stream = len(texts) == 1 and out is None if stream is None else stream
     rs = load_run_sampler(from_run, overrides, echo)
     tokens = [rs.encode(t, f"prompt {i}" if len(texts) > 1 else "the prompt") for i, t in enumerate(texts)]
     echo(f"generate: {rs.describe()}")
-    completions = rs.sampler.generate(tokens)
-    for i, (text, c) in enumerate(zip(texts, completions, strict=True)):
-        echo(f"[{i}] {text}")
-        echo(f"  -> {c.text}")
-        echo(f"     ({len(c.tokens)} tokens, {c.finish_reason})")
+    if stream:
+        completions = streamed(rs.sampler, texts[0], tokens[0], echo, write)
+    else:
+        completions = rs.sampler.generate(tokens)
+        for i, (text, c) in enumerate(zip(texts, completions, strict=True)):
+            echo(f"[{i}] {text}")
+            echo(f"  -> {c.text}")
+            echo(f"     ({len(c.tokens)} tokens, {c.finish_reason})")
     stats = rs.sampler.stats
     echo(f"{stats.new_tokens} new tokens in {stats.seconds:.2f} s: {stats.tokens_per_s:,.1f} new tokens/s")
     if out is not None:

@@ -18,6 +18,15 @@ sequence's tokens never depend on ``check_every`` or on when its neighbours ende
 from one ``torch.Generator`` seeded with ``sampler.seed`` per :meth:`Sampler.generate` call: the
 same prompts and config give the same completions.
 
+CUDA graphs (``sampler.cuda_graph``, on CUDA): the prefill and decode steps run on a cache kept per
+batch bucket and the step replays as that bucket's graph, the batch padded with copies of its first
+row (``infer/decode_graphs.py`` says why copies change no real row, under tensorwise scales too).
+Sampling reads only the real rows of the graph's logits buffer, before the next replay overwrites it.
+
+Streaming (``on_tokens``): the host reads the new tokens after every step instead of every
+``check_every`` and hands them to the callback with where each sequence has ended; without it
+nothing is read back between checks.
+
 Shape letters: B batch, L prompt length, T new tokens, V vocabulary.
 """
 
@@ -25,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,8 +43,9 @@ from torch import nn
 from inkling_fp4.data.tokenizer import Tokenizer
 from inkling_fp4.errors import UserError
 from inkling_fp4.infer.config import SamplerConfig
+from inkling_fp4.infer.decode_graphs import DecodeGraphs, log_to_stderr
 from inkling_fp4.infer.sampling import sample
-from inkling_fp4.infer.stopping import StopChecker
+from inkling_fp4.infer.stopping import End, StopChecker
 from inkling_fp4.precision.config import PrecisionConfig
 from inkling_fp4.precision.policy import PrecisionPolicy
 
@@ -54,6 +64,11 @@ class Completion:
     before top-k / top-p / min-p; see ``infer/sampling.py``), one per token."""
     finish_reason: str
     """eos | stop | length (``infer/stopping.py``)."""
+
+
+OnTokens = Callable[[int, list[list[int]], list[End | None]], None]
+"""``on_tokens(first, tokens, ends)``: the index of the batch's first prompt, each sequence's new
+tokens so far, and where each has ended (None: not yet). The last call of a batch has every end."""
 
 
 @dataclass
@@ -119,6 +134,9 @@ class Sampler:
         """Most tokens of prompt plus completion (None: unbounded, see SamplerConfig.max_context)."""
         self.eos_ids = list(eos_ids) if eos_ids is not None else [tokenizer.eos, tokenizer.end]
         self.stats = GenerationStats()
+        self.graphs: DecodeGraphs | None = None
+        """The bucketed caches and decode graphs, made on the first generation on CUDA."""
+        self._eager_reason: str | None = None
         if policy is not None:
             policy.freeze_weights(model)
 
@@ -143,22 +161,97 @@ class Sampler:
                 "sampler.max_context"
             )
 
-    def generate(self, prompts: Sequence[Sequence[int]], seed: int | None = None) -> list[Completion]:
-        """One completion per prompt (token lists), in batches of ``sampler.batch_size``."""
+    def generate(
+        self, prompts: Sequence[Sequence[int]], seed: int | None = None, on_tokens: OnTokens | None = None
+    ) -> list[Completion]:
+        """One completion per prompt (token lists), in batches of ``sampler.batch_size``;
+        ``on_tokens`` streams them (see :data:`OnTokens`)."""
         for i, p in enumerate(prompts):
             self.check_prompt(p, f"prompt {i}")
         generator = torch.Generator(device=self.device)
         generator.manual_seed(self.cfg.seed if seed is None else seed)
         if self.policy is not None:
-            self.policy.freeze_weights(self.model)  # a no-op unless the weights changed
+            self.policy.freeze_weights(self.model)  # a no-op unless the weights changed; in place if so
+        graphs = self._decode_graphs()
         out: list[Completion] = []
         bs = self.cfg.batch_size
         for start in range(0, len(prompts), bs):
-            out += self._generate_batch([list(p) for p in prompts[start : start + bs]], generator)
+            batch = [list(p) for p in prompts[start : start + bs]]
+            out += self._generate_batch(batch, generator, graphs, start, on_tokens)
         return out
 
+    def _decode_graphs(self) -> DecodeGraphs | None:
+        """The bucketed caches this generation decodes in (graphs under ``sampler.cuda_graph`` on
+        CUDA, where the model can be captured), or None: each batch allocates its own cache."""
+        use = self.cfg.cuda_graph and self.device.type == "cuda"
+        if use and self.graphs is None:
+            self.graphs = DecodeGraphs(self.model)
+        graphs = self.graphs
+        if graphs is None or (graphs.capture and not use):
+            return None
+        if graphs.capture:
+            from inkling_fp4.train.graphed_step import graph_blocker
+
+            blocker = graph_blocker(self.model, 1, self.device)
+            if blocker is not None:
+                if blocker != self._eager_reason:
+                    log_to_stderr(f"sampler: decoding eagerly, not as a CUDA graph: {blocker}")
+                    self._eager_reason = blocker
+                return None
+        graphs.check()  # weights refreshed in place keep the graphs; anything else drops them
+        return graphs
+
+    def _longest_sequence(self) -> int | None:
+        """The most tokens a batch's cache can need (a prompt of context-1 tokens, decoded for the
+        longest budget any prompt may have), or None without a context."""
+        if self.context is None:
+            return None
+        return self.context - 1 + min(self.cfg.max_new_tokens, self.context - 1)
+
+    def _prompt_batch(self, prompts: list[list[int]], L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded prompts [R, L] and their lengths [R], on the device."""
+        pad = self.tokenizer.pad if self.tokenizer.pad is not None else 0
+        tokens_RL = torch.full((len(prompts), L), pad, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            tokens_RL[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+        lengths_R = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        return tokens_RL.to(self.device), lengths_R.to(self.device)
+
+    def _prefill(
+        self, prompts: list[list[int]], L: int, T: int, graphs: DecodeGraphs | None
+    ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+        """The prompts prefilled into a cache: the logits after each prompt [B, V] and the decode
+        step (tokens [B] -> logits [B, V]). With ``graphs``: the bucket's cache and graph, its R >= B
+        rows past B copies of row 0 (its prompt, and its token at every step); else a cache of the
+        batch's own, decoded eagerly."""
+        model, B = self.model, len(prompts)
+        slot = graphs.slot(B, L + T, self._longest_sequence()) if graphs is not None and T > 1 else None
+        if slot is None:
+            cache = model.allocate_cache(B, L + T)
+            tokens_BL, lengths_B = self._prompt_batch(prompts, L)
+            return model.prefill(tokens_BL, lengths_B, cache), lambda tok_B: model.decode_step(tok_B, cache)
+        cache, R = slot.cache, slot.cache.batch_size
+        decode = slot.decoder if slot.decoder is not None else lambda tok_R: model.decode_step(tok_R, cache)
+        feed_R = torch.cat([torch.arange(B), torch.zeros(R - B, dtype=torch.long)]).to(self.device)  # [R]
+        tokens_RL, lengths_R = self._prompt_batch(prompts + [prompts[0]] * (R - B), L)
+        logits_RV = model.prefill(tokens_RL, lengths_R, cache)
+
+        def step(tok_B: torch.Tensor) -> torch.Tensor:
+            # a graph returns its logits buffer [R, V]: the real rows are sampled from this view
+            # before the next replay overwrites it (the same stream orders the two)
+            return decode(tok_B[feed_R] if R > B else tok_B)[:B]
+
+        return logits_RV[:B], step
+
     @torch.no_grad()
-    def _generate_batch(self, prompts: list[list[int]], generator: torch.Generator) -> list[Completion]:
+    def _generate_batch(
+        self,
+        prompts: list[list[int]],
+        generator: torch.Generator,
+        graphs: DecodeGraphs | None = None,
+        first: int = 0,
+        on_tokens: OnTokens | None = None,
+    ) -> list[Completion]:
         from inkling_fp4.train.trainer import autocast_for
 
         cfg, model, device = self.cfg, self.model, self.device
@@ -171,24 +264,18 @@ class Sampler:
         ]
         T = max(budgets)
         L = max(lengths)
-        pad = self.tokenizer.pad if self.tokenizer.pad is not None else 0
-        tokens_BL = torch.full((B, L), pad, dtype=torch.long)
-        for b, p in enumerate(prompts):
-            tokens_BL[b, : len(p)] = torch.tensor(p, dtype=torch.long)
-        tokens_BL = tokens_BL.to(device)
-        lengths_B = torch.tensor(lengths, dtype=torch.long, device=device)
         new_BT = torch.zeros(B, T, dtype=torch.long, device=device)
         logp_BT = torch.zeros(B, T, dtype=torch.float32, device=device)
         stops = StopChecker(self.tokenizer, self.eos_ids, cfg.stop, budgets)
         budget_B = torch.tensor(budgets, dtype=torch.long, device=device)
         ended_B = torch.zeros(B, dtype=torch.bool, device=device)  # an end token or the budget, on device
-        cache = model.allocate_cache(B, L + T)
+        every = 1 if on_tokens is not None else cfg.check_every
         was_training = model.training
         model.eval()
         steps = 0
         try:
-            with autocast_for(device):
-                logits = model.prefill(tokens_BL, lengths_B, cache)  # [B, V]
+            with autocast_for(device):  # a capture (in graphs.slot) runs under the same autocast
+                logits, step = self._prefill(prompts, L, T, graphs)  # [B, V]
                 for t in range(T):
                     tok_B, lp_B = sample(
                         logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
@@ -198,16 +285,19 @@ class Sampler:
                     logp_BT[:, t] = lp_B
                     ended_B |= stops.eos_mask(tok_B) | (budget_B <= t + 1)
                     last = t + 1 == T
-                    if last or (t + 1) % cfg.check_every == 0:
-                        if bool(ended_B.all()) and not cfg.stop:
+                    if last or (t + 1) % every == 0:
+                        if bool(ended_B.all()) and not cfg.stop and on_tokens is None:
                             break
-                        if cfg.stop:
-                            stops.update(new_BT[:, : t + 1].tolist())
+                        if cfg.stop or on_tokens is not None:
+                            so_far = new_BT[:, : t + 1].tolist()
+                            stops.update(so_far)
+                            if on_tokens is not None:
+                                on_tokens(first, so_far, stops.ends)
                             if stops.all_finished:
                                 break
                     if last:
                         break
-                    logits = model.decode_step(tok_B, cache)  # [B, V]
+                    logits = step(tok_B)  # [B, V]
                     steps += 1
         finally:
             model.train(was_training)

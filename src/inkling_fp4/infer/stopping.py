@@ -50,6 +50,7 @@ class StopChecker:
         self.ends: list[End | None] = [None] * len(self.budgets)
         self._checked = [0] * len(self.budgets)
         """Per sequence: how many leading tokens are known to hold no stop string."""
+        self._eos_on: tuple[tuple, torch.Tensor] | None = None
 
     @property
     def finished(self) -> list[bool]:
@@ -60,9 +61,14 @@ class StopChecker:
         return all(e is not None for e in self.ends)
 
     def eos_mask(self, tokens: torch.Tensor) -> torch.Tensor:
-        """[...] bool: which of ``tokens`` are end tokens (on their device, no sync)."""
-        ids = torch.tensor(self.eos_ids, dtype=tokens.dtype, device=tokens.device)
-        return torch.isin(tokens, ids)
+        """[...] bool: which of ``tokens`` are end tokens (on their device, no sync).
+
+        The ids are copied to the device once: a blocking host-to-device copy per step would
+        wait for the step's kernels, a host sync per token."""
+        key = (tokens.device, tokens.dtype)
+        if self._eos_on is None or self._eos_on[0] != key:
+            self._eos_on = (key, torch.tensor(self.eos_ids, dtype=tokens.dtype, device=tokens.device))
+        return torch.isin(tokens, self._eos_on[1])
 
     def update(self, tokens: list[list[int]]) -> None:
         """Look at every unfinished sequence's new tokens so far (``tokens[b]``, all of them, in order)."""

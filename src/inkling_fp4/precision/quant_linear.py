@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inkling_fp4.precision import gemm
+from inkling_fp4.precision.held_operand import refresh_in_place
 from inkling_fp4.precision.linear_gemms import DelayedWords, LinearGEMMs, _QuantLinearFn, quantized_forward
 from inkling_fp4.precision.recipes import Recipe
 
@@ -115,7 +116,9 @@ class QuantLinear(nn.Module):
         NVFP4 the 16×16 tiles are those the training fprop and dgrad use. (Delayed FP8 scaling is
         the exception there as everywhere without autograd: W is scaled from its own amax.) It is
         used only while the recipe, device and W itself are unchanged (:meth:`frozen_weight`);
-        training forwards never use it."""
+        training forwards never use it. A new operand of the held one's layout is copied into the
+        held tensors (``precision/held_operand.py``), so a CUDA graph that captured them decodes
+        with the new weights."""
         recipe = self.recipe
         if recipe is None or recipe.fprop is None or recipe.backend == "te":
             self.frozen = None
@@ -130,6 +133,8 @@ class QuantLinear(nn.Module):
                 # the exact BF16 block values an emulated GEMM multiplies, decoded once here
                 decode = wq.q.decode_scale if wq.spec.format == "nvfp4" else None
                 wq = dataclasses.replace(wq, values=wq.q.block_values(torch.bfloat16), decode_scale=decode)
+        if held is not None and refresh_in_place(held.operand, wq):
+            wq = held.operand  # the same addresses, the new values: a captured decode graph sees them
         self.frozen = FrozenWeight(wq, version, weight._version, recipe, weight.device)
         return True
 
