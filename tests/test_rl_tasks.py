@@ -285,3 +285,17 @@ def test_countdown_problems_are_shaped_as_documented_and_solved():
             assert cd.reward(p.prompt, p.solution, p.answer) == 1.0, (seed, p.solution)
             wrong = p.solution.replace("<answer>", "<answer>1 + ")
             assert cd.reward(p.prompt, wrong, p.answer) < 1.0
+
+
+def test_held_out_problems_are_distinct_and_capped_by_the_split():
+    """The run's held-out set has no repeats: level 1 has only 23 eval problems, so asking for 128
+    gives those 23 (each counted once), while the harder levels give all 128, distinct."""
+    from inkling_fp4.rl.config import RLConfig
+    from inkling_fp4.rl.prompts import load_task
+
+    easy = load_task(RLConfig(levels=[1], eval_prompts=128), 0).eval
+    level_one = {p.prompt for p in arith.problems("eval", 2000, 0, levels=[1])}
+    assert {p.text for p in easy} == level_one and len(easy) == len(level_one) < 128
+    mixed = load_task(RLConfig(levels=[1, 2, 3], eval_prompts=128), 0).eval
+    assert len(mixed) == 128 == len({p.text for p in mixed})
+    assert all(split_of(p.text.split(".")[0].removeprefix("Compute ")) == "eval" for p in mixed)

@@ -58,7 +58,7 @@ def test_rollout_logs_every_metric_and_resumes_bit_exact(base, tmp_path):
         assert not missing, missing
         assert 0 <= r["reward_mean"] <= 1 and r["mismatch_k3"] >= 0 and r["completion_len_max"] <= 12
     evals = [r for r in straight if "eval_accuracy" in r]
-    assert [r["step"] for r in evals] == [3, 6] and all(0 <= r["eval_accuracy"] <= 1 for r in evals)
+    assert [r["step"] for r in evals] == [0, 3, 6] and all(0 <= r["eval_accuracy"] <= 1 for r in evals)
     train_rl(base, tmp_path / "b", "train.steps=6", "train.stop_after=3")
     parted = train_rl(base, tmp_path / "b", "train.steps=6", resume=True)
 
@@ -111,6 +111,42 @@ def test_rewards_that_raise_or_return_nan_score_zero_and_the_run_goes_on(base, t
     failures = steps[0]["reward_failures"]
     assert failures["raised"] > 0 and failures["invalid"] > 0
     assert any(r.get("event") == "reward_failure" and "bad reward" in r["message"] for r in got)
+
+
+def test_one_rl_step_moves_log_p_the_way_of_the_advantages(base, tmp_path, monkeypatch):
+    """End to end through sampling, scoring, the rows and the policy loss: after the first optimizer
+    step the trainer's log p of completions with a positive advantage has risen and of those with a
+    negative one has fallen (a reward with some spread in every group: the fraction of spaces)."""
+    (tmp_path / "spaces.py").write_text(
+        "def reward(prompt, completion, answer):\n"
+        "    return completion.count(' ') / max(1, len(completion))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = {}
+    queue, roll = rollout.RolloutTask._queue_mini_batches, rollout.RolloutTask._roll
+
+    def queued(self, rows, correction):
+        seen.setdefault("rows", rows)
+        return queue(self, rows, correction)
+
+    def rolled(self):
+        if "rows" in seen and "after" not in seen:  # the second rollout: the first step is done
+            seen["after"], _ = self._trainer_logp(seen["rows"], self.trainer.fwd_model)
+        return roll(self)
+
+    monkeypatch.setattr(rollout.RolloutTask, "_queue_mini_batches", queued)
+    monkeypatch.setattr(rollout.RolloutTask, "_roll", rolled)
+    train_rl(base, tmp_path / "r", "train.steps=2", "eval.every=0", "eval.at_start=false",
+             "rl.reward=spaces:reward", "rl.prompts_per_step=4", "rl.group_size=8", "train.batch_size=32",
+             "train.micro_batch_size=16", "sampler.max_new_tokens=16", "optim.lr=0.01",
+             "train.warmup_steps=1")  # fmt: skip
+    rows = seen["rows"]
+    mask = rows.loss_mask.float()
+    moved = ((seen["after"] - rows.old_logp) * mask).sum(1) / mask.sum(1).clamp(min=1)  # [B] mean d log p
+    adv = rows.advantages
+    assert (adv > 0).sum() >= 4 and (adv < 0).sum() >= 4
+    assert moved[adv > 0].mean() > 0.02 and moved[adv < 0].mean() < -0.02, moved
+    assert torch.corrcoef(torch.stack([adv.float(), moved.float()]))[0, 1] > 0.5
 
 
 def test_cli_refusals(base, tmp_path, monkeypatch):

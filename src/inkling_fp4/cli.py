@@ -280,7 +280,7 @@ def compare_baseline(
     overrides: list[str] = typer.Argument(None, help="Dotted overrides for every run, e.g. train.steps=100."),
     recipe: str = typer.Option(None, help="Recipe to train in FP8 and in its own precision (default: tiny)."),
     run_dir: Path = typer.Option(None, help="Where the runs and report go (default: runs/<name>-compare)."),
-    with_recipes: str = typer.Option("", "--with", help="More precisions to compare, e.g. bf16,mxfp4."),
+    with_recipes: str = typer.Option("", "--with", help="More precisions to compare (any stage), e.g. bf16."),
     ablate: str = typer.Option("", help="Pieces to turn off, one run each: rht,sr,2d,bf16-layers,switch."),
     only: str = typer.Option(None, help="Train only this run of the comparison (e.g. fp8), no report."),
     run: Path = typer.Option(None, help="An existing run directory to compare with --baseline."),
@@ -292,13 +292,15 @@ def compare_baseline(
     noise_run: Path = typer.Option(
         None, help="With --run / --baseline: the baseline trained again with another train.init_seed."
     ),
-    stage: str = typer.Option("pretrain", help="Which stage to compare: pretrain or sft."),
+    stage: str = typer.Option("pretrain", help="Which stage to compare: pretrain, sft or rollout."),
     from_run: Path = typer.Option(
-        None, "--from", help="--stage sft: the run or checkpoint every run fine-tunes (default: the newest)."
+        None,
+        "--from",
+        help="--stage sft / rollout: the run or checkpoint every run starts from (default: the newest).",
     ),
 ) -> None:
-    """Train the recipe under the paper's FP8 baseline and under NVFP4 and report the loss gap, or
-    compare two existing runs (--run A --baseline B)."""
+    """Train the recipe under the paper's FP8 baseline and under NVFP4 and report the loss gap (RL: the
+    reward and accuracy gap), or compare two existing runs (--run A --baseline B)."""
     from inkling_fp4.compare.run import compare_runs, run_compare
     from inkling_fp4.config import load_config
 
@@ -325,12 +327,21 @@ def compare_baseline(
             Path("runs") / f"{name}-compare", ("pretrain",), "fp4train pretrain"
         )
         cfg = sft_config(recipe, list(overrides or []), from_run)
+    elif stage == "rollout":
+        from inkling_fp4.compare.run import rollout_config
+        from inkling_fp4.train.rollout import DEFAULT_RECIPE as RL_RECIPE
+
+        name = load_config(recipe or RL_RECIPE, list(overrides or [])).name
+        from_run = from_run or _newest_base(
+            Path("runs") / f"{name}-compare", ("sft", "pretrain"), "fp4train pretrain && fp4train sft"
+        )
+        cfg = rollout_config(recipe, list(overrides or []), from_run)
     elif stage == "pretrain":
         if from_run is not None:
-            raise UserError("--from goes with --stage sft; pretraining starts from random weights")
+            raise UserError("--from goes with --stage sft or rollout; pretraining starts from random weights")
         cfg = load_config(recipe or "tiny", list(overrides or []))
     else:
-        raise UserError(f"--stage {stage}: choose pretrain or sft (rollout is not built yet)")
+        raise UserError(f"--stage {stage}: choose pretrain, sft or rollout")
     run_dir = run_dir or Path("runs") / f"{cfg.name}-compare"
     withs, pieces = _comma_list(with_recipes), _comma_list(ablate)
     report = run_compare(cfg, run_dir, withs, pieces, only=only, echo=typer.echo, noise=noise)
@@ -351,11 +362,15 @@ def generate(
         None, help="A file of prompts, one a line (or .jsonl with a 'prompt' field)."
     ),
     out: Path = typer.Option(None, help="Write the completions as jsonl here."),
+    stream: bool = typer.Option(
+        None, "--stream/--no-stream", help="Print the text as it is decoded (default: one prompt, no --out)."
+    ),
 ) -> None:
     """Complete prompts with a run's model under its own precision recipe; shows new tokens/s."""
     from inkling_fp4.infer.generate import run_generate
 
-    run_generate(from_run, prompt, prompts, out, list(overrides or []), echo=typer.echo)
+    run_generate(from_run, prompt, prompts, out, list(overrides or []), echo=typer.echo, stream=stream,
+                 write=lambda text: typer.echo(text, nl=False))  # fmt: skip
 
 
 @app.command("eval")

@@ -10,6 +10,7 @@ dataclasses with strict checking: an unknown key or a value of the wrong type is
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -267,7 +268,13 @@ def load_config(recipe: str | Path | None = "tiny", overrides: list[str] | None 
 
 
 def save_config(cfg: Any, path: Path) -> None:
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write the config whole or not at all (a temporary file renamed over ``path``): runs of one
+    comparison trained side by side read each other's configs, and a crash mid-write must not leave
+    a truncated one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    os.replace(tmp, path)
 
 
 def replace(cfg: Any, **changes: Any) -> Any:

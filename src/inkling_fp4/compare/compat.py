@@ -7,7 +7,10 @@ comparison refuses such pairs and names every key that differs, instead of publi
 that means nothing.
 
 Compared: every field of ``model`` and ``data`` except pure speed or storage knobs, the seed and
-the schedule in ``train``, all of ``optim``, and the evaluation batches. Not compared: ``precision``
+the schedule in ``train``, all of ``optim``, and the evaluation batches. RL runs (stage rollout)
+also compare their ``rl`` and ``sampler`` sections: a reward gap means something only when both runs
+draw the same prompts in groups of the same size, sample them at the same temperature, budget and
+seed, and train them with the same GRPO variant and mismatch correction. Not compared: ``precision``
 (what the comparison is about), logging, checkpointing, device and compile settings. A key missing
 from an older run's ``config.yaml`` counts as its default value.
 """
@@ -23,6 +26,8 @@ from inkling_fp4.train.run_dir import flatten
 
 COMPARED_SECTIONS = ("model", "data", "optim", "sft")
 """Sections compared key by key (minus IGNORED_KEYS)."""
+STAGE_SECTIONS = {"rollout": ("rl", "sampler")}
+"""Sections compared only where a run is of that stage (the other stages never read them)."""
 COMPARED_KEYS = (
     "stage",
     "init_from",
@@ -43,17 +48,19 @@ IGNORED_KEYS = (
     "data.cache_dir",
     "data.shard_tokens",
     "data.verify_checksums",
+    "sampler.check_every",
+    "sampler.device",
 )
 """Keys that change speed or where files live, not the numbers."""
 
 
-def _compared(flat: dict[str, Any]) -> dict[str, Any]:
+def _compared(flat: dict[str, Any], sections: tuple[str, ...]) -> dict[str, Any]:
     keep = {}
     for key, value in flat.items():
         section = key.split(".", 1)[0]
         if key in IGNORED_KEYS:
             continue
-        if section in COMPARED_SECTIONS or key in COMPARED_KEYS:
+        if section in sections or key in COMPARED_KEYS:
             keep[key] = value
     return keep
 
@@ -70,8 +77,11 @@ def _same(a: Any, b: Any) -> bool:
 def config_differences(config_a: dict, config_b: dict) -> list[tuple[str, Any, Any]]:
     """``(key, value_a, value_b)`` for every compared key whose values differ (plain config data)."""
     defaults = flatten(to_dict(RunConfig()))
-    a = _compared({**defaults, **flatten(config_a)})
-    b = _compared({**defaults, **flatten(config_b)})
+    flat_a, flat_b = {**defaults, **flatten(config_a)}, {**defaults, **flatten(config_b)}
+    sections = COMPARED_SECTIONS
+    for stage in dict.fromkeys((flat_a.get("stage"), flat_b.get("stage"))):
+        sections += STAGE_SECTIONS.get(stage, ())
+    a, b = _compared(flat_a, sections), _compared(flat_b, sections)
     missing = object()
     diffs = []
     for key in sorted(set(a) | set(b)):

@@ -22,6 +22,12 @@ The run without the BF16 switch is identical to the recipe's run up to the switc
 trained twice: the recipe's run stops at the step before the switch, its checkpoint there is copied
 to start the run without the switch, and both continue from that same state.
 
+The RL stage (``--stage rollout``) compares the same way: every run starts from the same sft or
+pretrain checkpoint with the same seed, prompt order and sampling seeds, and only the precision of
+its rollouts and updates differs. Its report (compare/rl_report.py) gives the reward and held-out
+accuracy curves with their gap to the baseline and the mismatch figures side by side; its runs log
+no live gap (a policy loss hovers around 0, so it has no relative gap) and it has no noise run.
+
 Under torchrun every process runs this code and trains every run together (the training loop is
 data-parallel by itself); rank 0 alone speaks, copies checkpoints and writes the report, and the
 other ranks wait at a barrier wherever rank 0 writes files that they read.
@@ -49,6 +55,8 @@ from inkling_fp4.compare.gap import (
     row_value,
 )
 from inkling_fp4.compare.report import write_report
+from inkling_fp4.compare.rl_report import write_rl_report
+from inkling_fp4.compare.rl_summary import summarize_rl
 from inkling_fp4.compare.summary import summarize
 from inkling_fp4.config import RunConfig, from_dict, to_dict
 from inkling_fp4.errors import ConfigError, UserError
@@ -113,6 +121,15 @@ def plan_runs(cfg: RunConfig, with_recipes=(), ablate=(), noise: bool = False) -
             "precision.recipe=fp8 is the baseline itself: compare-baseline trains the recipe in FP8 and in "
             "its own precision; set precision.recipe to nvfp4 (or mxfp4, bf16, fp8-tensorwise)"
         )
+    if cfg.stage == "rollout":
+        from inkling_fp4.train.rollout import check_geometry
+
+        check_geometry(cfg)  # before any run directory is made
+        if noise:
+            raise ConfigError(
+                "--noise repeats the baseline from other initial weights, but RL runs start from the base "
+                "run's weights; drop --noise for --stage rollout"
+            )
     if cfg.train.stop_after is not None:
         raise ConfigError(
             "train.stop_after does not apply to a comparison of several runs; interrupt it (Ctrl-C) and run "
@@ -223,7 +240,7 @@ def branch(parent: PlannedRun, child: PlannedRun, run_dir: Path, echo: Callable[
         return True  # branched (or started) before
     if trained_steps(parent_dir) < step:
         stop_cfg = derive(parent.cfg, {"train.stop_after": step}, parent.cfg.name)
-        if not train_run(stop_cfg, parent_dir, _baseline_dir(run_dir, parent.label), echo):
+        if not train_run(stop_cfg, parent_dir, _baseline_dir(run_dir, parent), echo):
             return False
     source = parent_dir / "checkpoints" / f"step_{step}"
     if not (source / "state.json").is_file():
@@ -265,7 +282,7 @@ def train_planned(
         for child in ([p] if p.branch_from else []) + children:
             if not branch(by_label[child.branch_from], child, run_dir, echo):
                 return False
-        if not train_run(p.cfg, run_dir / p.label, _baseline_dir(run_dir, p.label), echo):
+        if not train_run(p.cfg, run_dir / p.label, _baseline_dir(run_dir, p), echo):
             return False
     return True
 
@@ -283,14 +300,38 @@ def _silent(_: str) -> None:
     pass
 
 
-def _baseline_dir(run_dir: Path, label: str) -> Path | None:
-    """The baseline run to log the live gap against (once it exists)."""
+def _baseline_dir(run_dir: Path, planned: PlannedRun) -> Path | None:
+    """The baseline run to log the live loss gap against (once it exists); none for RL, whose policy
+    loss hovers around 0 and so has no relative gap."""
     path = run_dir / BASELINE
-    return path if label != BASELINE and path.is_dir() else None
+    live = planned.label != BASELINE and planned.cfg.stage != "rollout"
+    return path if live and path.is_dir() else None
 
 
 # ----------------------------------------------------------------------------------------------
 # entry points
+
+
+RL_BASES = ("sft", "pretrain")
+"""The stages an RL comparison starts from."""
+
+
+def rollout_config(recipe: str | None, overrides: list[str], base: str | Path) -> RunConfig:
+    """The RL recipe on the model of ``base``, which must be an sft or pretrain run (or one of its
+    checkpoints, or a Nemotron-H directory): every run of the comparison starts from the policy
+    before any RL, and an RL run's checkpoint is the end of another RL run, not such a start."""
+    from inkling_fp4.train.load_run import find_checkpoint, run_config
+    from inkling_fp4.train.rollout import DEFAULT_RECIPE
+    from inkling_fp4.train.sft import sft_config
+
+    base_dir, _ = find_checkpoint(base)
+    base_cfg = run_config(base_dir)
+    if base_cfg is not None and base_cfg.stage not in RL_BASES:
+        raise UserError(
+            f"--from {base}: a {base_cfg.stage} run; an RL comparison starts from an sft or pretrain run "
+            f"(this one started from {base_cfg.init_from})"
+        )
+    return sft_config(recipe, overrides, base, stage="rollout", default_recipe=DEFAULT_RECIPE)
 
 
 def run_compare(
@@ -328,8 +369,15 @@ def write_comparison(run_dir: str | Path, labels: list[str], about: dict[str, st
         check_comparable(run_dir / label, run_dir / base, allow=_noise_allowance(label == NOISE))
     noise_label = NOISE if NOISE in others else None
     runs = {label: run_dir / label for label in others}
+    if _is_rollout(run_dir / base):
+        return write_rl_report(summarize_rl(runs, run_dir / base, base, about=about), run_dir / "report")
     comparison = summarize(runs, run_dir / base, base, about=about, noise_label=noise_label)
     return write_report(comparison, run_dir / "report")
+
+
+def _is_rollout(run_dir: Path) -> bool:
+    """Whether a run is an RL run (its report is of rewards, not of losses)."""
+    return load_run_config(run_dir).stage == "rollout"
 
 
 def _noise_allowance(is_noise_run: bool) -> tuple[str, ...]:
@@ -351,6 +399,11 @@ def compare_runs(
     label_b = load_run_config(baseline_b).precision.recipe
     if label_a == label_b:
         label_a, label_b = run_a.name, baseline_b.name
+    out = Path(out_dir) if out_dir else run_a / "report"
+    if _is_rollout(baseline_b):
+        if noise_run is not None:
+            raise UserError("--noise-run: an RL comparison has no noise floor; drop --noise-run")
+        return write_rl_report(summarize_rl({label_a: run_a}, baseline_b, label_b), out)
     runs, noise_label = {label_a: run_a}, None
     if noise_run is not None:
         noise_run = Path(noise_run)
@@ -358,7 +411,7 @@ def compare_runs(
         noise_label = NOISE if noise_run.name in (label_a, label_b) else noise_run.name
         runs[noise_label] = noise_run
     comparison = summarize(runs, baseline_b, label_b, noise_label=noise_label)
-    return write_report(comparison, Path(out_dir) if out_dir else run_a / "report")
+    return write_report(comparison, out)
 
 
 def _check_noise_run(noise_run: Path, baseline: Path) -> None:

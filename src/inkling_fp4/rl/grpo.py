@@ -110,17 +110,24 @@ def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str) -> torch.
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, not {mode!r}")
 
 
-def token_weights(mask_BT: torch.Tensor, mode: str) -> torch.Tensor:
+def token_weights(
+    mask_BT: torch.Tensor, mode: str, tokens: float | None = None, rows: int | None = None
+) -> torch.Tensor:
     """[B, T] weights w such that sum(w * L) / sum(mask) equals ``aggregate(L, mask, mode)``: the
-    form the shared trainer takes (a summed loss over the trained tokens, divided by their count)."""
+    form the shared trainer takes (a summed loss over the trained tokens, divided by their count).
+
+    A batch split over several processes passes the whole batch's ``tokens`` (sum of its mask) and
+    ``rows``: each rank's weights then add up to the aggregate of the whole batch, since the trainer
+    divides every rank's summed loss by the token count of all ranks (default: this mask's)."""
     mask = mask_BT.to(torch.float64)
-    n = mask.sum().clamp(min=1)
+    n = (mask.sum() if tokens is None else torch.tensor(float(tokens), dtype=torch.float64)).clamp(min=1)
+    rows = mask.shape[0] if rows is None else rows
     if mode == "token-mean":
         w = mask
     elif mode == "seq-mean-token-mean":
-        w = mask * n / (mask.shape[0] * mask.sum(dim=1, keepdim=True).clamp(min=1))
+        w = mask * n / (rows * mask.sum(dim=1, keepdim=True).clamp(min=1))
     elif mode == "seq-mean-token-sum":
-        w = mask * n / mask.shape[0]
+        w = mask * n / rows
     else:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, not {mode!r}")
     return w.to(torch.float32)

@@ -32,20 +32,41 @@ def mismatch_stats(
     trainer_logp_BT: torch.Tensor, sampler_logp_BT: torch.Tensor, mask_BT: torch.Tensor, cap: float
 ) -> dict[str, float]:
     """The figures of the module docstring over the masked tokens (0 for an empty mask)."""
+    return stats_from_parts(*mismatch_parts(trainer_logp_BT, sampler_logp_BT, mask_BT, cap))
+
+
+def mismatch_parts(
+    trainer_logp_BT: torch.Tensor, sampler_logp_BT: torch.Tensor, mask_BT: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The figures as pieces that several processes combine: (sums [5] of 1, k3, |d|, ratio and
+    "beyond the cap" over the masked tokens; maxima [3] of |d|, ratio and -ratio), float64. Summed
+    and max-reduced over the ranks, :func:`stats_from_parts` gives the figures of all their tokens."""
     m = mask_BT.bool()
-    if not m.any():
-        keys = ("k3", "abs_mean", "abs_max", "ratio_min", "ratio_mean", "ratio_max", "frac_over_cap")
-        return dict.fromkeys(keys, 0.0)
+    if not m.any():  # the identities of the sums and maxima
+        return torch.zeros(5, dtype=torch.float64), torch.tensor([0.0, 0.0, -torch.inf], dtype=torch.float64)
     d = (trainer_logp_BT.double() - sampler_logp_BT.double())[m]
     ratio = torch.exp(d)
+    sums = torch.stack([
+        torch.tensor(float(d.numel()), dtype=torch.float64), (torch.exp(-d) + d - 1).sum(), d.abs().sum(),
+        ratio.sum(), ((ratio > cap) | (ratio < 1 / cap)).double().sum(),
+    ])  # fmt: skip
+    return sums, torch.stack([d.abs().max(), ratio.max(), (-ratio).max()])
+
+
+def stats_from_parts(sums_5: torch.Tensor, maxima_3: torch.Tensor) -> dict[str, float]:
+    """The figures of the module docstring from :func:`mismatch_parts` (0 when no token is masked)."""
+    n = sums_5[0]
+    if n == 0:
+        keys = ("k3", "abs_mean", "abs_max", "ratio_min", "ratio_mean", "ratio_max", "frac_over_cap")
+        return dict.fromkeys(keys, 0.0)
     return {
-        "k3": float((torch.exp(-d) + d - 1).mean()),
-        "abs_mean": float(d.abs().mean()),
-        "abs_max": float(d.abs().max()),
-        "ratio_min": float(ratio.min()),
-        "ratio_mean": float(ratio.mean()),
-        "ratio_max": float(ratio.max()),
-        "frac_over_cap": float(((ratio > cap) | (ratio < 1 / cap)).double().mean()),
+        "k3": float(sums_5[1] / n),
+        "abs_mean": float(sums_5[2] / n),
+        "abs_max": float(maxima_3[0]),
+        "ratio_min": float(-maxima_3[2]),
+        "ratio_mean": float(sums_5[3] / n),
+        "ratio_max": float(maxima_3[1]),
+        "frac_over_cap": float(sums_5[4] / n),
     }
 
 

@@ -16,6 +16,8 @@ Figures of the last call (clip fractions, KL, entropy) are kept for the step's m
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from inkling_fp4.rl import grpo
@@ -34,11 +36,20 @@ class PolicyLossFn:
         """Forget the previous optimizer step's figures."""
         self._sums = {}
 
-    def figures(self) -> dict[str, float]:
-        """This step's clip fractions (and KL to the reference), per trained token."""
-        sums = dict(self._sums)
+    def figures(self, sum_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
+        """This step's clip fractions (and KL to the reference), per trained token; with
+        ``sum_ranks`` (a sum over the processes of a host tensor) per trained token of every rank."""
+        sums = dict(self._sums) if sum_ranks is None else self._summed(sum_ranks)
         n = sums.pop("tokens", None)
         return {} if n is None else {k: float(v / n.clamp(min=1)) for k, v in sums.items()}
+
+    def _summed(self, sum_ranks: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every rank's sums added up. The keys are fixed, not the ones this rank recorded: a rank
+        whose step failed before its first loss has none, and every rank must reduce the same tensor."""
+        keys = ("tokens", "clip_low", "clip_high") + (("kl_ref",) if self.cfg.kl_coef > 0 else ())
+        zero = torch.zeros((), dtype=torch.float64)
+        total = sum_ranks(torch.stack([self._sums.get(k, zero).cpu() for k in keys]))
+        return dict(zip(keys, total, strict=True))
 
     def __call__(self, model, b: RolloutBatch) -> torch.Tensor:
         cfg = self.cfg

@@ -127,6 +127,9 @@ class EvalConfig:
     """Validation batches per evaluation."""
     in_training_precision: bool = True
     """Also evaluate in the training precision (always in BF16, as the paper does)."""
+    at_start: bool = False
+    """Also evaluate once before the first step of a fresh run (logged at step 0): the start of the
+    curve, what an RL run's held-out accuracy is read against."""
 
     def __post_init__(self):
         if self.every < 0 or self.batches < 1:

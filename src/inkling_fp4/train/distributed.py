@@ -89,6 +89,15 @@ def all_reduce_max(x: torch.Tensor, info: DistInfo) -> None:
         dist.all_reduce(x, op=dist.ReduceOp.MAX)
 
 
+def all_gather_rows(x: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Every rank's ``x`` (the same shape on each), concatenated along dim 0 in rank order."""
+    if not info.active:
+        return x
+    parts = [torch.empty_like(x) for _ in range(info.world_size)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
 def any_rank(flag: bool, info: DistInfo) -> bool:
     """True on every rank when ``flag`` is True on at least one (e.g. an interrupt seen by one rank)."""
     if not info.active:

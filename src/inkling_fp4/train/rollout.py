@@ -16,12 +16,23 @@ The trainer counts optimizer steps (``train.steps``); each step takes one mini-b
 ``train.batch_size = P x G / rl.mini_batches`` completions. The task's state (the prompt position,
 the RL step, mini-batches not yet trained) is checkpointed with the trainer's, and the sampler draws
 from a seed of the RL step, so a resumed run samples what the uninterrupted one would have.
+
+Under torchrun (DDP) every rank draws the step's P prompts from the same seeded stream and samples
+its contiguous share of P / W of them (W ranks), whole groups, with a seed of the step and its rank;
+its rows are its share of every mini-batch. What needs the whole batch is taken over all ranks: the
+rewards are gathered (advantages with ``rl.scale_rewards=batch``, the reward figures), the token
+weights of the per-sequence aggregations use the mini-batch's global counts, and every logged figure
+is the one process's figure over all ranks' completions. The trainer divides each rank's summed loss
+by the global token count and DDP averages the gradients, so the step is the one process's over the
+same global batch, and every rank's weights, hence its sampler's, stay identical. Evaluation splits
+the held-out problems over the ranks and gathers the scores.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +47,10 @@ from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.rl import grpo, mismatch
 from inkling_fp4.rl.policy_loss import PolicyLossFn
-from inkling_fp4.rl.prompts import PromptStream, TaskData, load_task
+from inkling_fp4.rl.prompts import Prompt, PromptStream, TaskData, load_task
 from inkling_fp4.rl.rollout_batch import RolloutBatch, build_rows, token_logprobs
-from inkling_fp4.rl.scoring import RewardRunner
+from inkling_fp4.rl.scoring import RewardRunner, Scores
+from inkling_fp4.train import distributed as D
 from inkling_fp4.train.checkpoint import load_model_tensors
 from inkling_fp4.train.load_run import load_run_checkpoint
 from inkling_fp4.train.pretrain import seed_everything
@@ -54,6 +66,7 @@ class RolloutTask:
 
     def __init__(self, cfg: RunConfig, trainer: Trainer, tokenizer: Tokenizer, data: TaskData, ref=None):
         self.cfg, self.rl, self.trainer, self.tokenizer, self.data = cfg, cfg.rl, trainer, tokenizer, data
+        self.dist = trainer.dist
         self.loss_fn = PolicyLossFn(cfg.rl)
         self.stream = PromptStream(data.train, cfg.train.seed)
         self.runner = RewardRunner(data.reward, cfg.rl.reward_timeout, isolate=not data.builtin)
@@ -64,6 +77,8 @@ class RolloutTask:
         self._sampler: Sampler | None = None
         self._weights_at: int | None = None
         self._trained_since = None
+        self._eval_s = 0.0
+        """Seconds of evaluation since the last rollout: not training time (see ``time_train_s``)."""
 
     # -- the trainer's protocol ------------------------------------------------------------------
 
@@ -80,23 +95,28 @@ class RolloutTask:
 
     def step_metrics(self) -> dict:
         figures, self.figures = self.figures, {}
-        return {**figures, **self.loss_fn.figures()}
+        sum_ranks = self._sum_ranks if self.dist.active else None
+        return {**figures, **self.loss_fn.figures(sum_ranks)}
 
     def evaluate(self, trainer: Trainer) -> dict:
-        """Greedy pass@1 on the task's held-out problems, with the policy as it stands."""
+        """Greedy pass@1 on the task's held-out problems, with the policy as it stands; each rank
+        answers its share of them and the scores are gathered (the same figures on every rank)."""
+        t0 = time.perf_counter()
         sampler = self._sampler_now()
-        prompts = [self._encode(p.text) for p in self.data.eval]
+        held = rank_share(self.data.eval, self.dist)
+        prompts = [self._encode(p.text) for p in held]
         saved = sampler.cfg
         try:
             sampler.cfg = dataclasses.replace(saved, temperature=0.0)
-            completions = sampler.generate(prompts)
+            completions = sampler.generate(prompts) if prompts else []
         finally:
             sampler.cfg = saved
-        scores = self.runner.score([p.text for p in self.data.eval], [c.text for c in completions],
-                                   [p.answer for p in self.data.eval])  # fmt: skip
-        rewards = np.array(scores.rewards)
+        scores = self.runner.score([p.text for p in held], [c.text for c in completions],
+                                   [p.answer for p in held])  # fmt: skip
+        rewards = np.array([r for part in D.gather_objects(scores.rewards, self.dist) for r in part])
+        self._eval_s += time.perf_counter() - t0
         return {"eval_accuracy": float((rewards >= 1.0).mean()), "eval_reward": float(rewards.mean()),
-                "eval_problems": len(prompts)}  # fmt: skip
+                "eval_problems": len(rewards)}  # fmt: skip
 
     def state_dict(self) -> dict:
         return {"prompts": self.stream.state_dict(), "rl_step": self.rl_step,
@@ -138,17 +158,32 @@ class RolloutTask:
                 ent.append(en.cpu())
         return torch.cat(logp), torch.cat(ent)
 
+    def _step_prompts(self) -> list[Prompt]:
+        """This rank's share of the RL step's P prompts: every rank draws all P from the same stream
+        (so every rank's stream position stays the same), then keeps its contiguous P / W."""
+        return rank_share(self.stream.take(self.rl.prompts_per_step), self.dist)
+
+    def _sampling_seed(self) -> int:
+        """The seed of this RL step's samples on this rank: of the step, so a resumed run draws what
+        the uninterrupted one did; of the rank, so the ranks draw independent samples. Rank 0's is
+        the one process's. The ranks are 2**20 steps apart, within the 32 bits the CPU generator
+        keeps of a seed (rank << 32 would give every rank the same samples there)."""
+        return self.cfg.sampler.seed * 1_000_003 + self.rl_step + (self.dist.rank << 20)
+
     def _roll(self) -> None:
-        rl, cfg, trainer = self.rl, self.cfg, self.trainer
+        rl, trainer = self.rl, self.trainer
         t0 = time.perf_counter()
-        train_s = t0 - self._trained_since if self._trained_since is not None else 0.0
+        # since the last rollout was scored: its log-prob recompute, the optimizer steps, logging and
+        # checkpoints, but not the held-out evaluation
+        train_s = t0 - self._trained_since - self._eval_s if self._trained_since is not None else 0.0
+        self._eval_s = 0.0
         sampler = self._sampler_now()
         t1 = time.perf_counter()
-        P, G = rl.prompts_per_step, rl.group_size
-        problems = self.stream.take(P)
+        G = rl.group_size
+        problems = self._step_prompts()  # this rank's P / W prompts; B = P / W x G rows below
         prompts = [self._encode(p.text) for p in problems for _ in range(G)]
         done_before = sampler.stats.new_tokens, sampler.stats.seconds
-        completions = sampler.generate(prompts, seed=cfg.sampler.seed * 1_000_003 + self.rl_step)
+        completions = sampler.generate(prompts, seed=self._sampling_seed())
         gen_tokens = sampler.stats.new_tokens - done_before[0]
         gen_s = sampler.stats.seconds - done_before[1]
         t2 = time.perf_counter()
@@ -157,18 +192,18 @@ class RolloutTask:
         scores = self.runner.score(texts, [c.text for c in completions], answers)
         t3 = time.perf_counter()
 
-        rewards_NG = torch.tensor(scores.rewards, dtype=torch.float32).view(P, G)
-        adv_B = grpo.group_advantages(rewards_NG, rl.scale_rewards).view(-1)
-        zero_var_N = grpo.zero_variance_groups(rewards_NG)
+        # every rank's completions in the step's prompt order: the one process's [P, G] batch
+        rewards_PG, lengths, truncated = self._all_completions(scores, completions)
+        adv_B = rank_share(grpo.group_advantages(rewards_PG, rl.scale_rewards), self.dist).reshape(-1)
+        zero_var_P = grpo.zero_variance_groups(rewards_PG)
         input_ids, targets, completion_mask, s_logp = build_rows(
             prompts, [c.tokens for c in completions], [c.logprobs for c in completions], self.tokenizer.pad
         )
-        truncated_B = torch.tensor([c.finish_reason == "length" for c in completions])
         mask = completion_mask.clone()
         if rl.mask_truncated:
-            mask &= ~truncated_B[:, None]
+            mask &= ~rank_share(truncated, self.dist)[:, None]
         if rl.drop_zero_variance:
-            mask &= ~zero_var_N.repeat_interleave(G)[:, None]
+            mask &= ~rank_share(zero_var_P, self.dist).repeat_interleave(G)[:, None]
         rows = RolloutBatch(input_ids, targets, mask, adv_B, s_logp, s_logp, torch.zeros_like(s_logp))
         t_logp, entropy = self._trainer_logp(rows, trainer.fwd_model)
         rows.old_logp = t_logp if rl.old_logp == "trainer" else s_logp
@@ -177,48 +212,106 @@ class RolloutTask:
             rows.ref_logp, _ = self._trainer_logp(rows, self.ref)
         self._queue_mini_batches(rows, correction)
 
-        lengths = torch.tensor([len(c.tokens) for c in completions], dtype=torch.float32)
-        n = completion_mask.sum().clamp(min=1)
+        gen_tokens = int(self._sum_ranks(torch.tensor([gen_tokens], dtype=torch.float64))[0])
+        # the ranks sample, score and train side by side: a step takes as long as its slowest rank
+        spans = self._max_ranks([gen_s, t1 - t0, t2 - t1, t3 - t2, train_s])
+        gen_s, refresh_s, sample_s, score_s, train_s = spans
         figures = {
             "rl_step": self.rl_step + 1,
-            "reward_mean": float(rewards_NG.mean()),
-            "reward_std": float(rewards_NG.std()),
-            "accuracy": float((rewards_NG >= 1.0).float().mean()),
+            "reward_mean": float(rewards_PG.mean()),
+            "reward_std": float(rewards_PG.std()),
+            "accuracy": float((rewards_PG >= 1.0).float().mean()),
             "completion_len_mean": float(lengths.mean()),
             "completion_len_max": float(lengths.max()),
-            "truncated_frac": float(truncated_B.float().mean()),
-            "entropy": float((entropy * completion_mask).sum() / n),
-            "zero_var_frac": float(zero_var_N.float().mean()),
+            "truncated_frac": float(truncated.float().mean()),
+            "entropy": self._token_mean(entropy, completion_mask),
+            "zero_var_frac": float(zero_var_P.float().mean()),
             "gen_tokens_per_s": gen_tokens / gen_s if gen_s > 0 else 0.0,
-            "time_refresh_s": t1 - t0,
-            "time_sample_s": t2 - t1,
-            "time_score_s": t3 - t2,
+            "time_refresh_s": refresh_s,
+            "time_sample_s": sample_s,
+            "time_score_s": score_s,
             "time_train_s": train_s,
         }
-        for key, value in mismatch.mismatch_stats(t_logp, s_logp, completion_mask, rl.tis_cap).items():
+        for key, value in self._mismatch(t_logp, s_logp, completion_mask).items():
             figures[f"mismatch_{key}"] = value
-        failed = {k: v for k, v in scores.outcomes.items() if k != "ok" and v}
-        if failed:
-            figures["reward_failures"] = dict(failed)
-            message = f"reward: {sum(failed.values())} calls scored 0 ({scores.first_error})"
-            trainer.log.event(trainer.step_count + 1, "reward_failure", message)
+        self._reward_failures(scores, figures)
         self.figures = figures
         self.rl_step += 1
-        self._trained_since = time.perf_counter()
+        self._trained_since = t3  # the log-prob recompute above counts as training
 
     def _queue_mini_batches(self, rows: RolloutBatch, correction: torch.Tensor) -> None:
-        """rl.epochs passes over the rows, each split into rl.mini_batches in a seeded order."""
+        """rl.epochs passes over the rows, each split into rl.mini_batches in a seeded order. Each rank
+        splits its own rows, so a mini-batch is every rank's m-th piece; its token weights count the
+        trained tokens and rows of all those pieces (what the trainer's loss is divided by)."""
         rl, B = self.rl, rows.input_ids.shape[0]
         size = B // rl.mini_batches
+        picks = []
         for epoch in range(rl.epochs):
             order = torch.from_numpy(
                 np.random.default_rng([self.cfg.train.seed, self.rl_step, epoch]).permutation(B)
             )
             for m in range(rl.mini_batches):
-                idx = order[m * size : (m + 1) * size] if rl.mini_batches > 1 else torch.arange(B)
-                mini = rows.rows(idx)
-                mini.weights = grpo.token_weights(mini.loss_mask, rl.aggregation) * correction[idx]
-                self.queue.append(mini)
+                picks.append(order[m * size : (m + 1) * size] if rl.mini_batches > 1 else torch.arange(B))
+        minis = [rows.rows(idx) for idx in picks]
+        counts = torch.tensor([float(mini.loss_mask.sum()) for mini in minis], dtype=torch.float64)
+        tokens = self._sum_ranks(counts)  # [epochs x mini_batches]: each mini-batch's, all ranks
+        for mini, idx, n in zip(minis, picks, tokens.tolist(), strict=True):
+            weights = grpo.token_weights(mini.loss_mask, rl.aggregation, n, size * self.dist.world_size)
+            mini.weights = weights * correction[idx]
+            self.queue.append(mini)
+
+    # -- figures over every rank -----------------------------------------------------------------
+
+    def _sum_ranks(self, x: torch.Tensor) -> torch.Tensor:
+        """A host tensor summed over the ranks (itself in one process)."""
+        if not self.dist.active:
+            return x
+        return D.all_reduce_sum(x.to(self.dist.device), self.dist).cpu()
+
+    def _max_ranks(self, values: list[float]) -> list[float]:
+        """Host figures, each the max over the ranks (themselves in one process)."""
+        if not self.dist.active:
+            return values
+        x = torch.tensor(values, dtype=torch.float64, device=self.dist.device)
+        D.all_reduce_max(x, self.dist)
+        return x.tolist()
+
+    def _all_completions(self, scores: Scores, completions: list) -> tuple[torch.Tensor, ...]:
+        """(rewards [P, G], lengths [P x G], truncated [P x G]) of every rank's completions, in the
+        step's prompt order: the one process's figures whatever the number of ranks."""
+        per_B3 = torch.tensor(
+            [[r, len(c.tokens), c.finish_reason == "length"]
+             for r, c in zip(scores.rewards, completions, strict=True)], dtype=torch.float64,
+        )  # fmt: skip
+        if self.dist.active:
+            per_B3 = D.all_gather_rows(per_B3.to(self.dist.device), self.dist).cpu()
+        rewards, lengths, truncated = per_B3.float().unbind(1)
+        return rewards.view(-1, self.rl.group_size), lengths, truncated.bool()
+
+    def _token_mean(self, x_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
+        """The mean of ``x`` over the masked tokens of every rank."""
+        sums = self._sum_ranks(torch.stack([(x_BT * mask_BT).sum(), mask_BT.sum().float()]))
+        return float(sums[0] / sums[1].clamp(min=1))
+
+    def _mismatch(self, t_logp: torch.Tensor, s_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+        """The rollout / trainer mismatch figures over the completion tokens of every rank."""
+        sums, maxima = mismatch.mismatch_parts(t_logp, s_logp, mask, self.rl.tis_cap)
+        if self.dist.active:
+            sums = self._sum_ranks(sums)
+            maxima = torch.tensor(self._max_ranks(maxima.tolist()), dtype=torch.float64)
+        return mismatch.stats_from_parts(sums, maxima)
+
+    def _reward_failures(self, scores: Scores, figures: dict) -> None:
+        """Reward calls that scored 0 on any rank: counted in ``figures``, and an event (rank 0 logs)."""
+        outcomes, first_error = Counter(), None
+        for counts, error in D.gather_objects((scores.outcomes, scores.first_error), self.dist):
+            outcomes.update(counts)
+            first_error = first_error or error
+        failed = {k: v for k, v in outcomes.items() if k != "ok" and v}
+        if failed:
+            figures["reward_failures"] = dict(failed)
+            message = f"reward: {sum(failed.values())} calls scored 0 ({first_error})"
+            self.trainer.log.event(self.trainer.step_count + 1, "reward_failure", message)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,6 +329,32 @@ def check_geometry(cfg: RunConfig) -> None:
         )
 
 
+def check_ranks(cfg: RunConfig, world: int) -> None:
+    """What several processes need: whole replicas to sample with (DDP, not FSDP2's shards) and an
+    equal share of every step's prompts per rank."""
+    if world == 1:
+        return
+    if cfg.train.parallel == "fsdp":
+        raise UserError("fp4train rollout samples with each rank's whole copy of the policy, which "
+                        "train.parallel=fsdp shards; set train.parallel=ddp")  # fmt: skip
+    rl = cfg.rl
+    if rl.prompts_per_step % world:
+        prompts = -(-rl.prompts_per_step // world) * world
+        raise UserError(
+            f"rl.prompts_per_step={rl.prompts_per_step} must be a multiple of the {world} processes (each "
+            f"samples an equal share of a step's prompts); set rl.prompts_per_step={prompts} and "
+            f"train.batch_size={prompts * rl.group_size // rl.mini_batches}, or run a number of processes "
+            f"that divides {rl.prompts_per_step}"
+        )
+
+
+def rank_share(items, dist: D.DistInfo):
+    """Rank ``dist.rank``'s contiguous share of ``items`` (a list, or a tensor along dim 0): equal
+    shares when the world size divides ``len(items)``, otherwise sizes one apart."""
+    n, r, w = len(items), dist.rank, dist.world_size
+    return items[r * n // w : (r + 1) * n // w]
+
+
 def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | None = None) -> RunResult:
     """RL from ``cfg.init_from`` on ``cfg.rl.task`` into ``run_dir`` (continuing with ``resume``)."""
     if cfg.init_from is None:
@@ -243,9 +362,7 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
     check_geometry(cfg)
     with stage_frame(cfg, run_dir, resume) as (dist, start):
         cfg = start.cfg
-        if dist.world_size > 1:
-            raise UserError("fp4train rollout runs in one process (several GPUs are not built yet); run it "
-                            "without torchrun")  # fmt: skip
+        check_ranks(cfg, dist.world_size)
         seed_everything(cfg.train.seed)
         _, base_model, base_tokenizer, ckpt = load_run_checkpoint(cfg.init_from)
         tokenizer = base_tokenizer if start.fresh else Tokenizer.from_file(Path(run_dir) / TOKENIZER_FILE)
@@ -265,10 +382,11 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
         del base_model, base_tensors
         trainer = Trainer(cfg, run_dir, dist, model, baseline)
         task = RolloutTask(cfg, trainer, tokenizer, data, ref)
+        shares = f" ({cfg.rl.prompts_per_step // dist.world_size} prompts per process)" if dist.active else ""
         describe = [
             f"init: weights, model and tokenizer from {ckpt.path} (step {ckpt.step}); optimizer: fresh AdamW",
             f"task: {data.name}, {len(data.train)} train prompts, {len(data.eval)} held out; "
-            f"{cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} completions per RL step, "
+            f"{cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} completions per RL step{shares}, "
             f"{cfg.rl.epochs} epoch(s) x {cfg.rl.mini_batches} mini-batch(es); sampler: "
             f"{cfg.sampler.precision} precision, temperature {cfg.sampler.temperature:g}, "
             f"{cfg.sampler.max_new_tokens} new tokens at most; correction {cfg.rl.correction}",

@@ -393,6 +393,16 @@ class Trainer:
         self.use_graph = blocker is None
 
 
+def _log_evaluation(trainer: Trainer, task: Task, step: int) -> dict | None:
+    """Evaluate the task now and log its figures as the record of ``step``."""
+    values = task.evaluate(trainer)
+    if values is not None:
+        phase = trainer.wsd.phase_at(step)
+        trainer.log.log({"step": step, "tokens": trainer.tokens["real"], **values, "phase": phase})
+        trainer.log.info(_eval_line(step, values))
+    return values
+
+
 def fit(trainer: Trainer, task: Task) -> FitResult:
     """Train ``task`` until ``train.steps`` (or ``train.stop_after``, or a signal), on the run's
     log / eval / checkpoint cadence. Returns where it stopped and why."""
@@ -407,6 +417,9 @@ def fit(trainer: Trainer, task: Task) -> FitResult:
     session_time, session_steps = 0.0, 0
     trainer.graph_on(step, first=True)
     try:
+        if cfg.eval.at_start and step == 0 and cfg.train.steps > 0:
+            _log_evaluation(trainer, task, 0)
+        timer_t0 = time.perf_counter()
         while trainer.step_count < cfg.train.steps:
             batches = task.next_batches(trainer.micro, trainer.accum)
             result = trainer.step(batches, task.loss_fn, task.real_tokens(batches))
@@ -439,13 +452,9 @@ def fit(trainer: Trainer, task: Task) -> FitResult:
             interrupted = D.any_rank(stop.requested, dist)
             last = step == cfg.train.steps or step == cfg.train.stop_after or interrupted
             if (cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.train.steps:
-                values = task.evaluate(trainer)
+                values = _log_evaluation(trainer, task, step)
                 if values is not None:
-                    record = {"step": step, "tokens": trainer.tokens["real"], **values,
-                              "phase": trainer.wsd.phase_at(step)}  # fmt: skip
-                    log.log(record)
                     last_val = values.get("val_loss_bf16")
-                    log.info(_eval_line(step, values))
             if (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0) or last:
                 path = trainer.checkpoint(task.state_dict())
                 log.event(step, "checkpoint", f"checkpoint: {path}")

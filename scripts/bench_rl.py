@@ -1,0 +1,403 @@
+"""RL under NVFP4 on one GPU end to end, in one command: the measurement behind docs/RL.md.
+
+    python scripts/bench_rl.py --out runs/rl-bench [--pretrain-steps 150] [--sft-steps 100] [--rl-steps 40]
+    python scripts/bench_rl.py --tiny --out /tmp/rl-bench      # the same pipeline on CPU, tiny sizes
+
+1. pretrain hybrid-125m briefly (``hybrid-125m`` with an 8192-token vocabulary, as bench_sft.py);
+2. fine-tune it in NVFP4 on the built-in task examples (``sft-hybrid-125m``);
+3. five RL runs of ``rl-hybrid-125m`` from that SFT checkpoint, all at once as separate processes on
+   the one GPU (a 125M model leaves most of an H200 idle, and the runs are independent):
+   ``compare-baseline --stage rollout --with bf16`` (its fp8, nvfp4 and bf16 runs, one process each
+   through ``--only``; then the same command once more, which reuses them and writes the report), an
+   nvfp4 run with one activation scale per row (``precision.activation_scale=row``) and an nvfp4 run
+   without mismatch correction (``rl.correction=none``);
+4. ``summary.md`` and ``summary.json`` under --out: held-out accuracy over the steps and reward per
+   step of every run, the mismatch figures (k3, mean / max |Δ log p|, ratio range, fraction beyond
+   the cap), the wall-time split (sample / score / train / weight refresh) and generation tokens/s,
+   summarised over the last steps as compare-baseline's RL report does (compare/rl_gap.py), and the
+   comparison's headlines.
+
+Every command's output goes to ``<out>/logs/<name>.log``. A command that fails is reported in the
+summary, the commands that need its result are skipped, and the script exits 1 after writing the
+summary. Run again on the same --out, it reuses the stages that finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+sys.path.insert(0, str(SRC))
+
+from inkling_fp4.compare.gap import load_run_config  # noqa: E402
+from inkling_fp4.compare.rl_gap import tail_window  # noqa: E402
+from inkling_fp4.compare.rl_summary import summarize_rl_run  # noqa: E402
+from inkling_fp4.errors import UserError  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Recipes, step counts and extra overrides of the three stages, and the device."""
+
+    recipes: tuple[str, str, str]
+    steps: tuple[int, int, int]
+    extra: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+    device: str
+
+
+H200 = Profile(
+    recipes=("hybrid-125m", "sft-hybrid-125m", "rl-hybrid-125m"),
+    steps=(150, 100, 40),
+    extra=(
+        (
+            "data.vocab_size=8192",
+            "model.vocab_size=8192",
+            "data.builtin_site_packages=false",
+            "eval.batches=4",
+        ),
+        ("sft.builtin_examples=80000",),
+        (),
+    ),
+    device="cuda",
+)
+"""The docs/RL.md measurement, sized to finish within about 8 minutes on one H200."""
+TINY = Profile(
+    recipes=("tiny", "sft-tiny", "rl-tiny"),
+    steps=(4, 2, 3),
+    extra=(
+        tuple(
+            "model.pattern=M*-M model.vocab_size=512 model.d_model=32 model.n_heads=2 model.n_kv_heads=1 "
+            "model.ffn_dim=64 model.mamba_heads=4 model.mamba_head_dim=16 model.n_groups=1 model.d_state=8 "
+            "model.chunk_size=16 data.vocab_size=512 data.seq_len=32 data.max_documents=30 "
+            "train.batch_size=4 eval.every=0".split()
+        ),
+        tuple("sft.builtin_examples=200 train.batch_size=4 eval.every=0".split()),
+        tuple(
+            "rl.prompts_per_step=2 rl.group_size=4 train.batch_size=8 train.micro_batch_size=4 "
+            "sampler.max_new_tokens=16 rl.eval_prompts=4 eval.every=2 rl.levels=[1] "
+            "train.checkpoint_every=0 rl.mask_truncated=false".split()
+        ),
+    ),
+    device="cpu",
+)
+"""A check of the pipeline on CPU in well under a minute (its numbers mean nothing)."""
+
+COMPARED = {"fp8": "fp8", "nvfp4-tensor": "nvfp4", "bf16": "bf16"}
+"""Summary label -> the compare-baseline run it is."""
+SOLO = {"nvfp4-row": "precision.activation_scale=row", "nvfp4-no-correction": "rl.correction=none"}
+"""Summary label -> the one override of its own nvfp4 rollout run."""
+MISMATCH = {
+    "mismatch_k3": ("k3", ".2e"),
+    "mismatch_abs_mean": ("mean \\|Δ log p\\|", ".2e"),
+    "mismatch_abs_max": ("max \\|Δ log p\\|", ".2e"),
+    "mismatch_ratio_min": ("ratio min", ".4f"),
+    "mismatch_ratio_max": ("ratio max", ".4f"),
+    "mismatch_frac_over_cap": ("beyond cap", ".4f"),
+}
+"""The mismatch columns of the summary: key -> (header, format)."""
+TIME_SPLIT = {"time_sample_s": "sample s", "time_score_s": "score s", "time_train_s": "train s",
+              "time_refresh_s": "weight refresh s"}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------
+# commands
+
+
+@dataclass
+class Job:
+    """One fp4train command, its log, and how it went."""
+
+    name: str
+    args: list[str]
+    log: Path
+    rc: int | None = None
+    seconds: float = 0.0
+    skipped: str | None = None
+    """Why it did not run (a command it needs failed, or its result is there already)."""
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+    started: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 or (self.skipped is not None and self.skipped.startswith("done"))
+
+    def status(self) -> str:
+        if self.skipped is not None:
+            return f"skipped: {self.skipped}"
+        return "ok" if self.rc == 0 else f"failed (exit {self.rc})"
+
+    def to_dict(self) -> dict:
+        command = "fp4train " + " ".join(self.args)
+        status, seconds = self.status(), round(self.seconds, 1)
+        return {"name": self.name, "command": command, "log": str(self.log), "rc": self.rc,
+                "seconds": seconds, "status": status}  # fmt: skip
+
+
+def child_env(threads: int) -> dict[str, str]:
+    """The environment of a command: this checkout's package first, and ``threads`` CPU threads
+    (unless the caller chose): processes that share the cores must not each start one thread per
+    core, or they spend their time waiting for each other."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [env.get("PYTHONPATH")])])
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(name, str(threads))
+    return env
+
+
+def run_jobs(jobs: list[Job], echo=print) -> None:
+    """Start every job that is not skipped at once, each writing to its log and with its share of
+    the CPU cores, and wait for all."""
+    todo = [j for j in jobs if j.skipped is None]
+    threads = max(1, (os.cpu_count() or 1) // max(1, len(todo)))
+    for job in jobs:
+        if job.skipped is not None:
+            echo(f"- {job.name}: {job.skipped}")
+            continue
+        job.log.parent.mkdir(parents=True, exist_ok=True)
+        echo(f"$ fp4train {' '.join(job.args)}\n  > {job.log}")
+        command = [sys.executable, "-m", "inkling_fp4", *job.args]
+        with open(job.log, "w") as f:
+            job.proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=child_env(threads))
+        job.started = time.time()
+    while any(j.proc is not None and j.rc is None for j in todo):
+        for job in todo:
+            if job.rc is None and job.proc.poll() is not None:
+                job.rc, job.seconds = job.proc.returncode, time.time() - job.started
+                echo(f"  {job.name}: {job.status()} after {job.seconds:.0f} s")
+        time.sleep(0.2)
+
+
+def skip_all(jobs: list[Job], why: str) -> None:
+    for job in jobs:
+        job.skipped = job.skipped or why
+
+
+def finished(run_dir: Path, steps: int) -> bool:
+    """Whether a run has its checkpoint of its last step (the loop always writes one there)."""
+    return (run_dir / "checkpoints" / f"step_{steps}" / "state.json").is_file()
+
+
+# ----------------------------------------------------------------------------------------------
+# the plan
+
+
+def stage_overrides(a, profile: Profile, stage: int, steps: int) -> list[str]:
+    """The overrides of one stage: the profile's, the step count, the device, then the user's."""
+    user = (a.pretrain_set, a.sft_set, a.rl_set)[stage] or []
+    common = ["log.progress=false", f"train.steps={steps}", f"train.device={a.device or profile.device}"]
+    if stage < 2:  # one checkpoint, at the end: what the next stage starts from
+        common += [f"train.checkpoint_every={steps}", f"train.warmup_steps={max(1, steps // 8)}"]
+    return [*profile.extra[stage], *common, *user]
+
+
+def plan(a, profile: Profile) -> dict[str, list[Job]]:
+    """The commands of every stage (none started)."""
+    out, logs = a.out, a.out / "logs"
+    given = (a.pretrain_steps, a.sft_steps, a.rl_steps)
+    steps = [d if s is None else s for s, d in zip(given, profile.steps, strict=True)]
+    pre, sft = out / "pretrain", out / "sft"
+    args = ["pretrain", "--recipe", profile.recipes[0], "--run-dir", str(pre)]
+    pretrain = Job("pretrain", [*args, *stage_overrides(a, profile, 0, steps[0])], logs / "pretrain.log")
+    args = ["sft", "--recipe", profile.recipes[1], "--from", str(pre), "--run-dir", str(sft)]
+    tune = Job("sft", [*args, *stage_overrides(a, profile, 1, steps[1])], logs / "sft.log")
+    if finished(pre, steps[0]):
+        pretrain.skipped = f"done ({pre} has its step-{steps[0]} checkpoint)"
+    if finished(sft, steps[1]):
+        tune.skipped = f"done ({sft} has its step-{steps[1]} checkpoint)"
+    rl = stage_overrides(a, profile, 2, steps[2])
+    compare = ["compare-baseline", "--stage", "rollout", "--recipe", profile.recipes[2], "--from", str(sft),
+               "--with", "bf16", "--run-dir", str(out / "rl-compare"), *rl]  # fmt: skip
+    runs = [
+        Job(label, [*compare, "--only", run], logs / f"rl-{label}.log") for label, run in COMPARED.items()
+    ]
+    for label, override in SOLO.items():
+        run_dir = out / label
+        resume = ["--resume"] if (run_dir / "config.yaml").is_file() else []
+        job = Job(label, ["rollout", "--recipe", profile.recipes[2], "--from", str(sft), "--run-dir",
+                          str(run_dir), *resume, *rl, override], logs / f"rl-{label}.log")  # fmt: skip
+        if finished(run_dir, steps[2]):
+            job.skipped = f"done ({run_dir} has its step-{steps[2]} checkpoint)"
+        runs.append(job)
+    report = Job("report", compare, logs / "rl-report.log")
+    return {"pretrain": [pretrain], "sft": [tune], "rl": runs, "report": [report]}
+
+
+def run_dirs(out: Path) -> dict[str, Path]:
+    """Summary label -> run directory of the five RL runs."""
+    dirs = {label: out / "rl-compare" / run for label, run in COMPARED.items()}
+    return dirs | {label: out / label for label in SOLO}
+
+
+# ----------------------------------------------------------------------------------------------
+# the summary
+
+
+def summarize_bench(out: Path, jobs: list[Job], window: int | None = None) -> dict:
+    """The plain data of summary.json: the commands and how they went, each RL run's figures and
+    curves (a run without metrics is reported missing), the comparison's headlines."""
+    runs: dict[str, dict] = {}
+    for label, run_dir in run_dirs(out).items():
+        try:
+            if window is None:  # the RL runs all have the same number of steps
+                window = tail_window(load_run_config(run_dir).train.steps)
+            s = summarize_rl_run(label, run_dir, window)
+        except UserError as e:
+            runs[label] = {"run_dir": str(run_dir), "missing": str(e)}
+            continue
+        curves = s.metrics.curves
+        runs[label] = {
+            "run_dir": str(run_dir),
+            "recipe": s.config.precision.recipe,
+            "activation_scale": s.config.precision.activation_scale,
+            "correction": s.config.rl.correction,
+            "figures": {k: None if st is None else st.to_dict() for k, st in s.figures.items()},
+            "eval_accuracy": _curve(curves.get("eval_accuracy")),
+            "reward": _curve(curves.get("reward_mean")),
+        }
+    report = out / "rl-compare" / "report" / "report.json"
+    headlines = []
+    if report.is_file():
+        headlines = [r.get("headline", "") for r in json.loads(report.read_text())["runs"].values()]
+    return {"jobs": [j.to_dict() for j in jobs], "window_steps": window, "runs": runs,
+            "report": str(report.with_name("report.md")) if report.is_file() else None,
+            "headlines": headlines}  # fmt: skip
+
+
+def _curve(series) -> dict[str, float]:
+    """step (a JSON key) -> value."""
+    if series is None:
+        return {}
+    return {str(int(s)): float(v) for s, v in zip(series.steps, series.values, strict=True)}
+
+
+def _value(run: dict, key: str) -> float | None:
+    stat = (run.get("figures") or {}).get(key)
+    return None if stat is None else stat["value"]
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return out + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _by_step(runs: dict[str, dict], key: str, spec: str) -> list[list[str]]:
+    """One row per step any run logged ``key`` at, one column per run."""
+    steps = sorted({int(s) for r in runs.values() for s in r.get(key, {})})
+    return [[str(s)] + [_fmt(r.get(key, {}).get(str(s)), spec) for r in runs.values()] for s in steps]
+
+
+def render_summary(data: dict) -> str:
+    runs, k = data["runs"], data["window_steps"]
+    present = {label: r for label, r in runs.items() if "missing" not in r}
+    lines = ["# RL under NVFP4: the bench_rl.py measurement", ""]
+    rows = [[j["name"], j["status"], f"{j['seconds']:.0f}", f"`{j['log']}`"] for j in data["jobs"]]
+    lines += _table(["command", "status", "seconds", "log"], rows)
+    missing = [f"- {label}: {r['missing']}" for label, r in runs.items() if "missing" in r]
+    if missing:
+        lines += ["", "Runs without metrics:", "", *missing]
+    if data["headlines"]:
+        lines += ["", f"## compare-baseline --stage rollout (`{data['report']}`)", ""]
+        lines += [f"- {h}" for h in data["headlines"]]
+    if present:
+        lines += _curves_section(present, k) + _mismatch_section(present, k) + _time_section(present, k)
+    return "\n".join(lines) + "\n"
+
+
+def _curves_section(runs: dict[str, dict], k: int) -> list[str]:
+    lines = ["", "## Held-out accuracy (greedy pass@1) over the steps", ""]
+    lines += _table(["step", *runs], _by_step(runs, "eval_accuracy", ".3f"))
+    rows = _by_step(runs, "reward", ".3f")
+    rows.append([f"mean of the last {k}"] + [_fmt(_value(r, "reward_mean"), ".3f") for r in runs.values()])
+    return lines + ["", "## Reward per step", ""] + _table(["step", *runs], rows)
+
+
+def _mismatch_section(runs: dict[str, dict], k: int) -> list[str]:
+    note = "Means; the largest \\|Δ log p\\| and the ratio range are the extremes of those steps."
+    lines = ["", f"## Rollout / trainer mismatch over the last {k} steps", "", note, ""]
+    header = ["run", "recipe", "activation scale", "correction", *(h for h, _ in MISMATCH.values())]
+    rows = []
+    for label, r in runs.items():
+        figures = [_fmt(_value(r, key), spec) for key, (_, spec) in MISMATCH.items()]
+        rows.append([label, r["recipe"], r["activation_scale"], r["correction"], *figures])
+    return lines + _table(header, rows)
+
+
+def _time_section(runs: dict[str, dict], k: int) -> list[str]:
+    lines = [
+        "",
+        f"## Wall time per RL step and throughput (mean of the last {k} steps, the first left out)",
+        "",
+    ]
+    header = ["run", *TIME_SPLIT.values(), "step s", "generation tokens/s", "training tokens/s"]
+    rows = []
+    for label, r in runs.items():
+        split = [_value(r, key) for key in TIME_SPLIT]
+        total = None if None in split else sum(split)
+        speed = [_fmt(_value(r, key), ",.0f") for key in ("gen_tokens_per_s", "tokens_per_s")]
+        rows.append([label, *(_fmt(x, ".3f") for x in [*split, total]), *speed])
+    return lines + _table(header, rows)
+
+
+def write_summary(out: Path, jobs: list[Job]) -> dict:
+    data = summarize_bench(out, jobs)
+    (out / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out / "summary.md").write_text(render_summary(data))
+    return data
+
+
+# ----------------------------------------------------------------------------------------------
+# main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("runs/rl-bench"), help="runs, logs and summary")
+    p.add_argument("--tiny", action="store_true", help="tiny recipes and sizes on CPU: checks the pipeline")
+    p.add_argument("--pretrain-steps", type=int, help="pretraining steps (default 150; --tiny 4)")
+    p.add_argument("--sft-steps", type=int, help="SFT steps (default 100; --tiny 2)")
+    p.add_argument("--rl-steps", type=int, help="RL steps of each run (default 40; --tiny 3)")
+    p.add_argument("--device", help="train.device of every stage (default cuda; --tiny cpu)")
+    for stage in ("pretrain", "sft", "rl"):
+        p.add_argument(f"--{stage}-set", action="append", metavar="KEY=VALUE",
+                       help=f"one more override of the {stage} stage (repeatable)")  # fmt: skip
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    stages = plan(a, TINY if a.tiny else H200)
+    t0, failed = time.time(), None
+    for name, jobs in stages.items():
+        if failed is not None:
+            skip_all(jobs, f"{failed} failed")
+            continue
+        if name == "report" and not all(j.ok for j in stages["rl"][: len(COMPARED)]):
+            skip_all(jobs, "a run of the comparison failed")
+        run_jobs(jobs)
+        if not all(j.ok for j in jobs) and name in ("pretrain", "sft"):
+            failed = name
+    every = [j for jobs in stages.values() for j in jobs]
+    write_summary(a.out, every)
+    summary = a.out / "summary.md"
+    print(f"\n{summary.read_text()}\nsummary: {summary} ({time.time() - t0:.0f} s)")
+    bad = [j.name for j in every if not j.ok]
+    if bad:
+        print(f"failed or skipped: {', '.join(bad)} (logs under {a.out / 'logs'})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

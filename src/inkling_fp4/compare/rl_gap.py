@@ -1,0 +1,211 @@
+"""RL curves and their gap: what an RL run's ``metrics.jsonl`` says, aligned by step with a baseline's.
+
+An RL comparison asks whether NVFP4 learns as well as FP8 from the same starting policy. Every run
+of it starts from the same checkpoint and draws the same prompts in the same order with the same
+sampling seeds (compare/compat.py checks the ``rl`` and ``sampler`` sections), so step s of one run
+posed the same problems as step s of another, and curves align by step.
+
+RL's numbers are not a loss, and the gap follows them:
+
+- higher is better (reward, accuracy), and both lie in [0, 1] for the built-in tasks, so the gap is
+  the plain difference ``run - baseline`` (a relative gap of a reward near 0 means nothing): +0.02
+  is two points of reward above the baseline;
+- one step's reward is the mean over P prompts x G completions: noisy. The prompts are the same for
+  every run, so a per-step difference leaves out how hard each step's problems were; what is left is
+  summarised over the *tail*, the logged steps in ``(last - k, last]`` (k: a quarter of the run, at
+  most TAIL_MAX_STEPS steps), where most of the learning has happened.
+
+Evaluations (greedy pass@1 on held-out problems every ``eval.every`` steps) are few, so each is
+summarised by the last one and the mean over all of them. Timings and throughput leave the first
+logged step out: its sampling includes warm-up (allocation, autotuning) and nothing trained before it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from inkling_fp4.compare.gap import METRICS_FILE, Series, parse_metrics_lines, row_value
+from inkling_fp4.errors import UserError
+
+TAIL_MAX_STEPS = 10
+"""The tail spans a quarter of the run's steps, at most this many."""
+REWARD = "reward_mean"
+EVAL_ACCURACY = "eval_accuracy"
+GAP_KEYS = (REWARD, EVAL_ACCURACY)
+"""The figures whose difference to the baseline is the comparison's gap."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One logged RL figure and how the comparison summarises it."""
+
+    key: str
+    """Its key in metrics.jsonl."""
+    label: str
+    reduce: str = "mean"
+    """mean | min | max over the rows summarised (the extremes of the mismatch ratio are extremes)."""
+    over: str = "tail"
+    """tail (the last k steps) | all (every row: evaluations)."""
+    warm: bool = False
+    """Leave the first logged row out (timings and throughput: warm-up, no training before it)."""
+
+
+FIGURES: tuple[Figure, ...] = (
+    Figure(REWARD, "reward"),
+    Figure("accuracy", "train accuracy"),
+    Figure(EVAL_ACCURACY, "eval accuracy", over="all"),
+    Figure("eval_reward", "eval reward", over="all"),
+    Figure("reward_std", "reward std"),
+    Figure("mismatch_k3", "mismatch k3 KL"),
+    Figure("mismatch_abs_mean", "mean |Δ log p|"),
+    Figure("mismatch_abs_max", "max |Δ log p|", reduce="max"),
+    Figure("mismatch_ratio_min", "ratio min", reduce="min"),
+    Figure("mismatch_ratio_mean", "ratio mean"),
+    Figure("mismatch_ratio_max", "ratio max", reduce="max"),
+    Figure("mismatch_frac_over_cap", "fraction beyond the cap"),
+    Figure("entropy", "entropy"),
+    Figure("completion_len_mean", "completion length"),
+    Figure("truncated_frac", "truncated"),
+    Figure("zero_var_frac", "zero-variance groups"),
+    Figure("clip_low", "clipped low"),
+    Figure("clip_high", "clipped high"),
+    Figure("gen_tokens_per_s", "generation tokens/s", warm=True),
+    Figure("tokens_per_s", "training tokens/s", warm=True),
+    Figure("time_sample_s", "sample s", warm=True),
+    Figure("time_score_s", "score s", warm=True),
+    Figure("time_train_s", "train s", warm=True),
+    Figure("time_refresh_s", "weight refresh s", warm=True),
+)
+BY_KEY = {f.key: f for f in FIGURES}
+REDUCE = {"mean": np.mean, "min": np.min, "max": np.max}
+
+
+# ----------------------------------------------------------------------------------------------
+# loading
+
+
+@dataclass
+class RLMetrics:
+    """The RL figures of one run, one Series per key (steps without the key are absent)."""
+
+    run_dir: Path
+    curves: dict[str, Series]
+    skipped_lines: int = 0
+    """Lines that were not JSON (a write cut short by a crash); ignored."""
+    nonfinite: int = 0
+    """Values that were NaN or Inf; left out."""
+
+    def curve(self, key: str) -> Series:
+        return self.curves.get(key) or Series.from_rows({})
+
+
+def rl_metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> RLMetrics:
+    """Sort rows into one series per figure; a step logged twice (a resumed run logs again) keeps
+    its last row, and events (which may repeat a figure they reject) are left out."""
+    columns: dict[str, dict[int, tuple[float, float]]] = {f.key: {} for f in FIGURES}
+    nonfinite = 0
+    for row in rows:
+        for key, col in columns.items():
+            hit = row_value(row, key)
+            if hit is None:
+                continue
+            step, value = hit
+            if value is None:
+                col.pop(step, None)
+                nonfinite += 1
+            else:
+                col[step] = (math.nan, value)
+    curves = {key: Series.from_rows(col) for key, col in columns.items() if col}
+    return RLMetrics(Path(run_dir), curves, skipped, nonfinite)
+
+
+def load_rl_metrics(run_dir: str | Path) -> RLMetrics:
+    """Read ``<run_dir>/metrics.jsonl`` of an RL run."""
+    run_dir = Path(run_dir)
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        raise UserError(f"no {METRICS_FILE} in {run_dir}: pass a run directory written by `fp4train rollout`")
+    rows, skipped = parse_metrics_lines(path.read_bytes().decode("utf-8", errors="replace").splitlines())
+    metrics = rl_metrics_from_rows(run_dir, rows, skipped)
+    if not len(metrics.curve(REWARD)):
+        raise UserError(f"{path} has no rewards yet: let the RL run log a step")
+    return metrics
+
+
+# ----------------------------------------------------------------------------------------------
+# summaries
+
+
+def tail_window(total_steps: int) -> int:
+    """The tail in steps: a quarter of the run, at least 1, at most TAIL_MAX_STEPS."""
+    return min(TAIL_MAX_STEPS, max(1, math.ceil(total_steps / 4)))
+
+
+@dataclass(frozen=True)
+class Stat:
+    """One figure (or one gap) summarised."""
+
+    final: float
+    """At the last row."""
+    value: float
+    """The figure's reduction over the summarised rows (the tail, or all rows)."""
+    points: int
+    """Rows summarised."""
+    first_step: int
+    last_step: int
+
+    def to_dict(self) -> dict:
+        return {
+            "final": self.final,
+            "value": self.value,
+            "points": self.points,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+        }
+
+
+def summarize_values(steps: np.ndarray, values: np.ndarray, figure: Figure, window: int) -> Stat | None:
+    """``figure``'s summary of these rows (None without rows)."""
+    if figure.warm and len(steps) > 1:
+        steps, values = steps[1:], values[1:]
+    if not len(steps):
+        return None
+    pick = np.ones(len(steps), bool) if figure.over == "all" else steps > steps[-1] - window
+    return Stat(
+        final=float(values[-1]),
+        value=float(REDUCE[figure.reduce](values[pick])),
+        points=int(pick.sum()),
+        first_step=int(steps[pick][0]),
+        last_step=int(steps[-1]),
+    )
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A figure of a run against the baseline's at the steps both logged."""
+
+    steps: np.ndarray
+    run: np.ndarray
+    baseline: np.ndarray
+    diff: np.ndarray
+    """run - baseline."""
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+def difference(run: Series, baseline: Series) -> Difference:
+    """``run - baseline`` at the steps both series have."""
+    steps, ia, ib = np.intersect1d(run.steps, baseline.steps, assume_unique=True, return_indices=True)
+    a, b = run.values[ia], baseline.values[ib]
+    return Difference(steps, a, b, a - b)
+
+
+def gap_stat(d: Difference, figure: Figure, window: int) -> Stat | None:
+    """The gap summarised like its figure (the mean difference over the tail, or over every
+    evaluation; the difference at the last shared step)."""
+    return summarize_values(d.steps, d.diff, Figure(figure.key, figure.label, "mean", figure.over), window)

@@ -1,0 +1,238 @@
+"""The RL comparison report: three plots, report.md and report.json.
+
+Everything is rendered from one plain-data summary (compare/rl_summary.py ``rl_comparison_to_dict``):
+report.json is that summary, report.md and the plots format it, so they can never disagree. Plots use
+matplotlib's Agg canvas directly, as compare/report.py does (no display, no process-wide backend).
+
+- ``reward.png``: each run's reward per RL step (faint) and its trailing mean over the tail window
+  (left), and its held-out accuracy at each evaluation (right);
+- ``gap.png``: each run's reward gap to the baseline per step (faint) and its trailing mean, and
+  its eval-accuracy gap at each evaluation (markers);
+- ``mismatch.png``: the rollout / trainer mismatch per step of every run, k3 KL (left) and mean
+  |Δ log p| (right), on log scales: they span orders of magnitude between precisions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from inkling_fp4.compare.gap import trailing_mean
+from inkling_fp4.compare.rl_gap import EVAL_ACCURACY, REWARD
+from inkling_fp4.compare.rl_summary import RLComparison, plain, rl_comparison_to_dict, signed, steps_text
+
+PLOTS = {"reward": "reward.png", "gap": "gap.png", "mismatch": "mismatch.png"}
+
+
+def write_rl_report(comparison: RLComparison, out_dir: str | Path) -> Path:
+    """Write reward.png, gap.png, mismatch.png, report.json and report.md into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = rl_comparison_to_dict(comparison)
+    data["plots"] = dict(PLOTS)
+    plot_rewards(data, out_dir / PLOTS["reward"])
+    plot_gap(data, out_dir / PLOTS["gap"])
+    plot_mismatch(data, out_dir / PLOTS["mismatch"])
+    (out_dir / "report.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out_dir / "report.md").write_text(render_rl_markdown(data))
+    return out_dir
+
+
+# ----------------------------------------------------------------------------------------------
+# plots
+
+
+def _runs(data: dict) -> list[tuple[str, dict]]:
+    """(legend label, run data) of the baseline, then the others."""
+    base = data["baseline"]
+    return [(f"{base['label']} (baseline)", base)] + [(label, r) for label, r in data["runs"].items()]
+
+
+def _xy(series: dict, key_y: str = "values") -> tuple[np.ndarray, np.ndarray]:
+    steps = np.asarray(series["steps"], dtype=np.int64)
+    values = np.asarray([np.nan if v is None else v for v in series[key_y]], dtype=np.float64)
+    keep = np.isfinite(values)
+    return steps[keep], values[keep]
+
+
+def _trend(ax, steps: np.ndarray, values: np.ndarray, window: int, color: str, label: str) -> None:
+    """The per-step values faint, their trailing mean over ``window`` steps bold."""
+    if not len(steps):
+        return
+    ax.plot(steps, values, color=color, lw=0.8, alpha=0.35)
+    ax.plot(steps, trailing_mean(steps, values, window), color=color, lw=1.6, label=label)
+
+
+def _finish(ax, title: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def _canvas(figsize: tuple[float, float], panels: int):
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, panels)
+    return fig, np.atleast_1d(axes)
+
+
+def plot_rewards(data: dict, path: Path) -> None:
+    window = data["tail"]["window_steps"]
+    fig, (ax_r, ax_e) = _canvas((12, 4.5), 2)
+    for i, (label, r) in enumerate(_runs(data)):
+        color = f"C{i}"
+        if REWARD in r["series"]:
+            _trend(ax_r, *_xy(r["series"][REWARD]), window, color, label)
+        if EVAL_ACCURACY in r["series"]:
+            ax_e.plot(*_xy(r["series"][EVAL_ACCURACY]), color=color, marker="o", ms=4, lw=1.2, label=label)
+    _finish(ax_r, f"reward per step (bold: trailing mean over {steps_text(window)})", "reward")
+    _finish(ax_e, "held-out accuracy (greedy pass@1)", "accuracy")
+    fig.savefig(path, dpi=120)
+
+
+def plot_gap(data: dict, path: Path) -> None:
+    window, base = data["tail"]["window_steps"], data["baseline"]["label"]
+    fig, (ax,) = _canvas((10, 5), 1)
+    for i, (label, r) in enumerate(data["runs"].items(), start=1):
+        color = f"C{i}"
+        _trend(ax, *_xy(r["gaps"][REWARD]["series"], "diff"), window, color, f"{label}: reward")
+        steps, diff = _xy(r["gaps"][EVAL_ACCURACY]["series"], "diff")
+        if len(steps):
+            ax.plot(steps, diff, color=color, ls="none", marker="o", ms=5, label=f"{label}: eval accuracy")
+    ax.axhline(0.0, color="0.3", lw=0.8)
+    _finish(ax, f"gap to {base}: run - {base} (bold: trailing mean over {steps_text(window)})", "gap")
+    fig.savefig(path, dpi=120)
+
+
+def plot_mismatch(data: dict, path: Path) -> None:
+    fig, axes = _canvas((12, 4.5), 2)
+    panels = (("mismatch_k3", "k3 KL(sampler || trainer)"), ("mismatch_abs_mean", "mean |Δ log p|"))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for i, (label, r) in enumerate(_runs(data)):
+            if key not in r["series"]:
+                continue
+            steps, values = _xy(r["series"][key])
+            positive = values > 0
+            if positive.any():
+                ax.plot(steps[positive], values[positive], color=f"C{i}", lw=1.2, label=label)
+        if ax.get_lines():
+            ax.set_yscale("log")
+        _finish(ax, f"rollout / trainer mismatch: {title}", title)
+    fig.savefig(path, dpi=120)
+
+
+# ----------------------------------------------------------------------------------------------
+# markdown
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return out + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def fmt_figure(key: str, x: float | None) -> str:
+    """A figure in the digits that tell its runs apart."""
+    if x is None:
+        return "n/a"
+    if key in ("mismatch_k3", "mismatch_abs_mean", "mismatch_abs_max"):
+        return f"{x:.2e}"
+    if key.startswith("mismatch_"):
+        return f"{x:.4f}"
+    if key.endswith("tokens_per_s"):
+        return f"{x:,.0f}"
+    if key == "completion_len_mean":
+        return f"{x:.1f}"
+    return plain(x)
+
+
+def _figure_rows(data: dict) -> list[list[str]]:
+    """One row per figure (its summary), plus the last step's reward and the last evaluation."""
+    runs = [r for _, r in _runs(data)]
+    window = steps_text(data["tail"]["window_steps"])
+    rows = []
+    for f in data["figures"]:
+        key = f["key"]
+        if all(r["figures"][key] is None for r in runs):
+            continue
+        how = "mean of the evaluations" if f["over"] == "all" else f"{f['reduce']} over the last {window}"
+        how += ", first step left out" if f["warm"] else ""
+        values = [fmt_figure(key, _get(r["figures"][key], "value")) for r in runs]
+        rows.append([_cell(f"{f['label']} ({how})"), *values])
+        if key in (REWARD, EVAL_ACCURACY):
+            where = "last step" if key == REWARD else "last evaluation"
+            finals = [fmt_figure(key, _get(r["figures"][key], "final")) for r in runs]
+            rows.append([f"{f['label']} ({where})", *finals])
+    return rows
+
+
+def _cell(text: str) -> str:
+    """Text inside a markdown table cell (a bare | would end the cell: |Δ log p|)."""
+    return text.replace("|", "\\|")
+
+
+def _get(d: dict | None, key: str):
+    return None if d is None else d.get(key)
+
+
+def render_rl_markdown(data: dict) -> str:
+    base = data["baseline"]["label"]
+    window = data["tail"]["window_steps"]
+    lines = [
+        f"# RL: reward and accuracy gap to the {base} baseline",
+        "",
+        f"**Headline:** {data['headline']}",
+        "",
+    ]
+    lines += [
+        f"Gap = run - {base} at the same step; higher reward and accuracy are better. Every run starts "
+        "from the same checkpoint with the same seed, prompt order and sampling seeds: only the precision "
+        f'differs. "The last {steps_text(window)}": the logged steps in (last - {window}, last]; evaluations '
+        "(greedy pass@1 on held-out problems): the last one and the mean of all; timings and tokens/s "
+        "leave the first step out (warm-up). The mismatch figures compare the sampler's log-probabilities "
+        "with the trainer's on the same tokens, within each run.",
+        "",
+        f"![reward and eval accuracy]({data['plots']['reward']})",
+        "",
+        f"![gap]({data['plots']['gap']})",
+        "",
+        f"![mismatch]({data['plots']['mismatch']})",
+        "",
+        "## Runs",
+        "",
+    ]
+    rows = []
+    for label, r in _runs(data):
+        rows.append([label, r["recipe"], r["activation_scale"], r["sampler_precision"], r["correction"],
+                     r["about"], f"`{r['run_dir']}`"])  # fmt: skip
+    lines += _table(["run", "recipe", "activation scale", "sampler", "correction", "what", "run dir"], rows)
+    lines += ["", f"## Gap to {base}", ""]
+    rows = []
+    for label, r in data["runs"].items():
+        reward, acc = r["gaps"][REWARD], r["gaps"][EVAL_ACCURACY]
+        rows.append([label, signed(reward["value"]), signed(reward["final"]), signed(acc["final"]),
+                     signed(acc["value"]), str(acc["points"])])  # fmt: skip
+    header = [
+        "run",
+        f"reward (last {steps_text(window)})",
+        "reward (last step)",
+        "eval accuracy (last evaluation)",
+        "eval accuracy (mean of evaluations)",
+        "evaluations",
+    ]
+    lines += _table(header, rows)
+    lines += ["", "## Side by side", ""]
+    lines += _table(["figure"] + [label for label, _ in _runs(data)], _figure_rows(data))
+    notes = [(label, r) for label, r in _runs(data) if r["skipped_lines"] or r["nonfinite"]]
+    for label, r in notes:
+        lines += ["", f"Note: {label}: {r['skipped_lines']} unreadable metrics lines and {r['nonfinite']} "
+                  "non-finite values were left out."]  # fmt: skip
+    return "\n".join(lines) + "\n"

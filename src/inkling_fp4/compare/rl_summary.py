@@ -1,0 +1,226 @@
+"""The numbers of an RL comparison: every run's figures side by side, each run's reward and
+eval-accuracy gap to the baseline, and one headline line per run.
+
+RL has no published bound to hold the gap to, as pretraining has (the paper's 1% / 1.5% of the
+loss), so the headline states the gaps and what they are made of (both runs' values) and leaves the
+judgement to the reader. The mismatch figures are not a gap: each precision has its own rollout /
+trainer mismatch, and the report puts them side by side.
+
+These numbers are what report.md and report.json show (compare/rl_report.py renders the plain data of
+:func:`rl_comparison_to_dict`); nothing is computed twice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inkling_fp4.compare.gap import load_run_config
+from inkling_fp4.compare.rl_gap import (
+    BY_KEY,
+    EVAL_ACCURACY,
+    FIGURES,
+    GAP_KEYS,
+    REWARD,
+    Difference,
+    RLMetrics,
+    Stat,
+    difference,
+    gap_stat,
+    load_rl_metrics,
+    summarize_values,
+    tail_window,
+)
+from inkling_fp4.config import RunConfig
+from inkling_fp4.errors import UserError
+
+
+@dataclass
+class RLRunSummary:
+    """One run's figures and, for a run other than the baseline, its gaps to it."""
+
+    label: str
+    about: str
+    metrics: RLMetrics
+    config: RunConfig
+    figures: dict[str, Stat | None]
+    differences: dict[str, Difference] = field(default_factory=dict)
+    """run - baseline per shared step, for the GAP_KEYS (empty for the baseline)."""
+    gaps: dict[str, Stat | None] = field(default_factory=dict)
+    headline: str = ""
+
+
+@dataclass
+class RLComparison:
+    """A baseline RL run and the runs measured against it."""
+
+    baseline: RLRunSummary
+    runs: dict[str, RLRunSummary]
+    window: int
+    """The tail, in steps."""
+
+    @property
+    def main(self) -> RLRunSummary:
+        """The first run measured against the baseline (the recipe the comparison is about)."""
+        return next(iter(self.runs.values()))
+
+    def all_runs(self) -> list[RLRunSummary]:
+        """The baseline, then the others: the columns of the side-by-side table."""
+        return [self.baseline, *self.runs.values()]
+
+
+def summarize_rl_run(label: str, run_dir: Path, window: int, about: str = "") -> RLRunSummary:
+    metrics = load_rl_metrics(run_dir)
+    figures = {}
+    for f in FIGURES:
+        curve = metrics.curve(f.key)
+        figures[f.key] = summarize_values(curve.steps, curve.values, f, window)
+    return RLRunSummary(label, about, metrics, load_run_config(run_dir), figures)
+
+
+def add_gaps(run: RLRunSummary, baseline: RLRunSummary, window: int) -> None:
+    """The run's GAP_KEYS against the baseline's, and its headline."""
+    for key in GAP_KEYS:
+        d = difference(run.metrics.curve(key), baseline.metrics.curve(key))
+        run.differences[key] = d
+        run.gaps[key] = gap_stat(d, BY_KEY[key], window)
+    run.headline = headline(run, baseline, window)
+
+
+def summarize_rl(
+    runs: dict[str, str | Path],
+    baseline_dir: str | Path,
+    baseline_label: str = "fp8",
+    window: int | None = None,
+    about: dict[str, str] | None = None,
+) -> RLComparison:
+    """Load the baseline and each run (label -> run dir) and compute every number of the report."""
+    if not runs:
+        raise UserError("nothing to compare: give at least one run besides the baseline")
+    about = about or {}
+    if window is None:
+        window = tail_window(load_run_config(baseline_dir).train.steps)
+    base = summarize_rl_run(
+        baseline_label, Path(baseline_dir), window, about.get(baseline_label, "the baseline")
+    )
+    summaries = {}
+    for label, run_dir in runs.items():
+        s = summarize_rl_run(label, Path(run_dir), window, about.get(label, ""))
+        add_gaps(s, base, window)
+        if not len(s.differences[REWARD]):
+            raise UserError(
+                f"{run_dir} and {baseline_dir} share no logged RL step: they must log at the same steps "
+                "(same train.log_every)"
+            )
+        summaries[label] = s
+    return RLComparison(base, summaries, window)
+
+
+# ----------------------------------------------------------------------------------------------
+# the headline
+
+
+def steps_text(n: int) -> str:
+    return "step" if n == 1 else f"{n} steps"
+
+
+def signed(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}"
+
+
+def plain(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def headline(run: RLRunSummary, base: RLRunSummary, window: int) -> str:
+    """One line: the reward gap over the tail, the eval-accuracy gap at the last evaluation and over
+    all of them, and the two runs' mismatch (k3 over the tail)."""
+    parts = [f"{run.label} vs {base.label}:"]
+    reward = run.gaps.get(REWARD)
+    if reward is not None:
+        a, b = run.figures[REWARD], base.figures[REWARD]
+        parts.append(
+            f"reward gap {signed(reward.value)} over the last {steps_text(window)} "
+            f"({plain(a.value if a else None)} vs {plain(b.value if b else None)})"
+        )
+    acc = run.gaps.get(EVAL_ACCURACY)
+    if acc is not None:
+        d = run.differences[EVAL_ACCURACY]
+        parts.append(
+            f"eval accuracy gap {signed(acc.final)} at step {acc.last_step} ({plain(float(d.run[-1]))} vs "
+            f"{plain(float(d.baseline[-1]))}), {signed(acc.value)} over {acc.points} evaluations"
+        )
+    else:
+        parts.append("no shared evaluation")
+    k3_run, k3_base = run.figures.get("mismatch_k3"), base.figures.get("mismatch_k3")
+    if k3_run is not None and k3_base is not None:
+        parts.append(f"mismatch k3 {k3_run.value:.2e} vs {k3_base.value:.2e}")
+    return parts[0] + " " + "; ".join(parts[1:])
+
+
+# ----------------------------------------------------------------------------------------------
+# plain data for report.json
+
+
+def _num(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+_EMPTY_STAT = {"final": None, "value": None, "points": 0, "first_step": None, "last_step": None}
+"""A gap without a shared step (two runs that never evaluated at the same step)."""
+
+
+def _run_to_dict(s: RLRunSummary) -> dict:
+    cfg = s.config
+    out = {
+        "label": s.label,
+        "run_dir": str(s.metrics.run_dir),
+        "about": s.about,
+        "recipe": cfg.precision.recipe,
+        "activation_scale": cfg.precision.activation_scale,
+        "sampler_precision": cfg.sampler.precision,
+        "correction": cfg.rl.correction,
+        "figures": {k: None if st is None else st.to_dict() for k, st in s.figures.items()},
+        "series": {
+            k: {"steps": [int(x) for x in c.steps], "values": [_num(v) for v in c.values]}
+            for k, c in s.metrics.curves.items()
+        },
+        "skipped_lines": s.metrics.skipped_lines,
+        "nonfinite": s.metrics.nonfinite,
+    }
+    if s.differences:
+        out["headline"] = s.headline
+        out["gaps"] = {
+            k: {
+                **(_EMPTY_STAT if s.gaps[k] is None else s.gaps[k].to_dict()),
+                "series": {
+                    "steps": [int(x) for x in d.steps],
+                    "run": [_num(v) for v in d.run],
+                    "baseline": [_num(v) for v in d.baseline],
+                    "diff": [_num(v) for v in d.diff],
+                },
+            }
+            for k, d in s.differences.items()
+        }
+    return out
+
+
+def rl_comparison_to_dict(c: RLComparison) -> dict:
+    return {
+        "stage": "rollout",
+        "baseline": _run_to_dict(c.baseline),
+        "gap_definition": "run - baseline at the same step (higher reward and accuracy are better)",
+        "tail": {
+            "window_steps": c.window,
+            "kind": "the logged steps in (last - window, last]; evaluations: all of them; timings and "
+            "tokens/s without the first logged step",
+        },
+        "figures": [
+            {"key": f.key, "label": f.label, "reduce": f.reduce, "over": f.over, "warm": f.warm}
+            for f in FIGURES
+        ],
+        "headline": c.main.headline,
+        "runs": {label: _run_to_dict(s) for label, s in c.runs.items()},
+    }

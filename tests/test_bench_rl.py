@@ -1,0 +1,83 @@
+"""scripts/bench_rl.py end to end on CPU with the tiny recipes (--tiny): every stage runs, the summary's
+numbers are those of the runs' metrics.jsonl; a failing stage is reported and the script exits 1."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_rl.py"
+RUNS = {  # summary label -> (run dir under --out, recipe, activation scale, correction)
+    "fp8": ("rl-compare/fp8", "fp8", "tensor", "tis"),
+    "nvfp4-tensor": ("rl-compare/nvfp4", "nvfp4", "tensor", "tis"),
+    "bf16": ("rl-compare/bf16", "bf16", "tensor", "tis"),
+    "nvfp4-row": ("nvfp4-row", "nvfp4", "row", "tis"),
+    "nvfp4-no-correction": ("nvfp4-no-correction", "nvfp4", "tensor", "none"),
+}
+
+
+def bench(tmp_path, *args):
+    """Run the script with --tiny into tmp_path/out; a reward of the completion's length (an
+    untrained model never answers right) from a module on the children's PYTHONPATH."""
+    (tmp_path / "len_reward.py").write_text("def reward(prompt, completion, answer):\n"
+                                            "    return (len(completion) % 5) / 4\n")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = tmp_path / "out"
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    cmd = [sys.executable, str(SCRIPT), "--tiny", "--out", str(out), "--pretrain-set", cache, "--rl-set",
+           "rl.reward=len_reward:reward", *args]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    return done, out
+
+
+def logged(run_dir, key):
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r[key] for r in rows if key in r and "event" not in r}
+
+
+def test_bench_rl_on_cpu_summarises_what_its_runs_logged(tmp_path):
+    done, out = bench(tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads((out / "summary.json").read_text())
+    assert [j["name"] for j in data["jobs"]] == ["pretrain", "sft", *RUNS, "report"]
+    assert all(j["status"] == "ok" and Path(j["log"]).stat().st_size > 0 for j in data["jobs"])
+    assert "--only fp8" in data["jobs"][2]["command"] and "rl.correction=none" in data["jobs"][6]["command"]
+    assert data["report"] == str(out / "rl-compare" / "report" / "report.md")
+    report = json.loads((out / "rl-compare" / "report" / "report.json").read_text())
+    assert data["headlines"] == [r["headline"] for r in report["runs"].values()]
+    k = data["window_steps"]
+    assert k == 1  # a quarter of 3 steps
+    for label, (run, recipe, scale, correction) in RUNS.items():
+        r, run_dir = data["runs"][label], out / run
+        assert (r["run_dir"], r["recipe"], r["activation_scale"], r["correction"]) == (
+            str(run_dir), recipe, scale, correction
+        )  # fmt: skip
+        assert r["eval_accuracy"] == {str(s): v for s, v in logged(run_dir, "eval_accuracy").items()}
+        assert r["reward"] == {str(s): v for s, v in logged(run_dir, "reward_mean").items()}
+        for key in ("mismatch_k3", "mismatch_abs_mean", "mismatch_abs_max", "mismatch_frac_over_cap"):
+            values = logged(run_dir, key)
+            assert r["figures"][key]["value"] == pytest.approx(values[max(values)])  # the last k=1 step
+        for key in ("time_sample_s", "time_train_s", "gen_tokens_per_s"):
+            values = logged(run_dir, key)  # the first step left out: steps 2 and 3, of which the last
+            assert r["figures"][key]["value"] == pytest.approx(np.mean([values[3]]))
+    md = (out / "summary.md").read_text()
+    assert "## Rollout / trainer mismatch" in md and "| nvfp4-row | nvfp4 | row | tis |" in md
+    assert report["headline"] in md
+
+
+def test_bench_rl_reports_a_failed_stage_and_exits_1(tmp_path):
+    done, out = bench(tmp_path, "--pretrain-set", "model.d_model=-1")
+    assert done.returncode == 1
+    assert "failed or skipped: pretrain, sft" in done.stderr
+    data = json.loads((out / "summary.json").read_text())
+    status = {j["name"]: j["status"] for j in data["jobs"]}
+    assert status["pretrain"] == "failed (exit 2)" and status["report"] == "skipped: pretrain failed"
+    assert all("missing" in r for r in data["runs"].values())
+    assert "model.d_model" in (out / "logs" / "pretrain.log").read_text()
+    assert "| pretrain | failed (exit 2) |" in (out / "summary.md").read_text()
