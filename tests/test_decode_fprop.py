@@ -158,3 +158,25 @@ def test_quant_linear_decode_routes_through_the_kernel(monkeypatch):
     ref = _reference(x.reshape(6, 64), layer.weight, layer.recipe, layer.frozen_weight())
     assert torch.equal(held.reshape(6, 48), ref)
     assert torch.allclose(held.float(), unheld.float(), rtol=2**-7, atol=1e-4)
+
+
+def test_without_triton_the_cpu_forward_takes_the_reference(monkeypatch):
+    """An install without Triton (``pip install -e .``) samples on CPU through the unfused reference:
+    the kernels module (which imports triton) is not imported."""
+    import sys
+
+    from inkling_fp4.precision.quant_linear import QuantLinear
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU path")
+    monkeypatch.setitem(sys.modules, "triton", None)  # import triton now raises ImportError
+    monkeypatch.delitem(sys.modules, "inkling_fp4.numerics.kernels.nvfp4_decode_gemm", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    layer = QuantLinear(64, 32, layer_idx=1, name="in_proj")
+    layer.recipe = nvfp4_recipe()
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        unheld = layer(x)
+        layer.freeze_weights(version=1)  # the sampler's held weight: BF16 block values
+        assert layer.frozen_weight().values is not None
+        assert torch.equal(layer(x), unheld)
