@@ -288,11 +288,19 @@ def test_countdown_problems_are_shaped_as_documented_and_solved():
 
 
 def test_held_out_problems_are_distinct_and_capped_by_the_split():
-    """The run's held-out set has no repeats: level 1 has only 23 eval problems, so asking for 128
-    gives those 23 (each counted once), while the harder levels give all 128, distinct."""
+    """The held-out set an evaluation scores (a rollout's, fp4train eval's) has no repeats: level 1
+    has only 23 eval problems, so asking for 128 gives those 23 (each counted once), while the harder
+    levels give all 128, distinct."""
+    from inkling_fp4.infer.evaluate import task_problems
     from inkling_fp4.rl.config import RLConfig
     from inkling_fp4.rl.prompts import load_task
+    from inkling_fp4.rl.tasks import held_out
 
+    for module in (arith, cd):
+        got = held_out(module.problems, 300, 0, module.LEVELS)
+        assert len(got) == 300 == len({p.prompt for p in got})
+    _, evals, _ = task_problems("arithmetic", 300, 0)
+    assert len({p.prompt for p in evals}) == len(evals) == 300
     easy = load_task(RLConfig(levels=[1], eval_prompts=128), 0).eval
     level_one = {p.prompt for p in arith.problems("eval", 2000, 0, levels=[1])}
     assert {p.text for p in easy} == level_one and len(easy) == len(level_one) < 128

@@ -35,8 +35,8 @@ P, G = 4, 4
 # mini-batches of two micro batches per rank; the final evaluation's 3 held-out problems split 1 / 2
 RL = [f"rl.prompts_per_step={P}", f"rl.group_size={G}", "rl.mini_batches=2", "train.batch_size=8",
       "train.micro_batch_size=2", "rl.aggregation=seq-mean-token-mean", "rl.scale_rewards=batch",
-      "sampler.max_new_tokens=12", "sampler.stop=[e]", "rl.eval_prompts=3", "eval.every=0", "eval.at_start=false",
-      "log.progress=false", "train.checkpoint_every=0", "rl.mask_truncated=false",
+      "sampler.max_new_tokens=12", "sampler.stop=[e]", "rl.eval_prompts=3", "eval.every=0",
+      "eval.at_start=false", "log.progress=false", "train.checkpoint_every=0", "rl.mask_truncated=false",
       "rl.reward=spread_rewards:reward"]  # fmt: skip
 STEPS = 4  # optimizer steps: 2 RL steps of 2 mini-batches
 

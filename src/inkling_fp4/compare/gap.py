@@ -151,15 +151,12 @@ def row_value(row: dict, key: str) -> tuple[int, float | None] | None:
     return step, float(row[key]) if _finite(row[key]) else None
 
 
-def metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> RunMetrics:
-    """Sort rows into series; a step logged twice (a resumed run logs again) keeps its last row."""
-    columns: dict[str, dict[int, tuple[float, float]]] = {"loss": {}, "val_loss": {}, "val_loss_bf16": {}}
-    precision: dict[int, str] = {}
+def columns_from_rows(rows: list[dict], keys) -> tuple[dict[str, Series], int]:
+    """One Series per key of ``keys`` that any row has (x: the row's token count), and how many values
+    were NaN or Inf and left out. A step logged twice (a resumed run logs again) keeps its last row."""
+    columns: dict[str, dict[int, tuple[float, float]]] = {key: {} for key in keys}
     nonfinite = 0
-    skips: set[int] = set()
     for row in rows:
-        if row.get("event") in SKIP_EVENTS and isinstance(row.get("step"), int):
-            skips.add(row["step"])
         tokens = row.get("tokens")
         tokens = float(tokens) if _finite(tokens) else math.nan
         for key, col in columns.items():
@@ -172,13 +169,25 @@ def metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> RunM
                 nonfinite += 1
             else:
                 col[step] = (tokens, value)
-            if key == "loss" and isinstance(row.get("precision"), str):
-                precision[step] = row["precision"]
+    return {key: Series.from_rows(col) for key, col in columns.items() if col}, nonfinite
+
+
+def metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> RunMetrics:
+    """Sort rows into series; a step logged twice (a resumed run logs again) keeps its last row."""
+    curves, nonfinite = columns_from_rows(rows, ("loss", "val_loss", "val_loss_bf16"))
+    precision: dict[int, str] = {}
+    skips: set[int] = set()
+    for row in rows:
+        if row.get("event") in SKIP_EVENTS and isinstance(row.get("step"), int):
+            skips.add(row["step"])
+        if row_value(row, "loss") is not None and isinstance(row.get("precision"), str):
+            precision[row["step"]] = row["precision"]
+    empty = Series.from_rows({})
     return RunMetrics(
         run_dir=Path(run_dir),
-        train=Series.from_rows(columns["loss"]),
-        val=Series.from_rows(columns["val_loss"]),
-        val_bf16=Series.from_rows(columns["val_loss_bf16"]),
+        train=curves.get("loss", empty),
+        val=curves.get("val_loss", empty),
+        val_bf16=curves.get("val_loss_bf16", empty),
         precision=precision,
         skipped_lines=skipped,
         nonfinite=nonfinite,
@@ -186,16 +195,20 @@ def metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> RunM
     )
 
 
+def read_metrics_rows(run_dir: str | Path, writer: str) -> tuple[Path, list[dict], int]:
+    """(its path, the rows, lines that were not JSON) of ``<run_dir>/metrics.jsonl``; ``writer`` is the
+    command that writes such a directory (named when there is none)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        raise UserError(f"no {METRICS_FILE} in {run_dir}: pass a run directory written by `{writer}`")
+    rows, skipped = parse_metrics_lines(path.read_bytes().decode("utf-8", errors="replace").splitlines())
+    return path, rows, skipped
+
+
 def load_metrics(run_dir: str | Path) -> RunMetrics:
     """Read ``<run_dir>/metrics.jsonl``: training loss, validation loss, precision per step."""
-    run_dir = Path(run_dir)
-    path = run_dir / METRICS_FILE
-    if not path.is_file():
-        raise UserError(
-            f"no {METRICS_FILE} in {run_dir}: pass a run directory written by `fp4train pretrain`"
-        )
-    rows, skipped = parse_metrics_lines(path.read_bytes().decode("utf-8", errors="replace").splitlines())
-    metrics = metrics_from_rows(run_dir, rows, skipped)
+    path, rows, skipped = read_metrics_rows(run_dir, "fp4train pretrain")
+    metrics = metrics_from_rows(Path(run_dir), rows, skipped)
     if not len(metrics.train) and not len(metrics.val):
         raise UserError(f"{path} has no training or validation losses yet: let the run log a few steps")
     return metrics
@@ -258,9 +271,14 @@ class GapSeries:
         return len(self.steps)
 
 
+def common_steps(run: Series, baseline: Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the steps both series have, their indices in ``run``, in ``baseline``)."""
+    return np.intersect1d(run.steps, baseline.steps, assume_unique=True, return_indices=True)
+
+
 def aligned_gap(run: Series, baseline: Series) -> GapSeries:
     """The gap at the steps both series have."""
-    steps, ia, ib = np.intersect1d(run.steps, baseline.steps, assume_unique=True, return_indices=True)
+    steps, ia, ib = common_steps(run, baseline)
     tokens = np.where(np.isnan(baseline.tokens[ib]), run.tokens[ia], baseline.tokens[ib])
     loss, base = run.values[ia], baseline.values[ib]
     return GapSeries(steps, tokens, loss, base, relative_gap(loss, base))

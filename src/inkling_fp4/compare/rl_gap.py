@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inkling_fp4.compare.gap import METRICS_FILE, Series, parse_metrics_lines, row_value
+from inkling_fp4.compare.gap import Series, columns_from_rows, common_steps, read_metrics_rows
 from inkling_fp4.errors import UserError
 
 TAIL_MAX_STEPS = 10
@@ -106,31 +106,14 @@ class RLMetrics:
 def rl_metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> RLMetrics:
     """Sort rows into one series per figure; a step logged twice (a resumed run logs again) keeps
     its last row, and events (which may repeat a figure they reject) are left out."""
-    columns: dict[str, dict[int, tuple[float, float]]] = {f.key: {} for f in FIGURES}
-    nonfinite = 0
-    for row in rows:
-        for key, col in columns.items():
-            hit = row_value(row, key)
-            if hit is None:
-                continue
-            step, value = hit
-            if value is None:
-                col.pop(step, None)
-                nonfinite += 1
-            else:
-                col[step] = (math.nan, value)
-    curves = {key: Series.from_rows(col) for key, col in columns.items() if col}
+    curves, nonfinite = columns_from_rows(rows, [f.key for f in FIGURES])
     return RLMetrics(Path(run_dir), curves, skipped, nonfinite)
 
 
 def load_rl_metrics(run_dir: str | Path) -> RLMetrics:
     """Read ``<run_dir>/metrics.jsonl`` of an RL run."""
-    run_dir = Path(run_dir)
-    path = run_dir / METRICS_FILE
-    if not path.is_file():
-        raise UserError(f"no {METRICS_FILE} in {run_dir}: pass a run directory written by `fp4train rollout`")
-    rows, skipped = parse_metrics_lines(path.read_bytes().decode("utf-8", errors="replace").splitlines())
-    metrics = rl_metrics_from_rows(run_dir, rows, skipped)
+    path, rows, skipped = read_metrics_rows(run_dir, "fp4train rollout")
+    metrics = rl_metrics_from_rows(Path(run_dir), rows, skipped)
     if not len(metrics.curve(REWARD)):
         raise UserError(f"{path} has no rewards yet: let the RL run log a step")
     return metrics
@@ -200,7 +183,7 @@ class Difference:
 
 def difference(run: Series, baseline: Series) -> Difference:
     """``run - baseline`` at the steps both series have."""
-    steps, ia, ib = np.intersect1d(run.steps, baseline.steps, assume_unique=True, return_indices=True)
+    steps, ia, ib = common_steps(run, baseline)
     a, b = run.values[ia], baseline.values[ib]
     return Difference(steps, a, b, a - b)
 

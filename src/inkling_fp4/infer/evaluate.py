@@ -24,6 +24,7 @@ from pathlib import Path
 
 from inkling_fp4.errors import UserError
 from inkling_fp4.infer.from_run import load_run_sampler
+from inkling_fp4.rl.tasks import held_out
 from inkling_fp4.train.metrics import METRICS_FILE
 from inkling_fp4.train.run_dir import CONFIG_FILE
 
@@ -62,7 +63,9 @@ def task_problems(task: str, n: int, seed: int) -> tuple[str, list[EvalProblem],
 
     if task in TASKS:
         module = importlib.import_module(f"inkling_fp4.rl.tasks.{task}")
-        problems = [EvalProblem(p.prompt, p.answer) for p in module.problems("eval", n, seed)]
+        problems = [
+            EvalProblem(p.prompt, p.answer) for p in held_out(module.problems, n, seed, module.LEVELS)
+        ]
         return task, problems, module.reward
     from inkling_fp4.rl.prompts import read_jsonl
 

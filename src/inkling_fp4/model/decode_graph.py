@@ -24,12 +24,9 @@ same cache keeps the graph valid (the cache's tensors are updated in place); ano
 another graph. The capture runs under the caller's autocast settings with autocast's weight-cast
 cache off: a cached cast made outside the graph would be freed while the graph still reads it.
 
-Quantized forwards (NVFP4, FP8) need two more things of a capture, as the training step's graph
-does (``train/graphed_step.py``): the amax words their kernels reduce into are taken from a pool
-zero-filled inside the graph, so that each replay starts from zero (a word zeroed once, before the
-capture, would carry the largest amax of every earlier replay into the next); and the deferred NaN/Inf
-records of their operands go to the capture (a check, which reads the device, must not run inside
-it), their amaxes copied out after each replay for the next check.
+Quantized forwards (NVFP4, FP8) are captured as the training step's graph is
+(``precision/graph_capture.py``: amax words zeroed inside the graph, NaN/Inf records kept out of the
+capture); each replay copies the records' amaxes out for the next check.
 """
 
 from __future__ import annotations
@@ -40,6 +37,7 @@ from torch import nn
 from inkling_fp4.errors import UserError
 from inkling_fp4.model.cache import InferenceCache
 from inkling_fp4.precision import finite_guard
+from inkling_fp4.precision.graph_capture import quantized_graph
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 """Batch sizes a decode graph is captured for (a larger batch is its own bucket)."""
@@ -106,14 +104,8 @@ class GraphedDecoder:
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         cache.longest = 0
-        from inkling_fp4.numerics.kernels.amax import start_new_pool  # needs triton: imported here
-
-        finite_guard.raise_if_non_finite()  # the warm-up's records: a check inside the capture would sync
-        with finite_guard.capturing() as self.records:
-            with torch.cuda.graph(self.graph), torch.autocast(**autocast):
-                start_new_pool(device)  # NVFP4 amax words zeroed inside the graph, on every replay
-                self.logits = model.decode_step(self.tokens, cache)  # [B, V], the graph's output buffer
-        start_new_pool(device)  # ... and never handed to eager code
+        with quantized_graph(self.graph, device) as self.records, torch.autocast(**autocast):
+            self.logits = model.decode_step(self.tokens, cache)  # [B, V], the graph's output buffer
         for t, s in zip(_cache_tensors(cache), saved, strict=True):
             t.copy_(s)
         cache.longest = longest

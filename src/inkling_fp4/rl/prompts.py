@@ -21,6 +21,7 @@ import numpy as np
 from inkling_fp4.errors import DataError
 from inkling_fp4.rl import rewards
 from inkling_fp4.rl.config import TASKS, RLConfig
+from inkling_fp4.rl.tasks import held_out
 
 POOL = 20_000
 """Train problems drawn for a built-in task (repeats come only after this many prompts)."""
@@ -62,31 +63,13 @@ def _task(cfg: RLConfig, seed: int) -> TaskData:
         if bad:
             raise DataError(f"rl.levels {bad}: the {cfg.task} task has levels {list(module.LEVELS)}")
         train = [Prompt(p.prompt, p.answer) for p in module.problems("train", POOL, seed, levels)]
-        return TaskData(
-            cfg.task, train, _distinct_eval(module, cfg.eval_prompts, seed, levels), module.reward, True
-        )
+        held = [Prompt(p.prompt, p.answer) for p in held_out(module.problems, cfg.eval_prompts, seed, levels)]
+        return TaskData(cfg.task, train, held, module.reward, True)
     records = read_jsonl(Path(cfg.task))
     n_eval = max(1, round(EVAL_FRACTION * len(records))) if len(records) > 1 else 0
     verify = rewards.numeric if cfg.verifier == "numeric" else rewards.exact
     train, held = records[: len(records) - n_eval], records[len(records) - n_eval :]
     return TaskData(Path(cfg.task).name, train, held[: cfg.eval_prompts], verify, True)
-
-
-EVAL_DRAWS = 4
-"""Candidates drawn per held-out problem asked for, before the repeats are dropped."""
-
-
-def _distinct_eval(module, n: int, seed: int, levels) -> list[Prompt]:
-    """Up to ``n`` distinct held-out problems. The generators draw with replacement, and an easy level
-    has few problems (arithmetic level 1: 23 in its eval split): repeats would count one answer many
-    times and make a held-out accuracy look finer than the problems behind it. Fewer than ``n`` come
-    back where the split has fewer (the log says how many)."""
-    out: dict[str, Prompt] = {}
-    for p in module.problems("eval", EVAL_DRAWS * n, seed, levels):
-        out.setdefault(p.prompt, Prompt(p.prompt, p.answer))
-        if len(out) == n:
-            break
-    return list(out.values())
 
 
 def read_jsonl(path: Path, flag: str = "--data") -> list[Prompt]:

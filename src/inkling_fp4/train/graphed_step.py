@@ -25,7 +25,7 @@ What a replay may and may not do, and how this keeps to it:
   is rewritten from the generator before every replay (``numerics/kernels/seeds.py``): the replayed
   step rounds exactly as the eager step would. The amax words of the NVFP4 quantizers come from a
   never-recycled zeroed pool, so the capture starts a new pool buffer whose zero fill is part of the
-  graph (``amax.start_new_pool``). And the deferred NaN/Inf record of the quantized operands
+  graph (``precision/graph_capture.py``). And the deferred NaN/Inf record of the quantized operands
   (``precision/finite_guard.py``) holds the graph's amax buffers, so each replay's amaxes are copied
   out for the step's check. Debug mode's eager finite checks read the device at every operand and
   are refused (:func:`graph_blocker`).
@@ -51,6 +51,7 @@ from torch import nn
 from inkling_fp4.model.packing import always_masked
 from inkling_fp4.numerics.kernels import seeds
 from inkling_fp4.precision import finite_guard
+from inkling_fp4.precision.graph_capture import quantized_graph
 from inkling_fp4.precision.quant_linear import QuantLinear
 
 
@@ -154,17 +155,12 @@ class GraphedMicroStep:
                 p.grad = None
         self.inputs = [None if t is None else t.clone() for t in batch]
         self.scale = grad_scale.detach().clone().to(torch.float32).reshape(())
-        from inkling_fp4.numerics.kernels.amax import start_new_pool  # needs triton: imported here
-
         device = self.scale.device
         torch.cuda.synchronize()
         graph, graph_seeds = torch.cuda.CUDAGraph(), seeds.GraphSeeds(device)
-        with seeds.capturing(graph_seeds), finite_guard.capturing() as records, always_masked():
-            with torch.cuda.graph(graph):
-                start_new_pool(device)  # amax words zeroed inside the graph, on every replay
-                loss = self.loss_fn(*self.inputs)
-                (loss * self.scale).backward()
-        start_new_pool(device)  # ... and never handed to eager code
+        with seeds.capturing(graph_seeds), always_masked(), quantized_graph(graph, device) as records:
+            loss = self.loss_fn(*self.inputs)
+            (loss * self.scale).backward()
         self.graph, self.loss, self.seeds, self.records = graph, loss.detach(), graph_seeds, records
         self.grads = [p.grad for p in self.params]  # the tensors every replay adds into or writes
 

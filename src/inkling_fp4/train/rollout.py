@@ -99,9 +99,16 @@ class RolloutTask:
         return {**figures, **self.loss_fn.figures(sum_ranks)}
 
     def evaluate(self, trainer: Trainer) -> dict:
-        """Greedy pass@1 on the task's held-out problems, with the policy as it stands; each rank
-        answers its share of them and the scores are gathered (the same figures on every rank)."""
+        """Greedy pass@1 on the task's held-out problems, with the policy as it stands; its time is
+        not training time (``time_train_s``)."""
         t0 = time.perf_counter()
+        figures = self._held_out_accuracy()
+        self._eval_s += time.perf_counter() - t0
+        return figures
+
+    def _held_out_accuracy(self) -> dict:
+        """Each rank answers its share of the held-out problems greedily and the scores are gathered
+        (the same figures on every rank)."""
         sampler = self._sampler_now()
         held = rank_share(self.data.eval, self.dist)
         prompts = [self._encode(p.text) for p in held]
@@ -114,7 +121,6 @@ class RolloutTask:
         scores = self.runner.score([p.text for p in held], [c.text for c in completions],
                                    [p.answer for p in held])  # fmt: skip
         rewards = np.array([r for part in D.gather_objects(scores.rewards, self.dist) for r in part])
-        self._eval_s += time.perf_counter() - t0
         return {"eval_accuracy": float((rewards >= 1.0).mean()), "eval_reward": float(rewards.mean()),
                 "eval_problems": len(rewards)}  # fmt: skip
 

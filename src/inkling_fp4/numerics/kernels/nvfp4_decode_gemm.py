@@ -10,7 +10,8 @@ product of the decode scales, the BF16 epilogue: five launches) is mostly launch
 
 1. :func:`quantize_rows_whole`: with ``row`` activation scales (one S_enc per row), one launch: a
    program owns whole rows, takes each row's amax in a first loop over K (the row is re-read from
-   L2) and writes Qv(x) and the row's output scale ``1/S_enc(row) · 1/S_enc(W)``. With ``tensor``
+   L2) and writes Qv(x), the row's output scale ``1/S_enc(row) · 1/S_enc(W)`` and, by an atomic
+   max into one word, the largest row amax (what the NaN/Inf check reads). With ``tensor``
    scales the amax of all of x is needed first, so that case is the amax pass plus the existing
    quantize pass (``nvfp4_quantize.quantize_rows``, which writes the output scale with its partner).
 2. :func:`scaled_gemm`: ``tl.dot`` over BF16 values (exact products, FP32 sums) with the output scale
@@ -52,7 +53,7 @@ def _row_max(half):
 
 @triton.jit
 def _quantize_rows_whole_kernel(
-    x_ptr, w_decode_ptr, values_ptr, out_scale_ptr, amax_ptr, M, K, stride_xm,
+    x_ptr, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr, M, K, stride_xm,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     G: tl.constexpr = BLOCK_K // 16
@@ -68,7 +69,7 @@ def _quantize_rows_whole_kernel(
         hi = tl.load(ptrs + 8, mask=mask, other=0.0).to(tl.float32)
         running = tl.maximum(running, tl.maximum(_row_max(lo), _row_max(hi)))
     s_enc, decode = tensor_scales(running[:, None])  # [BLOCK_M, 1]
-    tl.store(amax_ptr + rows, running, mask=rows < M)
+    tl.atomic_max(max_ptr, tl.max(running, axis=0))  # of all rows: what the NaN/Inf check reads
     tl.store(out_scale_ptr + rows, tl.reshape(decode, [BLOCK_M]) * tl.load(w_decode_ptr), mask=rows < M)
     for k0 in range(0, K, BLOCK_K):  # pass 2: the block values
         blocks = k0 // 16 + tl.arange(0, G)
@@ -88,16 +89,19 @@ def quantize_rows_whole(
     x: torch.Tensor, w_decode: torch.Tensor, *, block_m: int = 1, block_k: int = 256
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [M, K] (unit column stride, K % 16 == 0), one FP32 scale per row, in one launch ->
-    (BF16 block values [M, K], output scales ``1/S_enc(row) · w_decode`` FP32 [M], row amaxes [M])."""
+    (BF16 block values [M, K], output scales ``1/S_enc(row) · w_decode`` FP32 [M], the largest row
+    amax [1]: +Inf where x holds NaN or Inf, for the deferred check without another launch)."""
+    from inkling_fp4.numerics.kernels.amax import zeroed_words
+
     m, k = x.shape
     values = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)
     out_scale = torch.empty(m, dtype=torch.float32, device=x.device)
-    amax = torch.empty(m, dtype=torch.float32, device=x.device)
+    largest = zeroed_words(1, x.device)
     _quantize_rows_whole_kernel[(triton.cdiv(m, block_m),)](
-        x, w_decode, values, out_scale, amax, m, k, x.stride(0), BLOCK_M=block_m, BLOCK_K=block_k,
-        num_warps=2,
+        x, w_decode, values, out_scale, largest, m, k, x.stride(0), BLOCK_M=block_m,
+        BLOCK_K=block_k, num_warps=2,
     )  # fmt: skip
-    return values, out_scale, amax
+    return values, out_scale, largest
 
 
 @triton.jit

@@ -15,6 +15,9 @@ list[Problem]`` and ``reward(prompt, completion, answer) -> float``. The pieces 
   len(levels)]``, so every level gets its share. Problems are sampled with replacement: a small level
   (arithmetic level 1 has 155 problems) repeats; the same arguments give the same list everywhere, and
   a shorter list is a prefix of a longer one.
+- :func:`held_out`: up to ``n`` *distinct* eval problems, what an evaluation scores. Repeats would
+  count one answer many times and make an accuracy look finer than the problems behind it; a level
+  with fewer eval problems than asked for (arithmetic level 1 has 23) gives all it has.
 """
 
 from __future__ import annotations
@@ -80,3 +83,20 @@ def draw(
         else:
             raise RuntimeError(f"no {split} problem of level {level} in {MAX_TRIES} candidates")
     return out
+
+
+HELD_OUT_DRAWS = 4
+"""Candidates drawn per held-out problem asked for, before the repeats are dropped."""
+
+
+def held_out(
+    problems: Callable[..., list[Problem]], n: int, seed: int, levels: Sequence[int]
+) -> list[Problem]:
+    """Up to ``n`` distinct eval problems of a task's ``problems(split, n, seed, levels)``, in draw
+    order (see the module docstring)."""
+    out: dict[str, Problem] = {}
+    for p in problems("eval", HELD_OUT_DRAWS * n, seed, levels):
+        out.setdefault(p.prompt, p)
+        if len(out) == n:
+            break
+    return list(out.values())
