@@ -45,13 +45,21 @@ def adversarial_text(rng, lo=1, hi=12):
     return " ".join(words)
 
 
+def answer_text(rng, lo=1, hi=12):
+    """Adversarial text that is not all whitespace: a blank answer is a counted skip, not a valid record."""
+    while not (text := adversarial_text(rng, lo, hi)).strip():
+        pass
+    return text
+
+
 def conversation(rng, turns=None):
     """A random valid conversation: optional system, then user / assistant turns (some repeated)."""
     messages = [{"role": "system", "content": adversarial_text(rng, 1, 8)}] if rng.random() < 0.5 else []
     for _ in range(turns or rng.randint(1, 3)):
         for role in ("user", "assistant"):
             for _ in range(1 + (rng.random() < 0.15)):  # now and then two turns of one role in a row
-                messages.append({"role": role, "content": adversarial_text(rng)})
+                text = answer_text(rng) if role == "assistant" else adversarial_text(rng)
+                messages.append({"role": role, "content": text})
     return messages
 
 

@@ -13,7 +13,7 @@ from inkling_fp4.data.sft_data import build_sft_data
 from inkling_fp4.data.shards import is_validation
 from inkling_fp4.data.tokenizer import Tokenizer
 from inkling_fp4.errors import DataError, UserError
-from test_chat import adversarial_text, conversation
+from test_chat import adversarial_text, answer_text, conversation
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def mixed_records(rng, n):
         if i % 3:
             records.append({"messages": conversation(rng), "id": i})
         else:
-            rec = {"prompt": adversarial_text(rng), "completion": adversarial_text(rng), "id": i}
+            rec = {"prompt": adversarial_text(rng), "completion": answer_text(rng), "id": i}
             if rng.random() < 0.5:
                 rec["system"] = random_text(rng, 1, 5)
             records.append(rec)

@@ -18,7 +18,7 @@ from inkling_fp4.data.tokenizer import Tokenizer
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
 from model_helpers import exact_model
-from test_chat import adversarial_text, conversation
+from test_chat import adversarial_text, answer_text, conversation
 
 ROW_LEN = 193
 TINY = dict(
@@ -49,7 +49,7 @@ def random_records(rng, n):
         if kind == 0:
             out.append({"messages": messages})
         elif kind == 1:
-            out.append({"prompt": adversarial_text(rng), "completion": adversarial_text(rng)})
+            out.append({"prompt": adversarial_text(rng), "completion": answer_text(rng)})
         else:
             cut = max(i for i, m in enumerate(messages) if m["role"] == "user") + 1
             out.append({"prompt": messages[:cut], "completion": messages[cut:]})
