@@ -151,20 +151,26 @@ def test_one_rl_step_moves_log_p_the_way_of_the_advantages(base, tmp_path, monke
 
 def test_the_train_time_of_a_step_leaves_the_evaluation_out(base, tmp_path, monkeypatch):
     """time_train_s runs from the end of the last rollout's scoring to this rollout; an evaluation in
-    between (here 0.4 s each, after every step) is not training time."""
+    between is not training time. The stage's clock is real time plus an hour per evaluation, so an
+    evaluation counted as training would show as an hour, whatever the machine's load."""
     import time
+    from types import SimpleNamespace
 
+    hour, evaluations = 3600.0, []
+    monkeypatch.setattr(
+        rollout, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + hour * len(evaluations))
+    )
     evaluate = rollout.RolloutTask._held_out_accuracy
 
     def slow(self):
-        time.sleep(0.4)
+        evaluations.append(1)
         return evaluate(self)
 
     monkeypatch.setattr(rollout.RolloutTask, "_held_out_accuracy", slow)
     got = train_rl(base, tmp_path / "r", "train.steps=3", "eval.every=1", "eval.at_start=false")
     steps = [r for r in got if "time_train_s" in r]
-    assert len(steps) == 3 and len([r for r in got if "eval_accuracy" in r]) == 3
-    assert all(0 <= r["time_train_s"] < 0.4 for r in steps), [r["time_train_s"] for r in steps]
+    assert len(steps) == 3 and len([r for r in got if "eval_accuracy" in r]) == 3 == len(evaluations)
+    assert all(0 <= r["time_train_s"] < hour for r in steps), [r["time_train_s"] for r in steps]
     assert steps[1]["time_train_s"] > 0  # the recompute and the optimizer step are counted
 
 
