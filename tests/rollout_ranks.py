@@ -19,6 +19,7 @@ import torch
 
 from inkling_fp4 import cli
 from inkling_fp4.precision.quant_linear import QuantLinear
+from inkling_fp4.rl import ranks
 from inkling_fp4.train import rollout
 
 
@@ -35,11 +36,12 @@ def weights_hash(model) -> str:
 
 
 def record_into(record: dict) -> None:
-    """Wrap the RolloutTask methods whose inputs and outputs the test reads."""
+    """Wrap the RolloutTask methods (and the gather of a step's completions) whose inputs and outputs
+    the test reads."""
     task_cls = rollout.RolloutTask
-    names = ("_step_prompts", "_sampling_seed", "_sampler_now", "_all_completions", "_queue_mini_batches",
-             "next_batches")  # fmt: skip
+    names = ("_step_prompts", "_sampling_seed", "_sampler_now", "_queue_mini_batches", "next_batches")
     real = {name: getattr(task_cls, name) for name in names}
+    gather = ranks.all_completions
 
     def _step_prompts(self):
         problems = real["_step_prompts"](self)
@@ -58,9 +60,9 @@ def record_into(record: dict) -> None:
         record["sampled_with"].append(weights_hash(self.trainer.model))
         return sampler
 
-    def _all_completions(self, scores, completions):
-        record["rewards"].append(list(scores.rewards))
-        return real["_all_completions"](self, scores, completions)
+    def all_completions(rewards, *args):
+        record["rewards"].append(list(rewards))
+        return gather(rewards, *args)
 
     def _queue_mini_batches(self, rows, correction):
         record["advantages"].append(rows.advantages.clone())
@@ -72,10 +74,9 @@ def record_into(record: dict) -> None:
             record["first_step"] = [b.state() for b in batches]
         return batches
 
-    wrappers = (_step_prompts, _sampling_seed, _sampler_now, _all_completions, _queue_mini_batches,
-                next_batches)  # fmt: skip
-    for fn in wrappers:
+    for fn in (_step_prompts, _sampling_seed, _sampler_now, _queue_mini_batches, next_batches):
         setattr(task_cls, fn.__name__, fn)
+    ranks.all_completions = all_completions
 
 
 def main() -> None:

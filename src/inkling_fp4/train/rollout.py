@@ -22,15 +22,16 @@ its contiguous share of P / W of them (W ranks), whole groups, with a seed of th
 its rows are its share of every mini-batch. What needs the whole batch is taken over all ranks: the
 rewards are gathered (advantages with ``rl.scale_rewards=batch``, the reward figures), the token
 weights of the per-sequence aggregations use the mini-batch's global counts, and every logged figure
-is the one process's figure over all ranks' completions. The trainer divides each rank's summed loss
-by the global token count and DDP averages the gradients, so the step is the one process's over the
-same global batch, and every rank's weights, hence its sampler's, stay identical. Evaluation splits
-the held-out problems over the ranks and gathers the scores.
+is the one process's figure over all ranks' completions (``rl/ranks.py``). The trainer divides each
+rank's summed loss by the global token count and DDP averages the gradients, so the step is the one
+process's over the same global batch, and every rank's weights, hence its sampler's, stay identical.
+Evaluation splits the held-out problems over the ranks and gathers the scores.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections import Counter
 from pathlib import Path
@@ -45,7 +46,7 @@ from inkling_fp4.errors import ConfigError, UserError
 from inkling_fp4.infer.sampler import Sampler
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision.policy import PrecisionPolicy
-from inkling_fp4.rl import grpo, mismatch
+from inkling_fp4.rl import grpo, mismatch, ranks
 from inkling_fp4.rl.policy_loss import PolicyLossFn
 from inkling_fp4.rl.prompts import Prompt, PromptStream, TaskData, load_task
 from inkling_fp4.rl.rollout_batch import RolloutBatch, build_rows, token_logprobs
@@ -95,7 +96,7 @@ class RolloutTask:
 
     def step_metrics(self) -> dict:
         figures, self.figures = self.figures, {}
-        sum_ranks = self._sum_ranks if self.dist.active else None
+        sum_ranks = functools.partial(ranks.sum_ranks, dist=self.dist) if self.dist.active else None
         return {**figures, **self.loss_fn.figures(sum_ranks)}
 
     def evaluate(self, trainer: Trainer) -> dict:
@@ -110,7 +111,7 @@ class RolloutTask:
         """Each rank answers its share of the held-out problems greedily and the scores are gathered
         (the same figures on every rank)."""
         sampler = self._sampler_now()
-        held = rank_share(self.data.eval, self.dist)
+        held = ranks.rank_share(self.data.eval, self.dist)
         prompts = [self._encode(p.text) for p in held]
         saved = sampler.cfg
         try:
@@ -167,7 +168,7 @@ class RolloutTask:
     def _step_prompts(self) -> list[Prompt]:
         """This rank's share of the RL step's P prompts: every rank draws all P from the same stream
         (so every rank's stream position stays the same), then keeps its contiguous P / W."""
-        return rank_share(self.stream.take(self.rl.prompts_per_step), self.dist)
+        return ranks.rank_share(self.stream.take(self.rl.prompts_per_step), self.dist)
 
     def _sampling_seed(self) -> int:
         """The seed of this RL step's samples on this rank: of the step, so a resumed run draws what
@@ -199,17 +200,20 @@ class RolloutTask:
         t3 = time.perf_counter()
 
         # every rank's completions in the step's prompt order: the one process's [P, G] batch
-        rewards_PG, lengths, truncated = self._all_completions(scores, completions)
-        adv_B = rank_share(grpo.group_advantages(rewards_PG, rl.scale_rewards), self.dist).reshape(-1)
+        rewards_PG, lengths, truncated = ranks.all_completions(
+            scores.rewards, [len(c.tokens) for c in completions],
+            [c.finish_reason == "length" for c in completions], G, self.dist,
+        )  # fmt: skip
+        adv_B = ranks.rank_share(grpo.group_advantages(rewards_PG, rl.scale_rewards), self.dist).reshape(-1)
         zero_var_P = grpo.zero_variance_groups(rewards_PG)
         input_ids, targets, completion_mask, s_logp = build_rows(
             prompts, [c.tokens for c in completions], [c.logprobs for c in completions], self.tokenizer.pad
         )
         mask = completion_mask.clone()
         if rl.mask_truncated:
-            mask &= ~rank_share(truncated, self.dist)[:, None]
+            mask &= ~ranks.rank_share(truncated, self.dist)[:, None]
         if rl.drop_zero_variance:
-            mask &= ~rank_share(zero_var_P, self.dist).repeat_interleave(G)[:, None]
+            mask &= ~ranks.rank_share(zero_var_P, self.dist).repeat_interleave(G)[:, None]
         rows = RolloutBatch(input_ids, targets, mask, adv_B, s_logp, s_logp, torch.zeros_like(s_logp))
         t_logp, entropy = self._trainer_logp(rows, trainer.fwd_model)
         rows.old_logp = t_logp if rl.old_logp == "trainer" else s_logp
@@ -218,9 +222,9 @@ class RolloutTask:
             rows.ref_logp, _ = self._trainer_logp(rows, self.ref)
         self._queue_mini_batches(rows, correction)
 
-        gen_tokens = int(self._sum_ranks(torch.tensor([gen_tokens], dtype=torch.float64))[0])
+        gen_tokens = int(ranks.sum_ranks(torch.tensor([gen_tokens], dtype=torch.float64), self.dist)[0])
         # the ranks sample, score and train side by side: a step takes as long as its slowest rank
-        spans = self._max_ranks([gen_s, t1 - t0, t2 - t1, t3 - t2, train_s])
+        spans = ranks.max_ranks([gen_s, t1 - t0, t2 - t1, t3 - t2, train_s], self.dist)
         gen_s, refresh_s, sample_s, score_s, train_s = spans
         figures = {
             "rl_step": self.rl_step + 1,
@@ -230,7 +234,7 @@ class RolloutTask:
             "completion_len_mean": float(lengths.mean()),
             "completion_len_max": float(lengths.max()),
             "truncated_frac": float(truncated.float().mean()),
-            "entropy": self._token_mean(entropy, completion_mask),
+            "entropy": ranks.token_mean(entropy, completion_mask, self.dist),
             "zero_var_frac": float(zero_var_P.float().mean()),
             "gen_tokens_per_s": gen_tokens / gen_s if gen_s > 0 else 0.0,
             "time_refresh_s": refresh_s,
@@ -238,8 +242,8 @@ class RolloutTask:
             "time_score_s": score_s,
             "time_train_s": train_s,
         }
-        for key, value in self._mismatch(t_logp, s_logp, completion_mask).items():
-            figures[f"mismatch_{key}"] = value
+        drift = ranks.mismatch_figures(t_logp, s_logp, completion_mask, rl.tis_cap, self.dist)
+        figures.update({f"mismatch_{key}": value for key, value in drift.items()})
         self._reward_failures(scores, figures)
         self.figures = figures
         self.rl_step += 1
@@ -260,52 +264,11 @@ class RolloutTask:
                 picks.append(order[m * size : (m + 1) * size] if rl.mini_batches > 1 else torch.arange(B))
         minis = [rows.rows(idx) for idx in picks]
         counts = torch.tensor([float(mini.loss_mask.sum()) for mini in minis], dtype=torch.float64)
-        tokens = self._sum_ranks(counts)  # [epochs x mini_batches]: each mini-batch's, all ranks
+        tokens = ranks.sum_ranks(counts, self.dist)  # [epochs x mini_batches], all ranks
         for mini, idx, n in zip(minis, picks, tokens.tolist(), strict=True):
             weights = grpo.token_weights(mini.loss_mask, rl.aggregation, n, size * self.dist.world_size)
             mini.weights = weights * correction[idx]
             self.queue.append(mini)
-
-    # -- figures over every rank -----------------------------------------------------------------
-
-    def _sum_ranks(self, x: torch.Tensor) -> torch.Tensor:
-        """A host tensor summed over the ranks (itself in one process)."""
-        if not self.dist.active:
-            return x
-        return D.all_reduce_sum(x.to(self.dist.device), self.dist).cpu()
-
-    def _max_ranks(self, values: list[float]) -> list[float]:
-        """Host figures, each the max over the ranks (themselves in one process)."""
-        if not self.dist.active:
-            return values
-        x = torch.tensor(values, dtype=torch.float64, device=self.dist.device)
-        D.all_reduce_max(x, self.dist)
-        return x.tolist()
-
-    def _all_completions(self, scores: Scores, completions: list) -> tuple[torch.Tensor, ...]:
-        """(rewards [P, G], lengths [P x G], truncated [P x G]) of every rank's completions, in the
-        step's prompt order: the one process's figures whatever the number of ranks."""
-        per_B3 = torch.tensor(
-            [[r, len(c.tokens), c.finish_reason == "length"]
-             for r, c in zip(scores.rewards, completions, strict=True)], dtype=torch.float64,
-        )  # fmt: skip
-        if self.dist.active:
-            per_B3 = D.all_gather_rows(per_B3.to(self.dist.device), self.dist).cpu()
-        rewards, lengths, truncated = per_B3.float().unbind(1)
-        return rewards.view(-1, self.rl.group_size), lengths, truncated.bool()
-
-    def _token_mean(self, x_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
-        """The mean of ``x`` over the masked tokens of every rank."""
-        sums = self._sum_ranks(torch.stack([(x_BT * mask_BT).sum(), mask_BT.sum().float()]))
-        return float(sums[0] / sums[1].clamp(min=1))
-
-    def _mismatch(self, t_logp: torch.Tensor, s_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-        """The rollout / trainer mismatch figures over the completion tokens of every rank."""
-        sums, maxima = mismatch.mismatch_parts(t_logp, s_logp, mask, self.rl.tis_cap)
-        if self.dist.active:
-            sums = self._sum_ranks(sums)
-            maxima = torch.tensor(self._max_ranks(maxima.tolist()), dtype=torch.float64)
-        return mismatch.stats_from_parts(sums, maxima)
 
     def _reward_failures(self, scores: Scores, figures: dict) -> None:
         """Reward calls that scored 0 on any rank: counted in ``figures``, and an event (rank 0 logs)."""
@@ -352,13 +315,6 @@ def check_ranks(cfg: RunConfig, world: int) -> None:
             f"train.batch_size={prompts * rl.group_size // rl.mini_batches}, or run a number of processes "
             f"that divides {rl.prompts_per_step}"
         )
-
-
-def rank_share(items, dist: D.DistInfo):
-    """Rank ``dist.rank``'s contiguous share of ``items`` (a list, or a tensor along dim 0): equal
-    shares when the world size divides ``len(items)``, otherwise sizes one apart."""
-    n, r, w = len(items), dist.rank, dist.world_size
-    return items[r * n // w : (r + 1) * n // w]
 
 
 def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | None = None) -> RunResult:
