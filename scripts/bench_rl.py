@@ -260,6 +260,8 @@ def summarize_bench(out: Path, jobs: list[Job], window: int | None = None) -> di
             "figures": {k: None if st is None else st.to_dict() for k, st in s.figures.items()},
             "eval_accuracy": _curve(curves.get("eval_accuracy")),
             "reward": _curve(curves.get("reward_mean")),
+            "skipped_updates": list(s.metrics.skipped_updates),
+            "fallback_spans": [list(span) for span in s.metrics.fallback_spans],
         }
     report = out / "rl-compare" / "report" / "report.json"
     headlines = []
@@ -311,6 +313,7 @@ def render_summary(data: dict) -> str:
         lines += [f"- {h}" for h in data["headlines"]]
     if present:
         lines += _curves_section(present, k) + _mismatch_section(present, k) + _time_section(present, k)
+        lines += _monitor_section(present)
     return "\n".join(lines) + "\n"
 
 
@@ -347,6 +350,17 @@ def _time_section(runs: dict[str, dict], k: int) -> list[str]:
         speed = [_fmt(_value(r, key), ",.0f") for key in ("gen_tokens_per_s", "tokens_per_s")]
         rows.append([label, *(_fmt(x, ".3f") for x in [*split, total]), *speed])
     return lines + _table(header, rows)
+
+
+def _monitor_section(runs: dict[str, dict]) -> list[str]:
+    """Updates the noise monitor skipped and its BF16 stretches: a run that spent steps in BF16 is
+    not the recipe it is labelled with there."""
+    rows = [[label, str(len(r["skipped_updates"])), ", ".join(map(str, r["skipped_updates"][:12])) or "-",
+             ", ".join(f"{a}-{b}" for a, b in r["fallback_spans"]) or "none"]
+            for label, r in runs.items()]  # fmt: skip
+    return ["", "## Noise monitor", ""] + _table(
+        ["run", "updates skipped", "at steps", "BF16 fallback (steps)"], rows
+    )
 
 
 def write_summary(out: Path, jobs: list[Job]) -> dict:

@@ -63,11 +63,15 @@ def test_bench_rl_on_cpu_summarises_what_its_runs_logged(tmp_path):
         for key in ("mismatch_k3", "mismatch_abs_mean", "mismatch_abs_max", "mismatch_frac_over_cap"):
             values = logged(run_dir, key)
             assert r["figures"][key]["value"] == pytest.approx(values[max(values)])  # the last k=1 step
+        events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        skipped = [e["step"] for e in events if e.get("event") in ("loss_spike", "grad_spike", "nonfinite")]
+        assert (r["skipped_updates"], r["fallback_spans"]) == (skipped, [])
         for key in ("time_sample_s", "time_train_s", "gen_tokens_per_s"):
             values = logged(run_dir, key)  # the first step left out: steps 2 and 3, of which the last
             assert r["figures"][key]["value"] == pytest.approx(np.mean([values[3]]))
     md = (out / "summary.md").read_text()
     assert "## Rollout / trainer mismatch" in md and "| nvfp4-row | nvfp4 | row | tis |" in md
+    assert "## Noise monitor" in md and "| nvfp4-row | 0 | - | none |" in md
     assert report["headline"] in md
 
 

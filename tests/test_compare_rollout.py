@@ -41,7 +41,8 @@ def step_row(step, reward, **more):
 
 def hand_made_pair(tmp_path):
     """fp8: reward 0.1 s at step s; nvfp4: 0.11 s. Evaluations at steps 4 and 8. The baseline logs
-    step 5 twice (a resume: the last row counts) and an event that repeats a reward (left out)."""
+    step 5 twice (a resume: the last row counts) and a skipped update at step 6 whose event repeats
+    a reward (left out of the curves); nvfp4 ran steps 5-6 in the monitor's BF16 fallback."""
     base_lines = [step_row(s, 0.1 * s) for s in range(1, 9)]
     base_lines[4:4] = [step_row(5, 9.0)]  # the earlier row of step 5, replaced by the next
     base_lines += [{"step": 6, "event": "loss_spike", "reward_mean": 42.0}, "{not json",
@@ -49,6 +50,8 @@ def hand_made_pair(tmp_path):
     run_lines = [step_row(s, 0.11 * s) for s in range(1, 9)]
     run_lines[6] = step_row(7, 0.77, mismatch_abs_max=0.3, mismatch_ratio_min=0.9)
     run_lines[0] = step_row(1, 0.11, mismatch_abs_max=5.0, mismatch_ratio_min=0.1, entropy=math.nan)
+    for i in (4, 5):  # steps 5 and 6 ran in the monitor's BF16 fallback
+        run_lines[i]["precision"] = "bf16-fallback"
     run_lines += [{"step": 4, "eval_accuracy": 0.25}, {"step": 8, "eval_accuracy": 0.5}]
     baseline = write_rl_run(tmp_path / "fp8", base_lines, precision="fp8")
     return write_rl_run(tmp_path / "nvfp4", run_lines), baseline
@@ -118,6 +121,13 @@ def test_gap_and_figures_of_hand_made_runs(tmp_path):
     assert s.headline in md
     assert "| max \\|Δ log p\\| (max over the last 2 steps) | 1.00e-02 | 3.00e-01 |" in md
     assert "| nvfp4 | +0.075 | +0.080 | +0.000 | +0.025 | 2 |" in md
+    assert data["baseline"]["monitor"] == {"skipped_updates": [6], "fallback_spans": []}
+    assert r["monitor"] == {"skipped_updates": [], "fallback_spans": [[5, 6]]}
+    assert (
+        "## Noise monitor" in md
+        and "| fp8 (baseline) | 1 | 6 | none |" in md
+        and "| nvfp4 | 0 | - | 5-6 |" in md
+    )
 
 
 def test_rl_runs_compare_their_rl_and_sampler_sections_and_other_stages_do_not():

@@ -45,6 +45,32 @@ def test_spikes_are_caught_and_normal_steps_are_not():
     _feed(mon, 10, start=k + 3)
 
 
+def test_a_loss_that_is_not_a_fit_is_tested_for_finiteness_only():
+    """RL's surrogate loss: near zero, either sign. Its jumps are no spikes; NaN and grad spikes are."""
+    mon = NoiseMonitor(MonitorConfig(warmup=10, window=20, max_triggers=50))
+    for k in range(1, 31):
+        assert not mon.check(k, random.gauss(0, 1e-3), 1.0 + random.gauss(0, 0.02), watch_loss=False).skip
+    assert not mon.check(31, 5.0, 1.0, watch_loss=False).skip
+    assert mon.check(31, 5.0, 1.0).reason == "loss_spike"  # the same value, as a cross-entropy
+    assert mon.check(32, math.nan, 1.0, watch_loss=False).reason == "nonfinite"
+    assert mon.check(33, 0.0, 50.0, watch_loss=False).reason == "grad_spike"
+
+
+def test_zero_gradient_steps_stay_out_of_the_history():
+    """RL steps without signal (every advantage 0) have loss and grad norm exactly 0. A history of
+    them would make the next real step a spike of infinite z-score, and repeated, a BF16 fallback."""
+    mon = NoiseMonitor(MonitorConfig(warmup=5, window=20, max_triggers=3))
+    for k in range(1, 41):
+        signal = k % 4 == 0  # one step in four has a gradient
+        loss, gnorm = (random.gauss(0, 1e-3), 0.3 + random.uniform(0, 0.3)) if signal else (0.0, 0.0)
+        v = mon.check(k, loss, gnorm, watch_loss=False)
+        assert not v.skip, v.message
+    assert len(mon.grad_norms) == 10 and all(g > 0 for g in mon.grad_norms)
+    assert not mon.fallback_active
+    assert not mon.check(41, 0.0, 0.0).skip  # a zero step is accepted, untested
+    assert mon.check(42, 0.0, 30.0, watch_loss=False).reason == "grad_spike"  # a real spike still counts
+
+
 def test_not_armed_before_warmup():
     mon = NoiseMonitor(MonitorConfig(warmup=10, window=20))
     _feed(mon, 9)

@@ -174,6 +174,32 @@ def test_the_train_time_of_a_step_leaves_the_evaluation_out(base, tmp_path, monk
     assert steps[1]["time_train_s"] > 0  # the recompute and the optimizer step are counted
 
 
+def test_steps_without_signal_do_not_arm_the_monitor_against_the_next(base, tmp_path, monkeypatch):
+    """Steps on which every group's rewards are equal have loss and gradient exactly 0. The monitor
+    must neither call the first step with a signal after them a spike nor fall back to BF16: it keeps
+    zero steps out of its history and tests the RL loss for finiteness only."""
+    calls = []
+
+    def reward(prompt, completion, answer):  # 0 for 4 steps (8 completions each), then 1, 0, 1, 0 ...
+        calls.append(1)
+        return float(len(calls) > 32 and len(calls) % 2)
+
+    real = rollout.load_task
+
+    def task(cfg, seed):
+        data = real(cfg, seed)
+        data.reward = reward
+        return data
+
+    monkeypatch.setattr(rollout, "load_task", task)
+    got = train_rl(base, tmp_path / "r", "train.steps=8", "eval.every=0", "eval.at_start=false",
+                   "monitor.warmup=2", "monitor.window=10")  # fmt: skip
+    steps = [r for r in got if "reward_mean" in r]
+    assert [r["grad_norm"] for r in steps[:4]] == [0.0] * 4 and all(r["grad_norm"] > 0 for r in steps[4:])
+    events = [r["event"] for r in got if "event" in r]
+    assert not [e for e in events if e in ("loss_spike", "grad_spike", "monitor_fallback")], events
+
+
 def test_cli_refusals(base, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, _, err = cli(["rollout", *RL])

@@ -201,7 +201,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def _monitor_section(data: dict) -> list[str]:
+def monitor_section(data: dict) -> list[str]:
     """What the noise monitor did in each run: a skipped update or a BF16 stretch changes what a
     gap compares, so the reader must see them."""
     runs = {f"{data['baseline']['label']} (baseline)": data["baseline"]} | data["runs"]
@@ -317,7 +317,7 @@ def render_markdown(data: dict) -> str:
     if data["noise_floor"] is not None:
         header.append("noise floor")
     lines += _table(header, rows)
-    lines += _monitor_section(data)
+    lines += monitor_section(data)
     for label, r in runs.items():
         lines += ["", f"## {label}: gap per phase", "", r["verdict"]["line"], ""]
         b = r["boundaries"]

@@ -28,7 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from inkling_fp4.compare.gap import Series, columns_from_rows, common_steps, read_metrics_rows
+from inkling_fp4.compare.gap import (
+    Series,
+    columns_from_rows,
+    common_steps,
+    metrics_from_rows,
+    read_metrics_rows,
+)
 from inkling_fp4.errors import UserError
 
 TAIL_MAX_STEPS = 10
@@ -98,6 +104,10 @@ class RLMetrics:
     """Lines that were not JSON (a write cut short by a crash); ignored."""
     nonfinite: int = 0
     """Values that were NaN or Inf; left out."""
+    skipped_updates: tuple[int, ...] = ()
+    """Steps whose update the noise monitor skipped (a spike or a non-finite value)."""
+    fallback_spans: tuple[tuple[int, int], ...] = ()
+    """(first, last) logged steps of each stretch the noise monitor ran in BF16."""
 
     def curve(self, key: str) -> Series:
         return self.curves.get(key) or Series.from_rows({})
@@ -107,7 +117,9 @@ def rl_metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> R
     """Sort rows into one series per figure; a step logged twice (a resumed run logs again) keeps
     its last row, and events (which may repeat a figure they reject) are left out."""
     curves, nonfinite = columns_from_rows(rows, [f.key for f in FIGURES])
-    return RLMetrics(Path(run_dir), curves, skipped, nonfinite)
+    monitor = metrics_from_rows(Path(run_dir), rows)  # the loss comparison's reading of the monitor
+    return RLMetrics(Path(run_dir), curves, skipped, nonfinite, monitor.skipped_updates,
+                     tuple(monitor.fallback_spans()))  # fmt: skip
 
 
 def load_rl_metrics(run_dir: str | Path) -> RLMetrics:

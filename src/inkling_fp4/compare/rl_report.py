@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from inkling_fp4.compare.gap import trailing_mean
+from inkling_fp4.compare.report import monitor_section
 from inkling_fp4.compare.rl_gap import EVAL_ACCURACY, REWARD
 from inkling_fp4.compare.rl_summary import RLComparison, plain, rl_comparison_to_dict, signed, steps_text
 
@@ -231,6 +232,7 @@ def render_rl_markdown(data: dict) -> str:
     lines += _table(header, rows)
     lines += ["", "## Side by side", ""]
     lines += _table(["figure"] + [label for label, _ in _runs(data)], _figure_rows(data))
+    lines += monitor_section(data)
     notes = [(label, r) for label, r in _runs(data) if r["skipped_lines"] or r["nonfinite"]]
     for label, r in notes:
         lines += ["", f"Note: {label}: {r['skipped_lines']} unreadable metrics lines and {r['nonfinite']} "

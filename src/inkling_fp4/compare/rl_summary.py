@@ -189,6 +189,10 @@ def _run_to_dict(s: RLRunSummary) -> dict:
         },
         "skipped_lines": s.metrics.skipped_lines,
         "nonfinite": s.metrics.nonfinite,
+        "monitor": {  # as the loss comparison's report.json has it
+            "skipped_updates": list(s.metrics.skipped_updates),
+            "fallback_spans": [list(span) for span in s.metrics.fallback_spans],
+        },
     }
     if s.differences:
         out["headline"] = s.headline

@@ -15,6 +15,13 @@ be at least ``grad_min_ratio`` times the median: the norm of real data moves by 
 batch to batch (on hybrid-125m a batch at 1.4-2.5x the median every hundred steps or so, at the same
 steps in BF16, FP8 and NVFP4 runs), and a z-score over a flat history calls each of those a spike.
 
+Two kinds of step are special. A loss that is not a fit to data (a task's own loss: RL's clipped
+surrogate, near zero and of either sign, exactly zero on a step where no group's rewards differ) has
+no level to spike from, so ``watch_loss=False`` tests it for finiteness only. And a step whose
+gradient is exactly zero (nothing to learn from) says nothing of the usual gradient scale: it is
+accepted and kept out of the history, since a history of zeros would call the next real step a
+spike of infinite z-score.
+
 On a trigger the loop skips that step's update. ``max_triggers`` triggers within ``window`` steps
 mean the recipe itself is the problem, and the monitor asks for a fallback to BF16, for
 ``fallback_steps`` steps or (0) for good.
@@ -63,13 +70,16 @@ class NoiseMonitor:
         self.fallback_end: int | None = None
         """First step back in the recipe after a fallback; None while active = BF16 for good."""
 
-    def check(self, step: int, loss: float, grad_norm: float) -> Verdict:
+    def check(self, step: int, loss: float, grad_norm: float, watch_loss: bool = True) -> Verdict:
+        """The verdict on one step; ``watch_loss=False`` for a loss that is not a fit to data (see
+        the module docstring)."""
         if not self.cfg.enabled:
             return Verdict()
-        verdict = self._test(loss, grad_norm)
+        verdict = self._test(loss, grad_norm, watch_loss)
         if not verdict.skip:
-            self.losses.append(loss)
-            self.grad_norms.append(grad_norm)
+            if grad_norm > 0:
+                self.losses.append(loss)
+                self.grad_norms.append(grad_norm)
             return verdict
         self.trigger_steps = [s for s in self.trigger_steps if s > step - self.cfg.window] + [step]
         verdict.message = f"monitor: step {step} {verdict.message}; update skipped"
@@ -84,13 +94,13 @@ class NoiseMonitor:
             )
         return verdict
 
-    def _test(self, loss: float, grad_norm: float) -> Verdict:
+    def _test(self, loss: float, grad_norm: float, watch_loss: bool) -> Verdict:
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             return Verdict(True, "nonfinite", f"non-finite loss {loss} / grad norm {grad_norm}")
-        if len(self.losses) < self.cfg.warmup:
+        if len(self.grad_norms) < self.cfg.warmup or grad_norm == 0:
             return Verdict()
         spread = self.cfg.min_rel_spread
-        z = robust_zscore(loss, list(self.losses), spread)
+        z = robust_zscore(loss, list(self.losses), spread) if watch_loss else -math.inf
         if z > self.cfg.loss_zscore:
             return Verdict(True, "loss_spike", f"loss spike {loss:.4f} (z {z:.1f} > {self.cfg.loss_zscore})")
         z = robust_zscore(grad_norm, list(self.grad_norms), spread)

@@ -282,7 +282,7 @@ class Trainer:
         else:
             loss = grad_norm = math.nan
 
-        verdict = monitor.check(step, loss, grad_norm)
+        verdict = monitor.check(step, loss, grad_norm, watch_loss=loss_fn is None)  # cross-entropy only
         if verdict.skip:
             detail = f" ({fault})" if fault else ""
             log.event(step, verdict.reason, verdict.message + detail, loss=loss, grad_norm=grad_norm)
