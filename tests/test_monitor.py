@@ -109,6 +109,18 @@ def test_fallback_for_good_and_state_round_trip():
     assert list(other.losses) == list(mon.losses)
 
 
+def test_a_saved_history_with_zero_gradient_steps_loads_without_them():
+    """A checkpoint whose monitor recorded RL steps without signal (before they were kept out) resumes
+    with the history check() would have kept, so its first real step is no spike."""
+    cfg = MonitorConfig(warmup=3, window=10)
+    state = NoiseMonitor(cfg).state_dict() | {"losses": [0.0, 0.01, 0.0, -0.02, 0.0, 0.005],
+                                             "grad_norms": [0.0, 0.4, 0.0, 0.5, 0.0, 0.45]}  # fmt: skip
+    mon = NoiseMonitor(cfg)
+    mon.load_state_dict(state)
+    assert list(mon.grad_norms) == [0.4, 0.5, 0.45] and list(mon.losses) == [0.01, -0.02, 0.005]
+    assert not mon.check(7, 0.01, 0.6, watch_loss=False).skip
+
+
 def test_disabled_monitor_passes_everything():
     mon = NoiseMonitor(MonitorConfig(enabled=False))
     assert not mon.check(1, math.nan, math.nan).skip

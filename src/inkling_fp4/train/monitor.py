@@ -128,8 +128,11 @@ class NoiseMonitor:
         }
 
     def load_state_dict(self, d: dict) -> None:
-        self.losses = deque(d["losses"], maxlen=self.cfg.window)
-        self.grad_norms = deque(d["grad_norms"], maxlen=self.cfg.window)
+        kept = [
+            (x, g) for x, g in zip(d["losses"], d["grad_norms"], strict=True) if g > 0
+        ]  # as check() keeps
+        self.losses = deque((x for x, _ in kept), maxlen=self.cfg.window)
+        self.grad_norms = deque((g for _, g in kept), maxlen=self.cfg.window)
         self.trigger_steps = list(d["trigger_steps"])
         self.fallback_active = bool(d["fallback_active"])
         self.fallback_end = d["fallback_end"]
