@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.numerics.kernels import nvfp4_decode_gemm as kernels
-from inkling_fp4.precision import decode_fprop, finite_guard, gemm
+from inkling_fp4.precision import decode_fprop, gemm
+from inkling_fp4.precision.graph_capture import quantized_graph
 from inkling_fp4.precision.linear_gemms import _fprop
 from inkling_fp4.precision.recipes import nvfp4_recipe
 
@@ -48,6 +49,11 @@ def layer_shapes(cfg: ModelConfig) -> dict[tuple[int, int], int]:
     return shapes
 
 
+def ints(text: str) -> list[int]:
+    """A comma-separated list of integers (argparse names a bad one)."""
+    return [int(v) for v in text.split(",") if v]
+
+
 def graph_us(fn, reps: int = 50) -> float:
     """Microseconds per call of ``fn`` replayed ``reps`` times inside one CUDA graph."""
     s = torch.cuda.Stream()
@@ -56,15 +62,10 @@ def graph_us(fn, reps: int = 50) -> float:
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(s)
-    from inkling_fp4.numerics.kernels.amax import start_new_pool
-
     g = torch.cuda.CUDAGraph()
-    finite_guard.raise_if_non_finite()
-    with finite_guard.capturing(), torch.cuda.graph(g):
-        start_new_pool(torch.device("cuda"))
+    with quantized_graph(g, torch.device("cuda")):  # as the decode graph captures quantized GEMMs
         for _ in range(reps):
             fn()
-    start_new_pool(torch.device("cuda"))
     g.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -76,10 +77,13 @@ def graph_us(fn, reps: int = 50) -> float:
     return start.elapsed_time(end) * 1e3 / (5 * reps)
 
 
-def variant(x, w, wq, n, spec, backend):
+def variant(x, wq, n, spec, backend):
     """The decode fprop with the GEMM ``backend`` (triton | cublas)."""
-    decode_fprop.GEMM = backend
-    return decode_fprop.decode_fprop(x, wq, spec, n, "bench")
+    try:
+        decode_fprop.GEMM = backend
+        return decode_fprop.decode_fprop(x, wq, spec, n, "bench")
+    finally:
+        decode_fprop.GEMM = "auto"  # the default, for whatever runs next
 
 
 def time_layer(m: int, k: int, n: int, failures: list[str]) -> tuple[dict, dict]:
@@ -97,7 +101,7 @@ def time_layer(m: int, k: int, n: int, failures: list[str]) -> tuple[dict, dict]
             functools.partial(_fprop, x, w, recipe, "u", torch.bfloat16, wq=wq)
         )
         for backend in ("triton", "cublas"):
-            run = functools.partial(variant, x, w, wq, n, recipe.fprop.a, backend)
+            run = functools.partial(variant, x, wq, n, recipe.fprop.a, backend)
             err = ((run().float() - ref).abs() / (ref.abs() + 1e-3)).max().item()
             if err > 2**-6:
                 failures.append(f"M={m} K={k} N={n} {scale} {backend}: rel err {err:.2e}")
@@ -108,14 +112,15 @@ def time_layer(m: int, k: int, n: int, failures: list[str]) -> tuple[dict, dict]
                 per_tile[tiles] = graph_us(
                     functools.partial(kernels.scaled_gemm, xv, wq.values[:n], out_scale, tiles=tiles)
                 )
-    decode_fprop.GEMM = "auto"  # the default, for whatever runs next
     return times, per_tile
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="peer158m")
-    parser.add_argument("--batches", default="1,16,64,256")
+    parser.add_argument(
+        "--batches", type=ints, default=ints("1,16,64,256"), help="comma-separated batch sizes"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_decode_gemm.py needs a CUDA device", file=sys.stderr)
@@ -124,7 +129,7 @@ def main() -> int:
     shapes = layer_shapes(ModelConfig(preset=args.preset))
     print(f"{torch.cuda.get_device_name()}, {args.preset}: (K, N) x count {shapes}")
     failures: list[str] = []
-    for m in map(int, args.batches.split(",")):
+    for m in args.batches:
         totals: dict[str, float] = {}
         tile_totals: dict[tuple, float] = {}
         for (k, n), count in shapes.items():

@@ -37,6 +37,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
 from inkling_fp4.compare.gap import load_run_config  # noqa: E402
+from inkling_fp4.compare.report import monitor_section  # noqa: E402
 from inkling_fp4.compare.rl_gap import tail_window  # noqa: E402
 from inkling_fp4.compare.rl_summary import summarize_rl_run  # noqa: E402
 from inkling_fp4.errors import UserError  # noqa: E402
@@ -260,15 +261,18 @@ def summarize_bench(out: Path, jobs: list[Job], window: int | None = None) -> di
             "figures": {k: None if st is None else st.to_dict() for k, st in s.figures.items()},
             "eval_accuracy": _curve(curves.get("eval_accuracy")),
             "reward": _curve(curves.get("reward_mean")),
-            "skipped_updates": list(s.metrics.skipped_updates),
-            "fallback_spans": [list(span) for span in s.metrics.fallback_spans],
+            "monitor": {  # as the comparison's report.json has it
+                "skipped_updates": list(s.metrics.skipped_updates),
+                "fallback_spans": [list(span) for span in s.metrics.fallback_spans],
+            },
         }
     report = out / "rl-compare" / "report" / "report.json"
-    headlines = []
-    if report.is_file():
-        headlines = [r.get("headline", "") for r in json.loads(report.read_text())["runs"].values()]
+    fresh = any(j.name == "report" and j.rc == 0 for j in jobs)  # not a report an earlier call left
+    headlines = (
+        [r.get("headline", "") for r in json.loads(report.read_text())["runs"].values()] if fresh else []
+    )
     return {"jobs": [j.to_dict() for j in jobs], "window_steps": window, "runs": runs,
-            "report": str(report.with_name("report.md")) if report.is_file() else None,
+            "report": str(report.with_name("report.md")) if fresh else None,
             "headlines": headlines}  # fmt: skip
 
 
@@ -353,14 +357,11 @@ def _time_section(runs: dict[str, dict], k: int) -> list[str]:
 
 
 def _monitor_section(runs: dict[str, dict]) -> list[str]:
-    """Updates the noise monitor skipped and its BF16 stretches: a run that spent steps in BF16 is
-    not the recipe it is labelled with there."""
-    rows = [[label, str(len(r["skipped_updates"])), ", ".join(map(str, r["skipped_updates"][:12])) or "-",
-             ", ".join(f"{a}-{b}" for a, b in r["fallback_spans"]) or "none"]
-            for label, r in runs.items()]  # fmt: skip
-    return ["", "## Noise monitor", ""] + _table(
-        ["run", "updates skipped", "at steps", "BF16 fallback (steps)"], rows
-    )
+    """The comparison report's noise-monitor section over every run, fp8 (the baseline) first."""
+    if "fp8" not in runs:
+        return []
+    others = {label: r for label, r in runs.items() if label != "fp8"}
+    return monitor_section({"baseline": {"label": "fp8", **runs["fp8"]}, "runs": others})
 
 
 def write_summary(out: Path, jobs: list[Job]) -> dict:
@@ -390,6 +391,12 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.out.exists() and not a.out.is_dir():
+        print(
+            f"error: --out {a.out} is a file; give a directory (new, or one this script wrote)",
+            file=sys.stderr,
+        )
+        return 2
     a.out.mkdir(parents=True, exist_ok=True)
     stages = plan(a, TINY if a.tiny else H200)
     t0, failed = time.time(), None

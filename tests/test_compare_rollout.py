@@ -103,6 +103,8 @@ def test_gap_and_figures_of_hand_made_runs(tmp_path):
     assert s.figures["mismatch_abs_max"].value == 0.3  # step 1's 5.0 lies outside the tail
     assert s.figures["mismatch_ratio_min"].value == 0.9
     assert s.figures["time_train_s"].value == pytest.approx(7.5)
+    whole = summarize_rl({"nvfp4": run}, baseline, window=8).runs["nvfp4"]  # the first step is a warm-up
+    assert whole.figures["time_train_s"].value == pytest.approx(sum(range(2, 9)) / 7)
     assert s.figures["entropy"] is None
     assert "nvfp4 vs fp8: reward gap +0.075 over the last 2 steps (0.825 vs 0.750)" in s.headline
     assert "eval accuracy gap +0.000 at step 8 (0.500 vs 0.500), +0.025 over 2 evaluations" in s.headline
@@ -132,7 +134,8 @@ def test_gap_and_figures_of_hand_made_runs(tmp_path):
 
 def test_rl_runs_compare_their_rl_and_sampler_sections_and_other_stages_do_not():
     rl = {"stage": "rollout", "rl": {"group_size": 4}, "sampler": {"temperature": 0.7, "device": "cpu"}}
-    other = {"stage": "rollout", "rl": {"group_size": 8}, "sampler": {"temperature": 1.0, "check_every": 2}}
+    other = {"stage": "rollout", "rl": {"group_size": 8},
+             "sampler": {"temperature": 1.0, "check_every": 2, "cuda_graph": False}}  # fmt: skip
     assert [d[0] for d in config_differences(rl, other)] == ["rl.group_size", "sampler.temperature"]
     sft = {**rl, "stage": "sft"}
     assert config_differences(sft, {**other, "stage": "sft"}) == []

@@ -67,7 +67,7 @@ def test_zero_gradient_steps_stay_out_of_the_history():
         assert not v.skip, v.message
     assert len(mon.grad_norms) == 10 and all(g > 0 for g in mon.grad_norms)
     assert not mon.fallback_active
-    assert not mon.check(41, 0.0, 0.0).skip  # a zero step is accepted, untested
+    assert not mon.check(41, 0.0, 0.0).skip and len(mon.grad_norms) == 10  # accepted, not recorded
     assert mon.check(42, 0.0, 30.0, watch_loss=False).reason == "grad_spike"  # a real spike still counts
 
 

@@ -4,7 +4,7 @@ each rank's share of a step's prompts, and the step's figures from its completio
 import pytest
 import torch
 
-from inkling_fp4.rl import mismatch, ranks
+from inkling_fp4.rl import ranks
 from inkling_fp4.train.distributed import DistInfo
 
 
@@ -32,7 +32,3 @@ def test_one_process_figures():
     mask = torch.tensor([[True, False, True], [False, False, True]])
     assert ranks.token_mean(x, mask, dist) == pytest.approx((1 + 3 + 6) / 3)
     assert ranks.token_mean(x, torch.zeros_like(mask), dist) == 0.0
-    assert ranks.max_ranks([0.5, 2.0], dist) == [0.5, 2.0]
-    t_logp, s_logp = torch.log(torch.rand(2, 3)), torch.log(torch.rand(2, 3))
-    sums, maxima = mismatch.mismatch_parts(t_logp, s_logp, mask, 2.0)
-    assert ranks.mismatch_figures(t_logp, s_logp, mask, 2.0, dist) == mismatch.stats_from_parts(sums, maxima)

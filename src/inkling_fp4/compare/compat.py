@@ -50,6 +50,7 @@ IGNORED_KEYS = (
     "data.verify_checksums",
     "sampler.check_every",
     "sampler.device",
+    "sampler.cuda_graph",
 )
 """Keys that change speed or where files live, not the numbers."""
 

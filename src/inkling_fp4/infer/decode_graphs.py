@@ -115,8 +115,8 @@ class DecodeGraphs:
         return self.slots[bucket]
 
     def _capture(self, cache: InferenceCache) -> GraphedDecoder | None:
-        """The decode step captured on ``cache``, or None (logged) where the capture fails: e.g.
-        cudaErrorStreamCaptureInvalidated at batch 256 with held NVFP4 weights (scripts/bench_decode.py)."""
+        """The decode step captured on ``cache``, or None (logged) where the runtime refuses the
+        capture (out of memory for the graph's pool, an operation a capture forbids)."""
         try:
             return GraphedDecoder(self.model, cache)
         except Exception as e:  # noqa: BLE001 (a capture the runtime refuses must not end the run)

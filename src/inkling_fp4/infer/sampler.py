@@ -270,6 +270,8 @@ class Sampler:
         budget_B = torch.tensor(budgets, dtype=torch.long, device=device)
         ended_B = torch.zeros(B, dtype=torch.bool, device=device)  # an end token or the budget, on device
         every = 1 if on_tokens is not None else cfg.check_every
+        so_far: list[list[int]] = [[] for _ in range(B)]  # the host's copy of new_BT[:, :read]
+        read = 0
         was_training = model.training
         model.eval()
         steps = 0
@@ -289,7 +291,9 @@ class Sampler:
                         if bool(ended_B.all()) and not cfg.stop and on_tokens is None:
                             break
                         if cfg.stop or on_tokens is not None:
-                            so_far = new_BT[:, : t + 1].tolist()
+                            for row, cols in zip(so_far, new_BT[:, read : t + 1].tolist(), strict=True):
+                                row.extend(cols)  # only the steps since the last check cross to the host
+                            read = t + 1
                             stops.update(so_far)
                             if on_tokens is not None:
                                 on_tokens(first, so_far, stops.ends)

@@ -97,7 +97,7 @@ class NoiseMonitor:
     def _test(self, loss: float, grad_norm: float, watch_loss: bool) -> Verdict:
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             return Verdict(True, "nonfinite", f"non-finite loss {loss} / grad norm {grad_norm}")
-        if len(self.grad_norms) < self.cfg.warmup or grad_norm == 0:
+        if len(self.grad_norms) < self.cfg.warmup:
             return Verdict()
         spread = self.cfg.min_rel_spread
         z = robust_zscore(loss, list(self.losses), spread) if watch_loss else -math.inf

@@ -204,6 +204,7 @@ class RolloutTask:
             scores.rewards, [len(c.tokens) for c in completions],
             [c.finish_reason == "length" for c in completions], G, self.dist,
         )  # fmt: skip
+        gathered = time.perf_counter()  # a rank that waited here for a slower one was not training
         adv_B = ranks.rank_share(grpo.group_advantages(rewards_PG, rl.scale_rewards), self.dist).reshape(-1)
         zero_var_P = grpo.zero_variance_groups(rewards_PG)
         input_ids, targets, completion_mask, s_logp = build_rows(
@@ -247,7 +248,7 @@ class RolloutTask:
         self._reward_failures(scores, figures)
         self.figures = figures
         self.rl_step += 1
-        self._trained_since = t3  # the log-prob recompute above counts as training
+        self._trained_since = gathered  # the log-prob recompute above counts as training
 
     def _queue_mini_batches(self, rows: RolloutBatch, correction: torch.Tensor) -> None:
         """rl.epochs passes over the rows, each split into rl.mini_batches in a seeded order. Each rank

@@ -54,8 +54,8 @@ def scale_to_bf16(
     m = acc.shape[0] if acc.dim() else 0
     if acc.dtype != torch.float32 or scale.dtype != torch.float32 or scale.numel() not in (1, m):
         raise ValueError(
-            f"scale_to_bf16 takes an FP32 product and one FP32 scale, got {acc.dtype} and "
-            f"{scale.dtype} x {scale.numel()}"
+            f"scale_to_bf16 takes an FP32 product [M, N] and one FP32 scale or M of them, got "
+            f"{acc.dtype} {tuple(acc.shape)} and {scale.dtype} x {scale.numel()}"
         )
     if acc.dim() != 2 or (acc.shape[1] > 1 and acc.stride(1) != 1):
         raise ValueError(
