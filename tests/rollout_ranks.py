@@ -5,7 +5,7 @@ tests/test_rollout_distributed.py:
 
 runs the command in each process and writes ``OUT/rank<r>.pt``: per RL step the prompts of this
 rank's share, the first draws of its sampling generator, its own rewards and the advantages of its
-rows; per sampling (every RL step and the
+rows, the completion tokens' sampler and trainer log p and entropies; per sampling (every RL step and the
 final evaluation) a hash of the weights it sampled with, master and held quantized values; the
 micro batches of its first optimizer step; the hash of its final weights.
 """
@@ -41,7 +41,7 @@ def record_into(record: dict) -> None:
     task_cls = rollout.RolloutTask
     names = ("_step_prompts", "_sampling_seed", "_sampler_now", "_queue_mini_batches", "next_batches")
     real = {name: getattr(task_cls, name) for name in names}
-    gather = ranks.all_completions
+    gather, drift, token_mean = ranks.all_completions, ranks.mismatch_figures, ranks.token_mean
 
     def _step_prompts(self):
         problems = real["_step_prompts"](self)
@@ -76,12 +76,24 @@ def record_into(record: dict) -> None:
 
     for fn in (_step_prompts, _sampling_seed, _sampler_now, _queue_mini_batches, next_batches):
         setattr(task_cls, fn.__name__, fn)
+
+    def mismatch_figures(t_logp, s_logp, mask, cap, dist):
+        record["mismatch"].append((t_logp[mask].clone(), s_logp[mask].clone()))  # this rank's tokens
+        return drift(t_logp, s_logp, mask, cap, dist)
+
+    def entropy_mean(x, mask, dist):
+        record["entropy"].append(x[mask.bool()].clone())
+        return token_mean(x, mask, dist)
+
     ranks.all_completions = all_completions
+    ranks.mismatch_figures = mismatch_figures
+    ranks.token_mean = entropy_mean
 
 
 def main() -> None:
     out, argv = Path(sys.argv[1]), sys.argv[2:]
-    record = {key: [] for key in ("prompts", "draws", "sampled_with", "rewards", "advantages", "first_step")}
+    keys = ("prompts", "draws", "sampled_with", "rewards", "advantages", "first_step", "mismatch", "entropy")
+    record = {key: [] for key in keys}
     record_into(record)
     sys.argv = ["fp4train", *argv]
     try:

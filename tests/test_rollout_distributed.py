@@ -108,6 +108,14 @@ def test_two_processes_train_the_same_policy_on_their_shares_of_the_prompts(two_
         assert r["zero_var_frac"] == float(grpo.zero_variance_groups(rewards_PG).float().mean())
         advantages = torch.cat([r0["advantages"][k], r1["advantages"][k]])
         assert torch.equal(advantages, grpo.group_advantages(rewards_PG, "batch").view(-1))
+        # the mismatch and entropy figures over both ranks' completion tokens, as one [1, N] batch
+        t, s = (torch.cat([r0["mismatch"][k][i], r1["mismatch"][k][i]])[None] for i in (0, 1))
+        whole = mismatch.stats_from_parts(*mismatch.mismatch_parts(t, s, torch.ones_like(t, dtype=torch.bool),
+                                                                   cfg.rl.tis_cap))  # fmt: skip
+        assert len(whole) > 3 and all(r[f"mismatch_{key}"] == pytest.approx(v, rel=1e-5, abs=1e-9)
+                                      for key, v in whole.items())  # fmt: skip
+        entropy = torch.cat([r0["entropy"][k], r1["entropy"][k]])
+        assert r["entropy"] == pytest.approx(float(entropy.double().mean()), rel=1e-5)
     evals = [r for r in logged if "eval_accuracy" in r]
     assert [(r["step"], r["eval_problems"]) for r in evals] == [(STEPS, 3)]
 
