@@ -28,6 +28,10 @@ from inkling_fp4.rl.rollout_batch import RolloutBatch, token_logprobs
 class PolicyLossFn:
     """``loss_fn(train_model, batch)`` for :meth:`Trainer.step`."""
 
+    fits_data = False
+    """The clipped surrogate measures no fit to data (near zero, of either sign): the noise monitor
+    tests it for finiteness only (``train/monitor.py``)."""
+
     def __init__(self, cfg: RLConfig):
         self.cfg = cfg
         self._sums: dict[str, torch.Tensor] = {}

@@ -15,9 +15,10 @@ be at least ``grad_min_ratio`` times the median: the norm of real data moves by 
 batch to batch (on hybrid-125m a batch at 1.4-2.5x the median every hundred steps or so, at the same
 steps in BF16, FP8 and NVFP4 runs), and a z-score over a flat history calls each of those a spike.
 
-Two kinds of step are special. A loss that is not a fit to data (a task's own loss: RL's clipped
+Two kinds of step are special. A loss that is not a fit to data (RL's clipped
 surrogate, near zero and of either sign, exactly zero on a step where no group's rewards differ) has
-no level to spike from, so ``watch_loss=False`` tests it for finiteness only. And a step whose
+no level to spike from, so ``watch_loss=False`` (the trainer passes it for a ``loss_fn`` whose
+``fits_data`` is False) tests it for finiteness only. And a step whose
 gradient is exactly zero (nothing to learn from) says nothing of the usual gradient scale: it is
 accepted and kept out of the history, since a history of zeros would call the next real step a
 spike of infinite z-score.

@@ -20,7 +20,8 @@ the task's own resumable state); everything else is here, once:
 A task is anything with ``next_batches(micro, accum)``, ``real_tokens(batches)``,
 ``evaluate(trainer)``, ``step_metrics()`` (its own figures for a logged step), ``state_dict()`` /
 ``load_state_dict()`` and ``loss_fn`` (None: the model's own masked cross-entropy, which CUDA graphs
-can capture). The trainer never asks which stage it runs.
+can capture; a ``loss_fn`` whose ``fits_data`` is False, RL's surrogate, is not watched for loss
+spikes). The trainer never asks which stage it runs.
 
 The loss of a step is the mean over every trained target token of the global batch, so the
 gradient does not depend on how the batch is split into micro batches and ranks. Throughput counts
@@ -282,7 +283,8 @@ class Trainer:
         else:
             loss = grad_norm = math.nan
 
-        verdict = monitor.check(step, loss, grad_norm, watch_loss=loss_fn is None)  # cross-entropy only
+        watch_loss = loss_fn is None or getattr(loss_fn, "fits_data", True)  # False: RL's surrogate
+        verdict = monitor.check(step, loss, grad_norm, watch_loss=watch_loss)
         if verdict.skip:
             detail = f" ({fault})" if fault else ""
             log.event(step, verdict.reason, verdict.message + detail, loss=loss, grad_norm=grad_norm)
