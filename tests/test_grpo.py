@@ -91,13 +91,30 @@ def test_mismatch_figures_tis_and_masking_by_hand():
     tis = mismatch.correction_weights(trainer, sampler, mask, "tis", cap=1.5)
     assert torch.allclose(tis, torch.tensor([[1.0, 1.5, 0.5], [1.0, 1.0, 0.0]]))
     masked = mismatch.correction_weights(trainer, sampler, mask, "mask", cap=1.5)
-    assert masked.tolist() == [[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]  # the padded 0.9 does not count
+    assert masked.tolist() == [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]  # per token; the padded 0.9 does not count
     assert torch.equal(mismatch.correction_weights(trainer, sampler, mask, "none", cap=1.5), mask.float())
 
 
+def test_sequence_level_and_bypass_corrections_by_hand():
+    """TRL's sequence_truncate / sequence_mask: one weight per completion, exp of its summed log
+    ratio; in bypass mode mask only rejects (0 / 1) and tis is refused."""
+    sampler = torch.log(torch.full((2, 3), 0.5))
+    trainer = torch.log(torch.tensor([[0.5, 1.0, 0.5], [0.4, 0.5, 0.9]]))  # ratios [1, 2, 1], [0.8, 1, pad]
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    tis = mismatch.correction_weights(trainer, sampler, mask, "tis", cap=1.5, level="sequence")
+    assert torch.allclose(tis, torch.tensor([[1.5, 1.5, 1.5], [0.8, 0.8, 0.0]]))
+    masked = mismatch.correction_weights(trainer, sampler, mask, "mask", cap=1.5, level="sequence")
+    assert torch.allclose(masked, torch.tensor([[0.0, 0.0, 0.0], [0.8, 0.8, 0.0]]))
+    token = mismatch.correction_weights(trainer, sampler, mask, "mask", cap=1.5, reweight=False)
+    assert token.tolist() == [[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]]
+    with pytest.raises(ValueError, match="bypass"):
+        mismatch.correction_weights(trainer, sampler, mask, "tis", cap=1.5, reweight=False)
+
+
 def test_policy_loss_fn_is_the_formula_with_kl_and_entropy():
-    """PolicyLossFn on fixed logits equals sum w * (L_clip + kl_coef * k3 - entropy_coef * H), and
-    its figures sum over the step's micro batches."""
+    """PolicyLossFn on fixed logits equals sum a * (c * L_clip + kl_coef * k3) - entropy_coef * sum H
+    (TRL's order: the correction c weights the surrogate only, the entropy is a plain token sum),
+    all of logits / T; its figures sum over the step's micro batches."""
     import torch.nn.functional as F
 
     from inkling_fp4.rl.config import RLConfig
@@ -105,28 +122,56 @@ def test_policy_loss_fn_is_the_formula_with_kl_and_entropy():
     from inkling_fp4.rl.rollout_batch import RolloutBatch
 
     g = fresh_generator()
-    B, L, V = 3, 5, 7
+    B, L, V, T = 3, 5, 7, 0.7
     logits = torch.randn(B, L, V, generator=g)
     targets = torch.randint(0, V, (B, L), generator=g)
     mask = torch.rand(B, L, generator=g) < 0.7
     old = torch.randn(B, L, generator=g) * 0.1 - 2
     ref = torch.randn(B, L, generator=g) * 0.1 - 2
     adv = torch.randn(B, generator=g)
-    w = torch.rand(B, L, generator=g)
-    batch = RolloutBatch(torch.zeros(B, L, dtype=torch.long), targets, mask, adv, old, old, w, ref_logp=ref)
+    a = torch.rand(B, L, generator=g)
+    c = torch.rand(B, L, generator=g) + 0.5
+    batch = RolloutBatch(torch.zeros(B, L, dtype=torch.long), targets, mask, adv, old, old, a, ref_logp=ref,
+                         correction=c)  # fmt: skip
     cfg = RLConfig(kl_coef=0.05, entropy_coef=0.01, eps_low=0.2, eps_high=0.28)
-    fn = PolicyLossFn(cfg)
+    fn = PolicyLossFn(cfg, temperature=T)
     got = fn(lambda ids, doc_ids=None: logits, batch)
-    logp_all = F.log_softmax(logits, -1)
+    logp_all = F.log_softmax(logits / T, -1)
     logp = logp_all.gather(-1, targets[..., None])[..., 0]
     rho = torch.exp((logp - old) * mask)
     surrogate = -torch.minimum(rho * adv[:, None], rho.clamp(0.8, 1.28) * adv[:, None]) * mask
     kl = (torch.exp(ref - logp) - (ref - logp) - 1) * mask
     ent = -(logp_all.exp() * logp_all).sum(-1) * mask
-    want = (w * (surrogate + 0.05 * kl - 0.01 * ent)).sum()
+    want = (a * (c * surrogate + 0.05 * kl)).sum() - 0.01 * ent.sum()
     assert got.item() == pytest.approx(want.item(), rel=1e-5)
     fn(lambda ids, doc_ids=None: logits, batch)  # a second micro batch of the same step
     figures = fn.figures()
     assert figures["kl_ref"] == pytest.approx(float(kl.sum() / mask.sum()), rel=1e-5)
     fn.new_step()
     assert fn.figures() == {}
+
+
+def test_on_policy_ratio_is_exactly_one_and_its_gradient_is_the_advantage_weighted_score():
+    """With one update per rollout the old log p is the training forward's own: ratio 1 whatever the
+    stored old log p, no clipping, and the gradient of the loss is -sum a * A * grad log p."""
+    import torch.nn.functional as F
+
+    from inkling_fp4.rl.config import RLConfig
+    from inkling_fp4.rl.policy_loss import PolicyLossFn
+    from inkling_fp4.rl.rollout_batch import RolloutBatch
+
+    g = fresh_generator()
+    B, L, V = 4, 6, 9
+    logits = torch.randn(B, L, V, generator=g, requires_grad=True)
+    targets = torch.randint(0, V, (B, L), generator=g)
+    mask = torch.ones(B, L, dtype=torch.bool)
+    far = torch.full((B, L), -30.0)  # a stored old log p that would clip every token
+    adv = torch.randn(B, generator=g) * 3
+    batch = RolloutBatch(torch.zeros(B, L, dtype=torch.long), targets, mask, adv, far, far, mask.float())
+    fn = PolicyLossFn(RLConfig(), on_policy=True)
+    fn(lambda ids, doc_ids=None: logits, batch).backward()
+    assert fn.figures()["clip_low"] == 0 and fn.figures()["clip_high"] == 0
+    logits2 = logits.detach().clone().requires_grad_(True)
+    logp = F.log_softmax(logits2, -1).gather(-1, targets[..., None])[..., 0]
+    (-(adv[:, None] * logp).sum()).backward()
+    assert torch.allclose(logits.grad, logits2.grad, atol=1e-6)

@@ -227,7 +227,7 @@ def test_cli_rollout_on_a_jsonl_task_with_resume(base, tmp_path):
     code, _, err = cli(["rollout", "--resume", "--run-dir", str(run), "rl.group_size=2"])
     assert code == 2 and "rl.group_size" in one_line(err) and tree_hash(run) == before
     with pytest.raises(UserError):
-        rollout.check_geometry(sft_config(None, [*RL, "rl.mini_batches=3"], base, stage="rollout"))
+        rollout.check_config(sft_config(None, [*RL, "rl.mini_batches=3"], base, stage="rollout"))
 
 
 def test_print_config_shows_the_rollout_config_and_writes_nothing(base, tmp_path, monkeypatch):

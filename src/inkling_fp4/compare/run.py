@@ -122,9 +122,9 @@ def plan_runs(cfg: RunConfig, with_recipes=(), ablate=(), noise: bool = False) -
             "its own precision; set precision.recipe to nvfp4 (or mxfp4, bf16, fp8-tensorwise)"
         )
     if cfg.stage == "rollout":
-        from inkling_fp4.train.rollout import check_geometry
+        from inkling_fp4.train.rollout import check_config
 
-        check_geometry(cfg)  # before any run directory is made
+        check_config(cfg)  # before any run directory is made
         if noise:
             raise ConfigError(
                 "--noise repeats the baseline from other initial weights, but RL runs start from the base "

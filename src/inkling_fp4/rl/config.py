@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from inkling_fp4.rl.grpo import AGGREGATIONS, LEVELS, SCALES
 from inkling_fp4.rl.mismatch import CORRECTIONS
+from inkling_fp4.rl.mismatch import LEVELS as CORRECTION_LEVELS
 
 TASKS = ("arithmetic", "countdown")
 VERIFIERS = ("numeric", "exact")
@@ -59,13 +60,17 @@ class RLConfig:
     drop_zero_variance: bool = False
     """Drop groups whose rewards are all equal from the update (counted either way)."""
     correction: str = "tis"
-    """Rollout / trainer mismatch correction: none | tis (truncated importance sampling per token) |
-    mask (drop completions with a token beyond the cap)."""
+    """Rollout / trainer mismatch correction (rl/mismatch.py): none | tis (truncated importance
+    sampling) | mask (importance sampling, dropping what lies beyond the cap)."""
+    correction_level: str = "token"
+    """token: a weight per token; sequence: one per completion, of its summed log ratio (TRL's
+    sequence_truncate / sequence_mask)."""
     tis_cap: float = 2.0
-    """Cap of the importance ratio (TIS), and the bound outside which ``mask`` drops a completion."""
+    """Cap of the importance ratio (TIS), and the bounds [1 / cap, cap] outside which ``mask`` drops."""
     old_logp: str = "trainer"
-    """The old policy's log-probabilities: recomputed by the trainer (trainer) or the sampler's own
-    (sampler: the bypass mode, no recomputation)."""
+    """The old policy's log-probabilities: the trainer's (trainer; with one update per rollout the
+    training forward's own, else recomputed before the first update) or the sampler's own (sampler:
+    the bypass mode, where the clipped ratio is the importance weight; ``tis`` is refused there)."""
     reward_timeout: float = 5.0
     """Seconds a user reward function may take per completion before it scores 0."""
     eval_prompts: int = 64
@@ -78,6 +83,16 @@ class RLConfig:
             (self.aggregation in AGGREGATIONS, f"rl.aggregation must be one of {', '.join(AGGREGATIONS)}"),
             (self.ratio_level in LEVELS, f"rl.ratio_level must be one of {', '.join(LEVELS)}"),
             (self.correction in CORRECTIONS, f"rl.correction must be one of {', '.join(CORRECTIONS)}"),
+            (
+                self.correction_level in CORRECTION_LEVELS,
+                f"rl.correction_level must be one of {', '.join(CORRECTION_LEVELS)}",
+            ),
+            (
+                not (self.old_logp == "sampler" and self.correction == "tis"),
+                "rl.correction=tis with rl.old_logp=sampler would weight by the ratio twice (the clipped "
+                "ratio is already p_trainer / p_sampler); set rl.correction=none, or mask to drop what "
+                "lies beyond rl.tis_cap",
+            ),
             (self.old_logp in OLD_LOGP, f"rl.old_logp must be one of {', '.join(OLD_LOGP)}"),
             (
                 self.prompts_per_step >= 1 and self.group_size >= 2,

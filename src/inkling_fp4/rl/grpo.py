@@ -4,7 +4,8 @@ Notation (per completion i of a group, per token t of it):
 
     A_i        advantage: r_i - mean(r_group), divided by std(r_group) (``scale=group``, GRPO),
                by the std over the whole batch (``scale=batch``), or not at all (``scale=none``,
-               Dr. GRPO: dividing by a small group std up-weights near-solved prompts)
+               Dr. GRPO: dividing by a small group std up-weights near-solved prompts); the std
+               is the unbiased one plus 1e-4, as TRL's
     rho_it     exp(logp_it - old_logp_it): the ratio of the policy being trained to the policy that
                sampled (``level=token``), or GSPO's sequence ratio exp(mean_t (logp - old_logp)) shared
                by every token of the completion (``level=sequence``)
@@ -35,7 +36,7 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LEVELS = ("token", "sequence")
 
 
-def group_advantages(rewards_NG: torch.Tensor, scale: str = "group", eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(rewards_NG: torch.Tensor, scale: str = "group", eps: float = 1e-4) -> torch.Tensor:
     """[N groups, G] rewards -> [N, G] advantages (see the module docstring). A group whose rewards
     are all equal gets advantage 0 whatever the scale: it carries no signal."""
     if scale not in SCALES:

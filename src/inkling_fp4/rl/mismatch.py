@@ -10,13 +10,20 @@ off-policy. Measured per token, with d = logp_trainer - logp_sampler over the co
     |d|     mean and max of |d|
     ratio   exp(d): min / mean / max, and the fraction beyond the cap
 
-Corrections (``rl.correction``):
+Corrections (``rl.correction``, at ``rl.correction_level`` token or sequence: TRL's four
+``vllm_importance_sampling_mode`` settings). With ``rl.old_logp=trainer`` the loss of each token is
+weighted by an importance weight w of the trainer's over the sampler's probability, no gradient
+through it; at sequence level w is one weight per completion, exp of its summed d:
 
-    tis     truncated importance sampling: each token's loss weighted by min(exp(d), cap), a
-            constant (no gradient through it); unbiased up to the cap, bounded variance beyond it
-    mask    sequence masking: a completion with any token whose ratio leaves [1/cap, cap] is
-            dropped from the loss
-    none    the samples are treated as on-policy
+    tis     truncated importance sampling: w = min(exp(d), cap); unbiased up to the cap, bounded
+            variance beyond it
+    mask    masked importance sampling: w = exp(d) inside [1/cap, cap], 0 outside (the token, or at
+            sequence level the whole completion, is dropped)
+    none    w = 1: the samples are treated as on-policy
+
+With ``rl.old_logp=sampler`` (bypass) the clipped ratio already holds p_trainer / p_sampler, so no
+second importance weight may multiply it: ``mask`` only drops what lies outside the bounds (w = 0 or
+1) and ``tis`` is refused by the config.
 
 Shapes: B completions, T completion tokens (padded; ``mask_BT`` marks real ones).
 """
@@ -26,6 +33,7 @@ from __future__ import annotations
 import torch
 
 CORRECTIONS = ("none", "tis", "mask")
+LEVELS = ("token", "sequence")
 
 
 def mismatch_stats(
@@ -76,17 +84,25 @@ def correction_weights(
     mask_BT: torch.Tensor,
     mode: str,
     cap: float,
+    level: str = "token",
+    reweight: bool = True,
 ) -> torch.Tensor:
-    """[B, T] per-token loss weights (no gradient) of ``mode`` (see the module docstring)."""
+    """[B, T] per-token loss weights (no gradient) of ``mode`` at ``level`` (see the module docstring);
+    ``reweight`` False (bypass) keeps only the 0 / 1 rejection of ``mask``."""
     if mode not in CORRECTIONS:
         raise ValueError(f"correction must be one of {CORRECTIONS}, not {mode!r}")
+    if level not in LEVELS:
+        raise ValueError(f"correction level must be one of {LEVELS}, not {level!r}")
     mask = mask_BT.to(torch.float32)
     if mode == "none":
         return mask
-    d = (trainer_logp_BT.detach().double() - sampler_logp_BT.double()) * mask
+    d_BT = (trainer_logp_BT.detach().double() - sampler_logp_BT.double()) * mask
+    d = d_BT.sum(dim=1, keepdim=True) if level == "sequence" else d_BT  # [B, 1] or [B, T]
     ratio = torch.exp(d)
     if mode == "tis":
+        if not reweight:
+            raise ValueError("tis reweights by the ratio, which the clipped ratio of the bypass mode holds")
         return (torch.clamp(ratio, max=cap) * mask).to(torch.float32)
-    outside = ((ratio > cap) | (ratio < 1 / cap)) & mask_BT.bool()
-    keep_B1 = ~outside.any(dim=1, keepdim=True)
-    return mask * keep_B1.to(torch.float32)
+    inside = (ratio <= cap) & (ratio >= 1 / cap)
+    w = torch.where(inside, ratio if reweight else torch.ones_like(ratio), torch.zeros_like(ratio))
+    return (w * mask).to(torch.float32)

@@ -1,17 +1,21 @@
 """The policy-gradient loss of one micro batch of rollouts, in the shared trainer's form.
 
 The trainer divides a micro batch's summed loss by the trained-token count of the whole step, so the
-loss here is ``sum_bt w_bt * l_bt`` with
+loss here is, in TRL's order of terms,
 
-    l_bt = L_bt (GRPO's clipped surrogate, rl/grpo.py)
-         + kl_coef * k3(logp, ref_logp)          (the KL penalty to the frozen reference, optional)
-         - entropy_coef * H_bt                   (an entropy bonus, optional)
-    w_bt = the aggregation's token weight x the mismatch correction (rl/grpo.token_weights,
-           rl/mismatch.correction_weights; built with the batch, no gradient)
+    sum_bt a_bt * (c_bt * L_bt + kl_coef * k3(logp, ref_logp)_bt)  -  entropy_coef * sum_bt H_bt
 
-The forward is the trainer's (its precision recipe: NVFP4 forward and the recipe's backward), and
-full logits are taken for the log-probabilities and the entropy (a rollout's rows are short).
-Figures of the last call (clip fractions, KL, entropy) are kept for the step's metrics.
+    L_bt   GRPO's clipped surrogate (rl/grpo.py) of the ratio to the old policy
+    c_bt   the mismatch correction's importance weight (rl/mismatch.py; 1 without one)
+    a_bt   the aggregation's token weight (rl/grpo.token_weights)
+    H_bt   the entropy: a plain mean over the step's completion tokens, whatever the aggregation
+
+Log-probabilities and the entropy are those of logits / T, the distribution the sampler drew from
+(T = sampler.temperature). With one update per rollout and the trainer's old policy, the old log p
+is the training forward's own, detached: the ratio is exactly 1 whatever the recipe's arithmetic
+(delayed FP8 scales a no-grad forward otherwise). The forward is the trainer's (its precision
+recipe), with full logits (a rollout's rows are short). The step's figures (clip fractions, KL to
+the reference) are summed over its micro batches.
 """
 
 from __future__ import annotations
@@ -32,8 +36,8 @@ class PolicyLossFn:
     """The clipped surrogate measures no fit to data (near zero, of either sign): the noise monitor
     tests it for finiteness only (``train/monitor.py``)."""
 
-    def __init__(self, cfg: RLConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: RLConfig, temperature: float = 1.0, on_policy: bool = False):
+        self.cfg, self.temperature, self.on_policy = cfg, temperature, on_policy
         self._sums: dict[str, torch.Tensor] = {}
 
     def new_step(self) -> None:
@@ -58,12 +62,13 @@ class PolicyLossFn:
     def __call__(self, model, b: RolloutBatch) -> torch.Tensor:
         cfg = self.cfg
         logits_BLV = model(b.input_ids, doc_ids=b.doc_ids)
-        logp_BL, ent_BL = token_logprobs(logits_BLV, b.targets, entropy=cfg.entropy_coef > 0)
+        logp_BL, ent_BL = token_logprobs(logits_BLV, b.targets, cfg.entropy_coef > 0, self.temperature)
         mask = b.loss_mask
+        old_BL = logp_BL.detach() if self.on_policy else b.old_logp
         pl = grpo.clipped_policy_loss(
-            logp_BL, b.old_logp, b.advantages, mask, cfg.eps_low, cfg.eps_high, cfg.ratio_level
+            logp_BL, old_BL, b.advantages, mask, cfg.eps_low, cfg.eps_high, cfg.ratio_level
         )
-        loss_BL = pl.loss_BT
+        loss_BL = pl.loss_BT if b.correction is None else pl.loss_BT * b.correction
         parts = {
             "tokens": mask.sum(),
             "clip_low": pl.clipped_low_BT.sum(),
@@ -73,8 +78,9 @@ class PolicyLossFn:
             kl_BL = grpo.k3_kl(logp_BL, b.ref_logp) * mask
             loss_BL = loss_BL + cfg.kl_coef * kl_BL
             parts["kl_ref"] = kl_BL.detach().sum()
-        if ent_BL is not None:
-            loss_BL = loss_BL - cfg.entropy_coef * ent_BL * mask
         for key, value in parts.items():
             self._sums[key] = self._sums.get(key, 0) + value.detach().double()
-        return (loss_BL * b.weights).sum()
+        loss = (loss_BL * b.weights).sum()
+        if ent_BL is not None:
+            loss = loss - cfg.entropy_coef * (ent_BL * mask).sum()
+        return loss

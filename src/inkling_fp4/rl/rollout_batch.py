@@ -27,9 +27,10 @@ class RolloutBatch:
     advantages: torch.Tensor  # [B] float32
     sampler_logp: torch.Tensor  # [B, L] float32: the sampler's log p of each target (0 elsewhere)
     old_logp: torch.Tensor  # [B, L] float32: the old policy's (trainer's recomputation or the sampler's)
-    weights: torch.Tensor  # [B, L] float32: aggregation x mismatch correction (no gradient)
+    weights: torch.Tensor  # [B, L] float32: the aggregation's token weights (no gradient)
     ref_logp: torch.Tensor | None = None  # [B, L]: the frozen reference policy's, for the KL penalty
     doc_ids: torch.Tensor | None = None  # one document per row: no packing
+    correction: torch.Tensor | None = None  # [B, L] float32: the mismatch correction's weights (None: 1)
 
     @property
     def num_tokens(self) -> int:
@@ -73,10 +74,11 @@ def build_rows(
 
 
 def token_logprobs(
-    logits_BLV: torch.Tensor, targets_BL: torch.Tensor, entropy: bool = False
+    logits_BLV: torch.Tensor, targets_BL: torch.Tensor, entropy: bool = False, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log p(target) [B, L], and with ``entropy`` each position's entropy [B, L]), FP32, from
-    logits [B, L, V] through one log-softmax."""
-    logp_BLV = F.log_softmax(logits_BLV.float(), dim=-1)
+    logits [B, L, V] through one log-softmax of logits / ``temperature``: the distribution the
+    sampler drew from (before its top-k / top-p truncation, as TRL takes it)."""
+    logp_BLV = F.log_softmax(logits_BLV.float() / temperature, dim=-1)
     picked = logp_BLV.gather(-1, targets_BL[..., None])[..., 0]
     return picked, (-(logp_BLV.exp() * logp_BLV).sum(-1) if entropy else None)

@@ -68,7 +68,8 @@ class RolloutTask:
     def __init__(self, cfg: RunConfig, trainer: Trainer, tokenizer: Tokenizer, data: TaskData, ref=None):
         self.cfg, self.rl, self.trainer, self.tokenizer, self.data = cfg, cfg.rl, trainer, tokenizer, data
         self.dist = trainer.dist
-        self.loss_fn = PolicyLossFn(cfg.rl)
+        on_policy = cfg.rl.old_logp == "trainer" and updates_per_rollout(cfg.rl) == 1
+        self.loss_fn = PolicyLossFn(cfg.rl, cfg.sampler.temperature, on_policy)
         self.stream = PromptStream(data.train, cfg.train.seed)
         self.runner = RewardRunner(data.reward, cfg.rl.reward_timeout, isolate=not data.builtin)
         self.ref = ref
@@ -160,7 +161,8 @@ class RolloutTask:
         with autocast_for(device):
             for i in range(0, rows.input_ids.shape[0], micro):
                 ids = rows.input_ids[i : i + micro].to(device)
-                lp, en = token_logprobs(model(ids), rows.targets[i : i + micro].to(device), entropy=True)
+                targets = rows.targets[i : i + micro].to(device)
+                lp, en = token_logprobs(model(ids), targets, True, self.cfg.sampler.temperature)
                 logp.append(lp.cpu())
                 ent.append(en.cpu())
         return torch.cat(logp), torch.cat(ent)
@@ -218,7 +220,9 @@ class RolloutTask:
         rows = RolloutBatch(input_ids, targets, mask, adv_B, s_logp, s_logp, torch.zeros_like(s_logp))
         t_logp, entropy = self._trainer_logp(rows, trainer.fwd_model)
         rows.old_logp = t_logp if rl.old_logp == "trainer" else s_logp
-        correction = mismatch.correction_weights(t_logp, s_logp, mask, rl.correction, rl.tis_cap)
+        correction = mismatch.correction_weights(
+            t_logp, s_logp, mask, rl.correction, rl.tis_cap, rl.correction_level, rl.old_logp == "trainer"
+        )
         if self.ref is not None:
             rows.ref_logp, _ = self._trainer_logp(rows, self.ref)
         self._queue_mini_batches(rows, correction)
@@ -267,8 +271,8 @@ class RolloutTask:
         counts = torch.tensor([float(mini.loss_mask.sum()) for mini in minis], dtype=torch.float64)
         tokens = ranks.sum_ranks(counts, self.dist)  # [epochs x mini_batches], all ranks
         for mini, idx, n in zip(minis, picks, tokens.tolist(), strict=True):
-            weights = grpo.token_weights(mini.loss_mask, rl.aggregation, n, size * self.dist.world_size)
-            mini.weights = weights * correction[idx]
+            mini.weights = grpo.token_weights(mini.loss_mask, rl.aggregation, n, size * self.dist.world_size)
+            mini.correction = correction[idx]
             self.queue.append(mini)
 
     def _reward_failures(self, scores: Scores, figures: dict) -> None:
@@ -288,8 +292,24 @@ class RolloutTask:
 # the run
 
 
-def check_geometry(cfg: RunConfig) -> None:
+def updates_per_rollout(rl) -> int:
+    return rl.epochs * rl.mini_batches
+
+
+def check_config(cfg: RunConfig) -> None:
+    """What the RL step needs of the sections together (each section checks itself)."""
     rl = cfg.rl
+    if cfg.sampler.temperature <= 0:
+        raise ConfigError(
+            f"sampler.temperature={cfg.sampler.temperature:g} samples greedily: every completion of a "
+            "group is the same and GRPO has no signal; set sampler.temperature > 0 (1.0: the policy itself)"
+        )
+    if cfg.precision.fp8_scaling == "delayed" and updates_per_rollout(rl) > 1:
+        raise ConfigError(
+            "precision.fp8_scaling=delayed with several updates per rollout: the old log p is recomputed "
+            "without autograd, which scales from current amaxes, so the first ratio would not be 1; set "
+            "rl.epochs=1 and rl.mini_batches=1, or precision.fp8_scaling=current"
+        )
     rows = rl.prompts_per_step * rl.group_size
     if rows % rl.mini_batches or cfg.train.batch_size != rows // rl.mini_batches:
         raise ConfigError(
@@ -322,7 +342,7 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
     """RL from ``cfg.init_from`` on ``cfg.rl.task`` into ``run_dir`` (continuing with ``resume``)."""
     if cfg.init_from is None:
         raise ConfigError("init_from is not set: pass --from RUN (an sft or pretrain run or checkpoint)")
-    check_geometry(cfg)
+    check_config(cfg)
     with stage_frame(cfg, run_dir, resume) as (dist, start):
         cfg = start.cfg
         check_ranks(cfg, dist.world_size)
