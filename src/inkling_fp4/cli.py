@@ -69,10 +69,16 @@ def recipes() -> None:
 @app.command()
 def info(
     from_run: Path = typer.Option(
-        None, "--from", help="Also say what this run, checkpoint or Nemotron-H directory holds."
+        None,
+        "--from",
+        help="A run, checkpoint or Nemotron-H directory to describe (default: the newest run under runs/, "
+        "if there is one).",
     ),
 ) -> None:
-    """Show the device, and which backend and kernels each precision recipe would use here."""
+    """Show the device and each precision recipe's backend.
+
+    Which backend and kernels each precision recipe would use on this machine, and what a run holds
+    (its checkpoint, model and tokenizer)."""
     import importlib.util
 
     import torch
@@ -98,9 +104,11 @@ def info(
             continue
         backend = resolve_backend("auto", recipe, device)
         typer.echo(f"  {recipe}: {describe_backend(backend, recipe, device)}")
-    if from_run is not None:
-        from inkling_fp4.train.load_run import describe
+    from inkling_fp4.train.load_run import RUNS_ROOT, default_from, describe, newest_run
 
+    if from_run is None and newest_run(RUNS_ROOT) is not None:
+        from_run = default_from(typer.echo)
+    if from_run is not None:
         for line in describe(from_run):
             typer.echo(line)
 
@@ -146,7 +154,9 @@ def pretrain(
 def sft(
     overrides: list[str] = OVERRIDES,
     from_run: Path = typer.Option(
-        None, "--from", help="Run, checkpoint or Nemotron-H dir to fine-tune (default: newest pretrain run)."
+        None,
+        "--from",
+        help="Run, checkpoint or Nemotron-H directory to fine-tune (default: the newest run under runs/).",
     ),
     recipe: str = typer.Option(
         None, help="SFT recipe path or built-in name (default: sft-tiny; with --resume: the run's config)."
@@ -163,16 +173,16 @@ def sft(
     overrides = list(overrides or [])
     name = load_config(recipe or DEFAULT_RECIPE, overrides).name  # no model yet: only the name
     run_dir = run_dir or Path("runs") / name
-    cfg = _on_base(recipe, DEFAULT_RECIPE, overrides, from_run, run_dir, resume, "sft", ("pretrain",),
-                   "fp4train pretrain")  # fmt: skip
+    cfg = _on_base(recipe, DEFAULT_RECIPE, overrides, from_run, run_dir, resume, "sft")
     if print_config:
         return _print_config(cfg)
     _finish(run(cfg, run_dir, resume=resume, baseline=baseline), "sft")
 
 
-def _on_base(recipe, default_recipe, overrides, from_run, run_dir, resume, stage, bases, first):
+def _on_base(recipe, default_recipe, overrides, from_run, run_dir, resume, stage):
     """A later stage's config: the run's own on --resume, else the recipe on the model of --from
-    (default: the newest run of the first of ``bases`` that has one)."""
+    (default: the newest run under runs/ but this one)."""
+    from inkling_fp4.train.load_run import default_from
     from inkling_fp4.train.sft import sft_config
 
     cfg = _recorded_with(run_dir, overrides) if resume and recipe is None else None
@@ -182,7 +192,7 @@ def _on_base(recipe, default_recipe, overrides, from_run, run_dir, resume, stage
             "drop --from"
         )
     if cfg is None:
-        from_run = from_run or _newest_base(run_dir, bases, first)
+        from_run = from_run or default_from(typer.echo, exclude=run_dir)
         cfg = sft_config(recipe, overrides, from_run, stage=stage, default_recipe=default_recipe)
     return cfg
 
@@ -198,23 +208,9 @@ def _recorded_with(run_dir: Path, overrides: list[str]):
     return None if data is None else from_dict(RunConfig, apply_overrides(data, overrides))
 
 
-def _newest_base(run_dir: Path | None, stages: tuple[str, ...], first: str, in_order: bool = True) -> Path:
-    """The newest run under runs/ of the first of ``stages`` that has one (``in_order``), or of any
-    of them; said on the console."""
-    from inkling_fp4.train.load_run import newest_run
-
-    for group in [(stage,) for stage in stages] if in_order else [stages]:
-        found = newest_run(Path("runs"), group, exclude=run_dir)
-        if found is not None:
-            typer.echo(f"--from: the newest {' or '.join(group)} run under runs/, {found}")
-            return found
-    raise UserError(
-        f"no {' or '.join(stages)} run with a checkpoint under runs/; run `{first}` first, or pass --from RUN"
-    )
-
-
 def _finish(result, command: str) -> None:
-    """Say where the run went; an interrupted run exits 130 (SIGINT) or 143 (SIGTERM)."""
+    """Say where the run went and what to run next; an interrupted run exits 130 (SIGINT) or 143
+    (SIGTERM)."""
     from inkling_fp4.train.trainer import SIGNAL_EXIT_CODES
 
     if os.environ.get("RANK", "0") != "0":  # once under torchrun
@@ -259,15 +255,14 @@ def export(
     from inkling_fp4.config import apply_overrides, from_dict
     from inkling_fp4.interop.calibration import ExportConfig
     from inkling_fp4.interop.export import run_export
+    from inkling_fp4.train.load_run import default_from
 
     data = apply_overrides({"export": {}}, list(overrides or []))
     unknown = sorted(set(data) - {"export"})
     if unknown:
         raise UserError(f"export takes export.<field>=value options only, not {', '.join(unknown)}")
     options = from_dict(ExportConfig, data["export"], "export")
-    from_run = from_run or _newest_base(
-        None, ("pretrain", "sft", "rollout"), "fp4train pretrain", in_order=False
-    )
+    from_run = from_run or default_from(typer.echo)
     run_export(from_run, format, out, step=step, options=options, force=force, echo=typer.echo)
 
 
@@ -296,13 +291,18 @@ def compare_baseline(
     from_run: Path = typer.Option(
         None,
         "--from",
-        help="--stage sft / rollout: the run or checkpoint every run starts from (default: the newest).",
+        help="--stage sft / rollout: the run or checkpoint every run starts from (default: the newest run "
+        "under runs/ it can start from).",
     ),
 ) -> None:
-    """Train the recipe under the paper's FP8 baseline and under NVFP4 and report the loss gap (RL: the
-    reward and accuracy gap), or compare two existing runs (--run A --baseline B)."""
+    """Compare NVFP4 with the paper's FP8 baseline.
+
+    Trains the recipe under FP8 and under its own precision with the same seed, data order and
+    schedule, and reports the loss gap (RL: the reward and accuracy gap); --run A --baseline B
+    compares two existing runs."""
     from inkling_fp4.compare.run import compare_runs, run_compare
     from inkling_fp4.config import load_config
+    from inkling_fp4.train.load_run import default_from
 
     if run is not None or baseline is not None:
         if run is None or baseline is None:
@@ -323,18 +323,14 @@ def compare_baseline(
         from inkling_fp4.train.sft import DEFAULT_RECIPE, sft_config
 
         name = load_config(recipe or DEFAULT_RECIPE, list(overrides or [])).name
-        from_run = from_run or _newest_base(
-            Path("runs") / f"{name}-compare", ("pretrain",), "fp4train pretrain"
-        )
+        from_run = from_run or default_from(typer.echo, exclude=Path("runs") / f"{name}-compare")
         cfg = sft_config(recipe, list(overrides or []), from_run)
     elif stage == "rollout":
-        from inkling_fp4.compare.run import rollout_config
+        from inkling_fp4.compare.run import RL_BASES, rollout_config
         from inkling_fp4.train.rollout import DEFAULT_RECIPE as RL_RECIPE
 
         name = load_config(recipe or RL_RECIPE, list(overrides or [])).name
-        from_run = from_run or _newest_base(
-            Path("runs") / f"{name}-compare", ("sft", "pretrain"), "fp4train pretrain && fp4train sft"
-        )
+        from_run = from_run or default_from(typer.echo, RL_BASES, exclude=Path("runs") / f"{name}-compare")
         cfg = rollout_config(recipe, list(overrides or []), from_run)
     elif stage == "pretrain":
         if from_run is not None:
@@ -376,10 +372,10 @@ def generate(
 @app.command("eval")
 def eval_(
     overrides: list[str] = typer.Argument(
-        None, help="sampler.* / precision.* overrides, e.g. sampler.temperature=0.7."
+        None, metavar="KEY=VALUE", help="sampler.* / precision.* overrides, e.g. sampler.temperature=0.7."
     ),
     from_run: Path = typer.Option(
-        None, "--from", help="Run or checkpoint directory (default: the newest sft or pretrain run)."
+        None, "--from", help="Run or checkpoint directory (default: the newest run under runs/)."
     ),
     task: str = typer.Option(
         ..., help="arithmetic, countdown, or a jsonl FILE of {prompt|question, answer}."
@@ -397,7 +393,7 @@ def eval_(
 def rollout(
     overrides: list[str] = OVERRIDES,
     from_run: Path = typer.Option(
-        None, "--from", help="Run or checkpoint to train (default: the newest sft run, else pretrain run)."
+        None, "--from", help="Run or checkpoint to train (default: the newest run under runs/)."
     ),
     task: str = typer.Option(None, help="Built-in task: arithmetic or countdown (rl.task)."),
     data: Path = typer.Option(None, help="A jsonl of {prompt, answer} or {question, answer} records."),
@@ -423,8 +419,7 @@ def rollout(
         overrides.append(f"rl.reward={reward}")
     name = load_config(recipe or rl_stage.DEFAULT_RECIPE, overrides).name
     run_dir = run_dir or Path("runs") / name
-    cfg = _on_base(recipe, rl_stage.DEFAULT_RECIPE, overrides, from_run, run_dir, resume, "rollout",
-                   ("sft", "pretrain"), "fp4train pretrain && fp4train sft")  # fmt: skip
+    cfg = _on_base(recipe, rl_stage.DEFAULT_RECIPE, overrides, from_run, run_dir, resume, "rollout")
     if print_config:
         return _print_config(cfg)
     _finish(rl_stage.run(cfg, run_dir, resume=resume, baseline=baseline), "rollout")

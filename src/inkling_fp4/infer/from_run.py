@@ -60,8 +60,8 @@ class RunSampler:
 
 
 def load_run_sampler(from_run: Path | None, overrides: list[str] | None = None, echo=print) -> RunSampler:
-    """The sampler of ``from_run`` (default: the newest sft or pretrain run under runs/)."""
-    from inkling_fp4.train.load_run import load_run_checkpoint, newest_run
+    """The sampler of ``from_run`` (default: the newest run under runs/)."""
+    from inkling_fp4.train.load_run import default_from, load_run_checkpoint
 
     overrides = list(overrides or [])
     for text in overrides:
@@ -71,11 +71,7 @@ def load_run_sampler(from_run: Path | None, overrides: list[str] | None = None, 
                 f"override '{text}': generation takes {' and '.join(s + '.*' for s in OVERRIDABLE)} "
                 "overrides (the model and its data are the run's)"
             )
-    if from_run is None:
-        from_run = newest_run(Path("runs"), ("sft", "pretrain"))
-        if from_run is None:
-            raise UserError("no sft or pretrain run with a checkpoint under runs/; pass --from RUN")
-        echo(f"--from: the newest sft or pretrain run under runs/, {from_run}")
+    from_run = from_run or default_from(echo)
     cfg, model, tokenizer, ckpt = load_run_checkpoint(from_run)
     cfg = from_dict(RunConfig, apply_overrides(to_dict(cfg), overrides))
     device = resolve_device(cfg.sampler.device)
