@@ -348,12 +348,14 @@ def compare_baseline(
 @app.command()
 def generate(
     overrides: list[str] = typer.Argument(
-        None, help="sampler.* / precision.* overrides, e.g. sampler.top_p=0.9."
+        None, metavar="KEY=VALUE", help="sampler.* / precision.* overrides, e.g. sampler.top_p=0.9."
     ),
     from_run: Path = typer.Option(
-        None, "--from", help="Run or checkpoint directory (default: the newest sft or pretrain run)."
+        None, "--from", help="Run or checkpoint directory (default: the newest run under runs/)."
     ),
-    prompt: list[str] = typer.Option(None, help="A prompt (repeatable); sft runs get their chat template."),
+    prompt: list[str] = typer.Option(
+        None, metavar="TEXT", help="A prompt (repeatable); runs trained on the chat template get it."
+    ),
     prompts: Path = typer.Option(
         None, help="A file of prompts, one a line (or .jsonl with a 'prompt' field)."
     ),
@@ -362,7 +364,10 @@ def generate(
         None, "--stream/--no-stream", help="Print the text as it is decoded (default: one prompt, no --out)."
     ),
 ) -> None:
-    """Complete prompts with a run's model under its own precision recipe; shows new tokens/s."""
+    """Complete prompts with a run's model in its precision.
+
+    The run's own precision recipe by default (sampler.precision); prompts go in the chat template
+    when the run's weights were trained on it. Shows new tokens/s."""
     from inkling_fp4.infer.generate import run_generate
 
     run_generate(from_run, prompt, prompts, out, list(overrides or []), echo=typer.echo, stream=stream,
