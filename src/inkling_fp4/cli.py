@@ -224,6 +224,8 @@ def _finish(result, command: str) -> None:
             err=True,
         )
         sys.exit(SIGNAL_EXIT_CODES.get(result.interrupted_by, 128 + int(result.interrupted_by)))
+    for i, line in enumerate(result.next_commands):
+        typer.echo(f"{'next:' if i == 0 else '':<6}{line}")
 
 
 @app.command()
