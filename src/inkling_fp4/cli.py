@@ -17,17 +17,22 @@ from inkling_fp4.errors import UserError
 
 app = typer.Typer(
     add_completion=False,
+    rich_markup_mode=None,  # plain help: flags as --x/--no-x, no type column; stable across Typer versions
     no_args_is_help=True,
     help="Train hybrid Mamba-Transformer language models with NVFP4 4-bit forward passes.",
 )
 
 
 # options that several commands take, declared once
-OVERRIDES = typer.Argument(None, help="Dotted config overrides, e.g. train.steps=100.")
+OVERRIDES = typer.Argument(None, metavar="KEY=VALUE", help="Dotted config overrides, e.g. train.steps=100.")
 RUN_DIR = typer.Option(None, help="Run directory (default: runs/<name>).")
-RESUME = typer.Option(False, help="Continue the run in --run-dir from its latest good checkpoint.")
+RESUME = typer.Option(
+    False, show_default=False, help="Continue the run in --run-dir from its latest good checkpoint."
+)
 BASELINE = typer.Option(None, help="A baseline run directory: log the live loss gap to it.")
-PRINT_CONFIG = typer.Option(False, help="Print the resolved config (YAML) and exit, writing nothing.")
+PRINT_CONFIG = typer.Option(
+    False, show_default=False, help="Print the resolved config (YAML) and exit, writing nothing."
+)
 
 
 def _version(value: bool) -> None:
@@ -57,13 +62,19 @@ def _print_config(cfg) -> None:
 
 @app.command()
 def recipes() -> None:
-    """List the built-in recipes (use one with --recipe NAME), one line each."""
-    from inkling_fp4.config import RECIPES_DIR
+    """List the built-in recipes (use one with --recipe NAME).
 
+    One line each: the recipe's name and what it is for."""
+    import shutil
+    import textwrap
+
+    from inkling_fp4.config import RECIPES_DIR, recipe_description
+
+    width = max(60, min(shutil.get_terminal_size().columns, 100))
     for path in sorted(RECIPES_DIR.glob("*.yaml")):
-        first = next((x for x in path.read_text().splitlines() if x.startswith("#")), "")
-        summary = first.lstrip("# ").removeprefix(f"{path.stem}:").strip()
-        typer.echo(f"{path.stem:<16} {summary}")
+        text = recipe_description(path)
+        typer.echo(textwrap.fill(text, width, initial_indent=f"{path.stem:<16} ", subsequent_indent=" " * 17,
+                                 break_long_words=False, break_on_hyphens=False))  # fmt: skip
 
 
 @app.command()
@@ -127,7 +138,9 @@ def pretrain(
         None, "--from", help="Continue pretraining a run, checkpoint or Nemotron-H directory (its model)."
     ),
 ) -> None:
-    """Pretrain with the WSD schedule and the precision recipe, switching to BF16 before the decay."""
+    """Pretrain with the WSD schedule and the precision recipe.
+
+    NVFP4 forward and backward GEMMs by default, switching to BF16 before the learning-rate decay."""
     from inkling_fp4.config import load_config
     from inkling_fp4.train.load_run import find_checkpoint
     from inkling_fp4.train.pretrain import run
@@ -166,7 +179,10 @@ def sft(
     baseline: Path = BASELINE,
     print_config: bool = PRINT_CONFIG,
 ) -> None:
-    """Fine-tune a run on chat data (loss on the answers), with NVFP4 forward and backward passes."""
+    """Fine-tune a run on chat data, with NVFP4 GEMMs.
+
+    The loss is on the answers; the weights, model and tokenizer are those of the --from run, the
+    optimizer starts fresh."""
     from inkling_fp4.config import load_config
     from inkling_fp4.train.sft import DEFAULT_RECIPE, run
 
@@ -230,13 +246,15 @@ def _finish(result, command: str) -> None:
 
 @app.command()
 def tokenizer(
-    out: Path = typer.Argument(..., help="Where to save tokenizer.json (a file or a folder)."),
+    out: Path = typer.Argument(..., metavar="OUT", help="Where to save tokenizer.json (a file or a folder)."),
     source: str = typer.Option("builtin", help="Text source: builtin, local files / globs, or a hub name."),
     vocab_size: int = typer.Option(4096, help="Vocabulary size, special tokens included."),
     text_field: str = typer.Option("text", help="Field holding the text in structured sources."),
     max_documents: int = typer.Option(None, help="Train on at most this many documents."),
 ) -> None:
-    """Train a byte-level BPE tokenizer on a source; use it with data.tokenizer=PATH."""
+    """Train a byte-level BPE tokenizer on a text source.
+
+    Use it in a recipe or override with data.tokenizer=PATH."""
     from inkling_fp4.data.bpe_training import train_tokenizer_command
 
     typer.echo(train_tokenizer_command(source, vocab_size, out, text_field, max_documents))
@@ -244,16 +262,21 @@ def tokenizer(
 
 @app.command()
 def export(
-    overrides: list[str] = typer.Argument(None, help="Export options, e.g. export.calibration_batches=8."),
+    overrides: list[str] = typer.Argument(
+        None, metavar="KEY=VALUE", help="Export options, e.g. export.calibration_batches=8."
+    ),
     from_run: Path = typer.Option(
         None, "--from", help="Run, checkpoint or Nemotron-H directory (default: the newest run under runs/)."
     ),
     step: int = typer.Option(None, help="Export checkpoints/step_N of the run (default: the newest good)."),
     format: str = typer.Option(..., "--format", help="hf | nvfp4-modelopt | nvfp4-compressed-tensors."),
     out: Path = typer.Option(..., help="Directory to write (must not exist unless --force)."),
-    force: bool = typer.Option(False, help="Replace --out if it exists."),
+    force: bool = typer.Option(False, show_default=False, help="Replace --out if it exists."),
 ) -> None:
-    """Export a run for transformers (hf) or for NVFP4 serving engines (ModelOpt, compressed-tensors)."""
+    """Export a run for transformers or NVFP4 serving engines.
+
+    hf: transformers' NemotronHForCausalLM in FP32; nvfp4-modelopt and nvfp4-compressed-tensors: the
+    NVFP4 weights the training forward pass uses, in the layouts of ModelOpt and compressed-tensors."""
     from inkling_fp4.config import apply_overrides, from_dict
     from inkling_fp4.interop.calibration import ExportConfig
     from inkling_fp4.interop.export import run_export
@@ -274,7 +297,9 @@ def _comma_list(text: str) -> list[str]:
 
 @app.command("compare-baseline")
 def compare_baseline(
-    overrides: list[str] = typer.Argument(None, help="Dotted overrides for every run, e.g. train.steps=100."),
+    overrides: list[str] = typer.Argument(
+        None, metavar="KEY=VALUE", help="Dotted overrides for every run, e.g. train.steps=100."
+    ),
     recipe: str = typer.Option(None, help="Recipe to train in FP8 and in its own precision (default: tiny)."),
     run_dir: Path = typer.Option(None, help="Where the runs and report go (default: runs/<name>-compare)."),
     with_recipes: str = typer.Option("", "--with", help="More precisions to compare (any stage), e.g. bf16."),
@@ -284,7 +309,9 @@ def compare_baseline(
     baseline: Path = typer.Option(None, help="The existing baseline run directory for --run."),
     out: Path = typer.Option(None, help="Report directory for --run / --baseline (default: <run>/report)."),
     noise: bool = typer.Option(
-        False, help="Also train the baseline from other initial weights: the noise floor of every gap."
+        False,
+        show_default=False,
+        help="Also train the baseline from other initial weights: the noise floor of every gap.",
     ),
     noise_run: Path = typer.Option(
         None, help="With --run / --baseline: the baseline trained again with another train.init_seed."
@@ -390,7 +417,10 @@ def eval_(
     samples: int = typer.Option(1, help="Completions per problem: > 1 adds pass@1 sampled and pass@K."),
     problems: int = typer.Option(100, help="Held-out problems to score (a FILE: at most this many)."),
 ) -> None:
-    """Accuracy on a task's held-out split (pass@1 greedy, pass@k sampled), into the run's metrics."""
+    """Score a run on a task's held-out split (pass@1, pass@k).
+
+    pass@1 greedy and, with --samples K, pass@1 sampled and pass@K, appended to the run's
+    metrics.jsonl."""
     from inkling_fp4.infer.evaluate import run_eval
 
     run_eval(from_run, task, samples, problems, list(overrides or []), echo=typer.echo)
@@ -413,7 +443,10 @@ def rollout(
     baseline: Path = BASELINE,
     print_config: bool = PRINT_CONFIG,
 ) -> None:
-    """RL: sample with the run's NVFP4 forward pass, score with verifiable rewards, GRPO update."""
+    """RL a run with NVFP4 rollouts and verifiable rewards.
+
+    Samples with the run's own forward pass, scores with the task's verifier (or --reward) and takes
+    GRPO steps."""
     from inkling_fp4.config import load_config
     from inkling_fp4.train import rollout as rl_stage
 
