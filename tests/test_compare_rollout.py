@@ -236,7 +236,7 @@ def test_rl_comparison_refusals_are_one_line(compared, base, tmp_path, monkeypat
     cmp, _ = compared
     monkeypatch.chdir(tmp_path)  # no runs/ here: nothing to start from
     cases = [
-        (["--stage", "rollout", *TINY_RL], "fp4train pretrain && fp4train sft"),
+        (["--stage", "rollout", *TINY_RL], "no sft or pretrain run with a checkpoint under runs/"),
         (["--stage", "rollout", "--from", str(cmp / "fp8"), *TINY_RL], "a rollout run"),
         (["--stage", "rollout", "--from", str(tmp_path / "missing")], "no such directory"),
         (["--stage", "rollout", "--from", str(base), "--noise", *TINY_RL], "--noise"),

@@ -202,6 +202,6 @@ def test_cli_export_without_from_takes_the_newest_run(run, tmp_path, monkeypatch
     code, out, err = cli(["export", "--format", "hf", "--out", "x"])
     assert code == 0, err
     assert (
-        "the newest pretrain or sft or rollout run under runs/, runs/pre" in out
+        "--from: runs/pre (pretrain run, step 2), the run under runs/ whose last checkpoint" in out
         and (tmp_path / "x" / "config.json").is_file()
     )

@@ -77,7 +77,7 @@ def test_generate_without_from_takes_the_newest_run(run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, stdout, err = cli(["generate", "--prompt", "Hello", "sampler.max_new_tokens=3"])
     assert code == 0, err
-    assert "--from: the newest sft or pretrain run under runs/" in stdout
+    assert "--from: runs/pre (pretrain run, step 2), the run under runs/ whose last checkpoint" in stdout
 
 
 def test_sft_runs_get_the_chat_template(run, tmp_path):

@@ -4,6 +4,7 @@ non-editable install (and its wheel) that carries the built-in recipes, so `fp4t
 
 import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,6 +70,59 @@ def _fresh_venv(root: Path) -> Path:
     return python
 
 
+def docker_ignored(path: str, patterns: list[str]) -> bool:
+    """Whether ``docker build`` leaves ``path`` (relative to the context) out under these .dockerignore
+    patterns: the last pattern that matches the path or a folder above it decides; ``!`` keeps."""
+    parts = path.split("/")
+    ignored = False
+    for pattern in patterns:
+        keep = pattern.startswith("!")
+        glob = pattern.removeprefix("!").strip("/")
+        regex = "".join(
+            {"**": ".*", "*": "[^/]*", "?": "[^/]"}.get(tok, re.escape(tok))
+            for tok in re.findall(r"\*\*|\*|\?|[^*?]+", glob)
+        ).replace(".*/", "(.*/)?")
+        if any(re.fullmatch(regex, "/".join(parts[:i])) for i in range(1, len(parts) + 1)):
+            ignored = not keep
+    return ignored
+
+
+def dockerignore() -> list[str]:
+    lines = (REPO / ".dockerignore").read_text().splitlines()
+    return [x.strip() for x in lines if x.strip() and not x.startswith("#")]
+
+
+def git_ignored(paths: list[str]) -> set[str]:
+    """Which of ``paths`` (relative to the repository) its .gitignore files leave out."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    check = ["git", "check-ignore", "--no-index", *paths]
+    got = subprocess.run(check, cwd=REPO, capture_output=True, text=True)
+    return set(got.stdout.split())
+
+
+def test_the_docker_context_is_what_the_dockerfile_copies():
+    copied = [
+        word
+        for line in (REPO / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ")
+        for word in line.split()[1:-1]
+    ]
+    assert copied == ["pyproject.toml", "README.md", "src", "recipes"]
+    patterns = dockerignore()
+    tracked = [str(p.relative_to(REPO)) for name in copied for p in [REPO / name, *(REPO / name).rglob("*")]]
+    kept = [p for p in tracked if "__pycache__" not in p and ".egg-info" not in p]
+    assert not [p for p in kept if docker_ignored(p, patterns)]
+    local = [".venv/bin/python", "venv/lib/site.py", "runs/tiny/config.yaml", "build/lib/inkling_fp4/cli.py",
+             "dist/fp4train-0.1.0.whl", "exports/tiny-hf/model.safetensors", ".git/HEAD", "wandb/run/x",
+             ".pytest_cache/v", "src/inkling_fp4/__pycache__/cli.cpython-311.pyc",
+             "src/fp4train.egg-info/PKG-INFO", "tests/test_cli.py"]  # fmt: skip
+    assert [p for p in local if not docker_ignored(p, patterns)] == []
+    outputs = ["build/lib/inkling_fp4/cli.py", "dist/fp4train-0.1.0.whl", "exports/tiny-hf/config.json",
+               "runs/tiny/config.yaml"]  # fmt: skip
+    assert git_ignored(outputs) == set(outputs)
+
+
 @pytest.mark.slow
 def test_non_editable_install_and_wheel_carry_the_recipes(tmp_path):
     src = tmp_path / "src-copy"  # the build writes build/ and egg-info: not into the repository
@@ -78,6 +132,7 @@ def test_non_editable_install_and_wheel_carry_the_recipes(tmp_path):
     skip = shutil.ignore_patterns("*.egg-info", "__pycache__")
     shutil.copytree(REPO / "src", src / "src", symlinks=True, ignore=skip)  # recipes: a link, as in git
     shutil.copytree(REPO / "recipes", src / "recipes")
+    sources = {p for p in src.rglob("*")}
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     # offline when a new enough setuptools is here; else pip fetches one into a build environment
     isolation = ["--no-build-isolation"] if _setuptools_major() >= 77 else []
@@ -95,6 +150,11 @@ def test_non_editable_install_and_wheel_carry_the_recipes(tmp_path):
         [*pip, "--python", python, "install", "--no-deps", *isolation, src], capture_output=True, text=True
     )
     assert install.returncode == 0, install.stderr
+    # what the build leaves beside the sources is left out of git and of the docker context
+    left = sorted(str(p.relative_to(src)) for p in set(src.rglob("*")) - sources if p.is_file())
+    assert any(p.startswith("build/") for p in left), left
+    assert git_ignored(left) == set(left)
+    assert [p for p in left if not docker_ignored(p, dockerignore())] == []
     empty = tmp_path / "empty"
     empty.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

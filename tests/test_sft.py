@@ -101,7 +101,8 @@ def test_cli_without_from_takes_the_newest_pretrain_run(base, tmp_path, monkeypa
     assert newest_run(tmp_path / "runs", ("pretrain",)) == tmp_path / "runs" / "pre"
     code, out, err = cli(["sft", *SFT, "train.steps=2"])
     assert code == 0, err
-    assert "the newest pretrain run under runs/, runs/pre" in out and "run directory: runs/sft-tiny" in out
+    assert "--from: runs/pre (pretrain run, step 6), the run under runs/" in out
+    assert "run directory: runs/sft-tiny" in out
     # --resume continues from the run's own checkpoint; --from then is a mistake
     before = tree_hash(tmp_path / "runs" / "sft-tiny")
     code, _, err = cli(["sft", "--resume", "--from", str(base)])

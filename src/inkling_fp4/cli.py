@@ -17,17 +17,22 @@ from inkling_fp4.errors import UserError
 
 app = typer.Typer(
     add_completion=False,
+    rich_markup_mode=None,  # plain help: flags as --x/--no-x, no type column; stable across Typer versions
     no_args_is_help=True,
     help="Train hybrid Mamba-Transformer language models with NVFP4 4-bit forward passes.",
 )
 
 
 # options that several commands take, declared once
-OVERRIDES = typer.Argument(None, help="Dotted config overrides, e.g. train.steps=100.")
+OVERRIDES = typer.Argument(None, metavar="KEY=VALUE", help="Dotted config overrides, e.g. train.steps=100.")
 RUN_DIR = typer.Option(None, help="Run directory (default: runs/<name>).")
-RESUME = typer.Option(False, help="Continue the run in --run-dir from its latest good checkpoint.")
+RESUME = typer.Option(
+    False, show_default=False, help="Continue the run in --run-dir from its latest good checkpoint."
+)
 BASELINE = typer.Option(None, help="A baseline run directory: log the live loss gap to it.")
-PRINT_CONFIG = typer.Option(False, help="Print the resolved config (YAML) and exit, writing nothing.")
+PRINT_CONFIG = typer.Option(
+    False, show_default=False, help="Print the resolved config (YAML) and exit, writing nothing."
+)
 
 
 def _version(value: bool) -> None:
@@ -57,22 +62,34 @@ def _print_config(cfg) -> None:
 
 @app.command()
 def recipes() -> None:
-    """List the built-in recipes (use one with --recipe NAME), one line each."""
-    from inkling_fp4.config import RECIPES_DIR
+    """List the built-in recipes (use one with --recipe NAME).
 
+    One line each: the recipe's name and what it is for."""
+    import shutil
+    import textwrap
+
+    from inkling_fp4.config import RECIPES_DIR, recipe_description
+
+    width = max(60, min(shutil.get_terminal_size().columns, 100))
     for path in sorted(RECIPES_DIR.glob("*.yaml")):
-        first = next((x for x in path.read_text().splitlines() if x.startswith("#")), "")
-        summary = first.lstrip("# ").removeprefix(f"{path.stem}:").strip()
-        typer.echo(f"{path.stem:<16} {summary}")
+        text = recipe_description(path)
+        typer.echo(textwrap.fill(text, width, initial_indent=f"{path.stem:<16} ", subsequent_indent=" " * 17,
+                                 break_long_words=False, break_on_hyphens=False))  # fmt: skip
 
 
 @app.command()
 def info(
     from_run: Path = typer.Option(
-        None, "--from", help="Also say what this run, checkpoint or Nemotron-H directory holds."
+        None,
+        "--from",
+        help="A run, checkpoint or Nemotron-H directory to describe (default: the newest run under runs/, "
+        "if there is one).",
     ),
 ) -> None:
-    """Show the device, and which backend and kernels each precision recipe would use here."""
+    """Show the device and each precision recipe's backend.
+
+    Which backend and kernels each precision recipe would use on this machine, and what a run holds
+    (its checkpoint, model and tokenizer)."""
     import importlib.util
 
     import torch
@@ -98,9 +115,11 @@ def info(
             continue
         backend = resolve_backend("auto", recipe, device)
         typer.echo(f"  {recipe}: {describe_backend(backend, recipe, device)}")
-    if from_run is not None:
-        from inkling_fp4.train.load_run import describe
+    from inkling_fp4.train.load_run import RUNS_ROOT, default_from, describe, newest_run
 
+    if from_run is None and newest_run(RUNS_ROOT) is not None:
+        from_run = default_from(typer.echo)
+    if from_run is not None:
         for line in describe(from_run):
             typer.echo(line)
 
@@ -119,7 +138,9 @@ def pretrain(
         None, "--from", help="Continue pretraining a run, checkpoint or Nemotron-H directory (its model)."
     ),
 ) -> None:
-    """Pretrain with the WSD schedule and the precision recipe, switching to BF16 before the decay."""
+    """Pretrain with the WSD schedule and the precision recipe.
+
+    NVFP4 forward and backward GEMMs by default, switching to BF16 before the learning-rate decay."""
     from inkling_fp4.config import load_config
     from inkling_fp4.train.load_run import find_checkpoint
     from inkling_fp4.train.pretrain import run
@@ -146,7 +167,9 @@ def pretrain(
 def sft(
     overrides: list[str] = OVERRIDES,
     from_run: Path = typer.Option(
-        None, "--from", help="Run, checkpoint or Nemotron-H dir to fine-tune (default: newest pretrain run)."
+        None,
+        "--from",
+        help="Run, checkpoint or Nemotron-H directory to fine-tune (default: the newest run under runs/).",
     ),
     recipe: str = typer.Option(
         None, help="SFT recipe path or built-in name (default: sft-tiny; with --resume: the run's config)."
@@ -156,23 +179,26 @@ def sft(
     baseline: Path = BASELINE,
     print_config: bool = PRINT_CONFIG,
 ) -> None:
-    """Fine-tune a run on chat data (loss on the answers), with NVFP4 forward and backward passes."""
+    """Fine-tune a run on chat data, with NVFP4 GEMMs.
+
+    The loss is on the answers; the weights, model and tokenizer are those of the --from run, the
+    optimizer starts fresh."""
     from inkling_fp4.config import load_config
     from inkling_fp4.train.sft import DEFAULT_RECIPE, run
 
     overrides = list(overrides or [])
     name = load_config(recipe or DEFAULT_RECIPE, overrides).name  # no model yet: only the name
     run_dir = run_dir or Path("runs") / name
-    cfg = _on_base(recipe, DEFAULT_RECIPE, overrides, from_run, run_dir, resume, "sft", ("pretrain",),
-                   "fp4train pretrain")  # fmt: skip
+    cfg = _on_base(recipe, DEFAULT_RECIPE, overrides, from_run, run_dir, resume, "sft")
     if print_config:
         return _print_config(cfg)
     _finish(run(cfg, run_dir, resume=resume, baseline=baseline), "sft")
 
 
-def _on_base(recipe, default_recipe, overrides, from_run, run_dir, resume, stage, bases, first):
+def _on_base(recipe, default_recipe, overrides, from_run, run_dir, resume, stage):
     """A later stage's config: the run's own on --resume, else the recipe on the model of --from
-    (default: the newest run of the first of ``bases`` that has one)."""
+    (default: the newest run under runs/ but this one)."""
+    from inkling_fp4.train.load_run import default_from
     from inkling_fp4.train.sft import sft_config
 
     cfg = _recorded_with(run_dir, overrides) if resume and recipe is None else None
@@ -182,7 +208,7 @@ def _on_base(recipe, default_recipe, overrides, from_run, run_dir, resume, stage
             "drop --from"
         )
     if cfg is None:
-        from_run = from_run or _newest_base(run_dir, bases, first)
+        from_run = from_run or default_from(typer.echo, exclude=run_dir)
         cfg = sft_config(recipe, overrides, from_run, stage=stage, default_recipe=default_recipe)
     return cfg
 
@@ -198,23 +224,9 @@ def _recorded_with(run_dir: Path, overrides: list[str]):
     return None if data is None else from_dict(RunConfig, apply_overrides(data, overrides))
 
 
-def _newest_base(run_dir: Path | None, stages: tuple[str, ...], first: str, in_order: bool = True) -> Path:
-    """The newest run under runs/ of the first of ``stages`` that has one (``in_order``), or of any
-    of them; said on the console."""
-    from inkling_fp4.train.load_run import newest_run
-
-    for group in [(stage,) for stage in stages] if in_order else [stages]:
-        found = newest_run(Path("runs"), group, exclude=run_dir)
-        if found is not None:
-            typer.echo(f"--from: the newest {' or '.join(group)} run under runs/, {found}")
-            return found
-    raise UserError(
-        f"no {' or '.join(stages)} run with a checkpoint under runs/; run `{first}` first, or pass --from RUN"
-    )
-
-
 def _finish(result, command: str) -> None:
-    """Say where the run went; an interrupted run exits 130 (SIGINT) or 143 (SIGTERM)."""
+    """Say where the run went and what to run next; an interrupted run exits 130 (SIGINT) or 143
+    (SIGTERM)."""
     from inkling_fp4.train.trainer import SIGNAL_EXIT_CODES
 
     if os.environ.get("RANK", "0") != "0":  # once under torchrun
@@ -228,17 +240,21 @@ def _finish(result, command: str) -> None:
             err=True,
         )
         sys.exit(SIGNAL_EXIT_CODES.get(result.interrupted_by, 128 + int(result.interrupted_by)))
+    for i, line in enumerate(result.next_commands):
+        typer.echo(f"{'next:' if i == 0 else '':<6}{line}")
 
 
 @app.command()
 def tokenizer(
-    out: Path = typer.Argument(..., help="Where to save tokenizer.json (a file or a folder)."),
+    out: Path = typer.Argument(..., metavar="OUT", help="Where to save tokenizer.json (a file or a folder)."),
     source: str = typer.Option("builtin", help="Text source: builtin, local files / globs, or a hub name."),
     vocab_size: int = typer.Option(4096, help="Vocabulary size, special tokens included."),
     text_field: str = typer.Option("text", help="Field holding the text in structured sources."),
     max_documents: int = typer.Option(None, help="Train on at most this many documents."),
 ) -> None:
-    """Train a byte-level BPE tokenizer on a source; use it with data.tokenizer=PATH."""
+    """Train a byte-level BPE tokenizer on a text source.
+
+    Use it in a recipe or override with data.tokenizer=PATH."""
     from inkling_fp4.data.bpe_training import train_tokenizer_command
 
     typer.echo(train_tokenizer_command(source, vocab_size, out, text_field, max_documents))
@@ -246,28 +262,32 @@ def tokenizer(
 
 @app.command()
 def export(
-    overrides: list[str] = typer.Argument(None, help="Export options, e.g. export.calibration_batches=8."),
+    overrides: list[str] = typer.Argument(
+        None, metavar="KEY=VALUE", help="Export options, e.g. export.calibration_batches=8."
+    ),
     from_run: Path = typer.Option(
         None, "--from", help="Run, checkpoint or Nemotron-H directory (default: the newest run under runs/)."
     ),
     step: int = typer.Option(None, help="Export checkpoints/step_N of the run (default: the newest good)."),
     format: str = typer.Option(..., "--format", help="hf | nvfp4-modelopt | nvfp4-compressed-tensors."),
     out: Path = typer.Option(..., help="Directory to write (must not exist unless --force)."),
-    force: bool = typer.Option(False, help="Replace --out if it exists."),
+    force: bool = typer.Option(False, show_default=False, help="Replace --out if it exists."),
 ) -> None:
-    """Export a run for transformers (hf) or for NVFP4 serving engines (ModelOpt, compressed-tensors)."""
+    """Export a run for transformers or NVFP4 serving engines.
+
+    hf: transformers' NemotronHForCausalLM in FP32; nvfp4-modelopt and nvfp4-compressed-tensors: the
+    NVFP4 weights the training forward pass uses, in the layouts of ModelOpt and compressed-tensors."""
     from inkling_fp4.config import apply_overrides, from_dict
     from inkling_fp4.interop.calibration import ExportConfig
     from inkling_fp4.interop.export import run_export
+    from inkling_fp4.train.load_run import default_from
 
     data = apply_overrides({"export": {}}, list(overrides or []))
     unknown = sorted(set(data) - {"export"})
     if unknown:
         raise UserError(f"export takes export.<field>=value options only, not {', '.join(unknown)}")
     options = from_dict(ExportConfig, data["export"], "export")
-    from_run = from_run or _newest_base(
-        None, ("pretrain", "sft", "rollout"), "fp4train pretrain", in_order=False
-    )
+    from_run = from_run or default_from(typer.echo)
     run_export(from_run, format, out, step=step, options=options, force=force, echo=typer.echo)
 
 
@@ -277,7 +297,9 @@ def _comma_list(text: str) -> list[str]:
 
 @app.command("compare-baseline")
 def compare_baseline(
-    overrides: list[str] = typer.Argument(None, help="Dotted overrides for every run, e.g. train.steps=100."),
+    overrides: list[str] = typer.Argument(
+        None, metavar="KEY=VALUE", help="Dotted overrides for every run, e.g. train.steps=100."
+    ),
     recipe: str = typer.Option(None, help="Recipe to train in FP8 and in its own precision (default: tiny)."),
     run_dir: Path = typer.Option(None, help="Where the runs and report go (default: runs/<name>-compare)."),
     with_recipes: str = typer.Option("", "--with", help="More precisions to compare (any stage), e.g. bf16."),
@@ -287,7 +309,9 @@ def compare_baseline(
     baseline: Path = typer.Option(None, help="The existing baseline run directory for --run."),
     out: Path = typer.Option(None, help="Report directory for --run / --baseline (default: <run>/report)."),
     noise: bool = typer.Option(
-        False, help="Also train the baseline from other initial weights: the noise floor of every gap."
+        False,
+        show_default=False,
+        help="Also train the baseline from other initial weights: the noise floor of every gap.",
     ),
     noise_run: Path = typer.Option(
         None, help="With --run / --baseline: the baseline trained again with another train.init_seed."
@@ -296,13 +320,18 @@ def compare_baseline(
     from_run: Path = typer.Option(
         None,
         "--from",
-        help="--stage sft / rollout: the run or checkpoint every run starts from (default: the newest).",
+        help="--stage sft / rollout: the run or checkpoint every run starts from (default: the newest run "
+        "under runs/ it can start from).",
     ),
 ) -> None:
-    """Train the recipe under the paper's FP8 baseline and under NVFP4 and report the loss gap (RL: the
-    reward and accuracy gap), or compare two existing runs (--run A --baseline B)."""
+    """Compare NVFP4 with the paper's FP8 baseline.
+
+    Trains the recipe under FP8 and under its own precision with the same seed, data order and
+    schedule, and reports the loss gap (RL: the reward and accuracy gap); --run A --baseline B
+    compares two existing runs."""
     from inkling_fp4.compare.run import compare_runs, run_compare
     from inkling_fp4.config import load_config
+    from inkling_fp4.train.load_run import default_from
 
     if run is not None or baseline is not None:
         if run is None or baseline is None:
@@ -323,18 +352,14 @@ def compare_baseline(
         from inkling_fp4.train.sft import DEFAULT_RECIPE, sft_config
 
         name = load_config(recipe or DEFAULT_RECIPE, list(overrides or [])).name
-        from_run = from_run or _newest_base(
-            Path("runs") / f"{name}-compare", ("pretrain",), "fp4train pretrain"
-        )
+        from_run = from_run or default_from(typer.echo, exclude=Path("runs") / f"{name}-compare")
         cfg = sft_config(recipe, list(overrides or []), from_run)
     elif stage == "rollout":
-        from inkling_fp4.compare.run import rollout_config
+        from inkling_fp4.compare.run import RL_BASES, rollout_config
         from inkling_fp4.train.rollout import DEFAULT_RECIPE as RL_RECIPE
 
         name = load_config(recipe or RL_RECIPE, list(overrides or [])).name
-        from_run = from_run or _newest_base(
-            Path("runs") / f"{name}-compare", ("sft", "pretrain"), "fp4train pretrain && fp4train sft"
-        )
+        from_run = from_run or default_from(typer.echo, RL_BASES, exclude=Path("runs") / f"{name}-compare")
         cfg = rollout_config(recipe, list(overrides or []), from_run)
     elif stage == "pretrain":
         if from_run is not None:
@@ -352,12 +377,14 @@ def compare_baseline(
 @app.command()
 def generate(
     overrides: list[str] = typer.Argument(
-        None, help="sampler.* / precision.* overrides, e.g. sampler.top_p=0.9."
+        None, metavar="KEY=VALUE", help="sampler.* / precision.* overrides, e.g. sampler.top_p=0.9."
     ),
     from_run: Path = typer.Option(
-        None, "--from", help="Run or checkpoint directory (default: the newest sft or pretrain run)."
+        None, "--from", help="Run or checkpoint directory (default: the newest run under runs/)."
     ),
-    prompt: list[str] = typer.Option(None, help="A prompt (repeatable); sft runs get their chat template."),
+    prompt: list[str] = typer.Option(
+        None, metavar="TEXT", help="A prompt (repeatable); runs trained on the chat template get it."
+    ),
     prompts: Path = typer.Option(
         None, help="A file of prompts, one a line (or .jsonl with a 'prompt' field)."
     ),
@@ -366,7 +393,10 @@ def generate(
         None, "--stream/--no-stream", help="Print the text as it is decoded (default: one prompt, no --out)."
     ),
 ) -> None:
-    """Complete prompts with a run's model under its own precision recipe; shows new tokens/s."""
+    """Complete prompts with a run's model in its precision.
+
+    The run's own precision recipe by default (sampler.precision); prompts go in the chat template
+    when the run's weights were trained on it. Shows new tokens/s."""
     from inkling_fp4.infer.generate import run_generate
 
     run_generate(from_run, prompt, prompts, out, list(overrides or []), echo=typer.echo, stream=stream,
@@ -376,10 +406,10 @@ def generate(
 @app.command("eval")
 def eval_(
     overrides: list[str] = typer.Argument(
-        None, help="sampler.* / precision.* overrides, e.g. sampler.temperature=0.7."
+        None, metavar="KEY=VALUE", help="sampler.* / precision.* overrides, e.g. sampler.temperature=0.7."
     ),
     from_run: Path = typer.Option(
-        None, "--from", help="Run or checkpoint directory (default: the newest sft or pretrain run)."
+        None, "--from", help="Run or checkpoint directory (default: the newest run under runs/)."
     ),
     task: str = typer.Option(
         ..., help="arithmetic, countdown, or a jsonl FILE of {prompt|question, answer}."
@@ -387,7 +417,10 @@ def eval_(
     samples: int = typer.Option(1, help="Completions per problem: > 1 adds pass@1 sampled and pass@K."),
     problems: int = typer.Option(100, help="Held-out problems to score (a FILE: at most this many)."),
 ) -> None:
-    """Accuracy on a task's held-out split (pass@1 greedy, pass@k sampled), into the run's metrics."""
+    """Score a run on a task's held-out split (pass@1, pass@k).
+
+    pass@1 greedy and, with --samples K, pass@1 sampled and pass@K, appended to the run's
+    metrics.jsonl."""
     from inkling_fp4.infer.evaluate import run_eval
 
     run_eval(from_run, task, samples, problems, list(overrides or []), echo=typer.echo)
@@ -397,7 +430,7 @@ def eval_(
 def rollout(
     overrides: list[str] = OVERRIDES,
     from_run: Path = typer.Option(
-        None, "--from", help="Run or checkpoint to train (default: the newest sft run, else pretrain run)."
+        None, "--from", help="Run or checkpoint to train (default: the newest run under runs/)."
     ),
     task: str = typer.Option(None, help="Built-in task: arithmetic or countdown (rl.task)."),
     data: Path = typer.Option(None, help="A jsonl of {prompt, answer} or {question, answer} records."),
@@ -410,7 +443,10 @@ def rollout(
     baseline: Path = BASELINE,
     print_config: bool = PRINT_CONFIG,
 ) -> None:
-    """RL: sample with the run's NVFP4 forward pass, score with verifiable rewards, GRPO update."""
+    """RL a run with NVFP4 rollouts and verifiable rewards.
+
+    Samples with the run's own forward pass, scores with the task's verifier (or --reward) and takes
+    GRPO steps."""
     from inkling_fp4.config import load_config
     from inkling_fp4.train import rollout as rl_stage
 
@@ -423,8 +459,7 @@ def rollout(
         overrides.append(f"rl.reward={reward}")
     name = load_config(recipe or rl_stage.DEFAULT_RECIPE, overrides).name
     run_dir = run_dir or Path("runs") / name
-    cfg = _on_base(recipe, rl_stage.DEFAULT_RECIPE, overrides, from_run, run_dir, resume, "rollout",
-                   ("sft", "pretrain"), "fp4train pretrain && fp4train sft")  # fmt: skip
+    cfg = _on_base(recipe, rl_stage.DEFAULT_RECIPE, overrides, from_run, run_dir, resume, "rollout")
     if print_config:
         return _print_config(cfg)
     _finish(rl_stage.run(cfg, run_dir, resume=resume, baseline=baseline), "rollout")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -246,6 +247,19 @@ def resolve_recipe_path(recipe: str | Path) -> Path:
         f"recipe file '{recipe}' not found; pass a path to a YAML file or one of the built-in "
         f"recipes: {', '.join(known) or '(none)'}"
     )
+
+
+def recipe_description(path: Path) -> str:
+    """What a recipe is for: the first sentence of the comment it opens with (after its ``name:``)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    text = " ".join(lines).removeprefix(f"{path.stem}:").strip()
+    first = re.match(r".*?[.!?](?=\s|$)", text)
+    text = first.group(0) if first else text
+    return text[:1].upper() + text[1:]
 
 
 def load_yaml(path: Path) -> dict:

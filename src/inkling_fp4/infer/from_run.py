@@ -2,9 +2,10 @@
 
 The run's model and tokenizer come from its newest good checkpoint (``train.load_run``); the
 overrides may change only the ``sampler`` and ``precision`` sections (the model, its data and its
-weights are the run's). Prompts are encoded as the run saw text: a pretrain run's documents open
-with the document token, an sft run's prompts are its chat template with one user turn
-(``data.chat.encode_prompt``) ending in ``<|assistant|>``.
+weights are the run's). Prompts are encoded as the run's weights saw text: a run trained on the chat
+template (sft, rollout, or a run started from one: ``train.run_lineage``) gets it with one user turn
+(``data.chat.encode_prompt``) ending in ``<|assistant|>``; any other run's documents open with the
+document token.
 
 The context (``sampler.max_context``, default the run's ``data.seq_len``) bounds prompt plus
 completion: the hybrid has no positional embedding and so no hard limit, but it never trained on
@@ -33,6 +34,8 @@ class RunSampler:
     run_dir: Path
     checkpoint: Checkpoint
     sampler: Sampler
+    chat: bool
+    """Prompts go in the chat template: the run's weights were trained on it."""
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -43,7 +46,7 @@ class RunSampler:
         if not text.strip():
             raise UserError(f"{where} is empty; give some text to continue")
         tok = self.tokenizer
-        if self.cfg.stage == "sft":
+        if self.chat:
             tokens = encode_prompt(tok, [{"role": "user", "content": text}])
         else:
             tokens = [tok.bos, *tok.encode(text)]
@@ -55,13 +58,15 @@ class RunSampler:
         precision = policy.describe(self.sampler.model) if policy is not None else "bf16"
         return (
             f"{self.run_dir} step {self.checkpoint.step} ({self.cfg.stage}); sampler.precision="
-            f"{self.cfg.sampler.precision}: {precision}; context {self.sampler.context} tokens"
+            f"{self.cfg.sampler.precision}: {precision}; context {self.sampler.context} tokens; prompts "
+            + ("in the chat template" if self.chat else "as raw text")
         )
 
 
 def load_run_sampler(from_run: Path | None, overrides: list[str] | None = None, echo=print) -> RunSampler:
-    """The sampler of ``from_run`` (default: the newest sft or pretrain run under runs/)."""
-    from inkling_fp4.train.load_run import load_run_checkpoint, newest_run
+    """The sampler of ``from_run`` (default: the newest run under runs/)."""
+    from inkling_fp4.train.load_run import default_from, load_run_checkpoint
+    from inkling_fp4.train.run_lineage import trained_on_chat
 
     overrides = list(overrides or [])
     for text in overrides:
@@ -71,11 +76,7 @@ def load_run_sampler(from_run: Path | None, overrides: list[str] | None = None, 
                 f"override '{text}': generation takes {' and '.join(s + '.*' for s in OVERRIDABLE)} "
                 "overrides (the model and its data are the run's)"
             )
-    if from_run is None:
-        from_run = newest_run(Path("runs"), ("sft", "pretrain"))
-        if from_run is None:
-            raise UserError("no sft or pretrain run with a checkpoint under runs/; pass --from RUN")
-        echo(f"--from: the newest sft or pretrain run under runs/, {from_run}")
+    from_run = from_run or default_from(echo)
     cfg, model, tokenizer, ckpt = load_run_checkpoint(from_run)
     cfg = from_dict(RunConfig, apply_overrides(to_dict(cfg), overrides))
     device = resolve_device(cfg.sampler.device)
@@ -86,4 +87,4 @@ def load_run_sampler(from_run: Path | None, overrides: list[str] | None = None, 
     context = cfg.sampler.max_context or cfg.data.seq_len
     sampler = Sampler(model, tokenizer, cfg.sampler, policy, context=context)
     run_dir = ckpt.path.parent.parent if ckpt.path.parent.name == "checkpoints" else ckpt.path
-    return RunSampler(cfg, run_dir, ckpt, sampler)
+    return RunSampler(cfg, run_dir, ckpt, sampler, trained_on_chat(run_dir))

@@ -8,8 +8,9 @@ for Nemotron-H the imported model section), its model with the checkpoint's weig
 tokenizer. The model is a plain ``HybridLM`` in FP32 master weights with no precision policy
 applied: the caller applies its own recipe.
 
-``newest_run(root, stages)`` is how a command without ``--from`` finds what to start from: the run
-under ``root`` of one of ``stages`` whose newest good checkpoint was written last.
+``newest_run(root)`` is how every command without ``--from`` finds what to start from: the run under
+``root`` (of any stage the command can use) whose last checkpoint was written last, whatever stage
+wrote it; :func:`default_from` says on the console which run that is.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from inkling_fp4.train.checkpoint import (
     load_model_tensors,
 )
 from inkling_fp4.train.run_dir import CONFIG_FILE, TOKENIZER_FILE, recorded_config
+
+RUNS_ROOT = Path("runs")
+"""Where commands put runs by default (``runs/<name>``), and where ``--from`` looks without a path."""
 
 
 def find_checkpoint(path: str | Path) -> tuple[Path, Checkpoint]:
@@ -108,8 +112,11 @@ def load_run_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
     return cfg, model, tokenizer, ckpt
 
 
-def newest_run(root: str | Path, stages: tuple[str, ...], exclude: Path | None = None) -> Path | None:
-    """The run under ``root`` of one of ``stages`` whose newest complete checkpoint is the newest."""
+def newest_run(
+    root: str | Path, stages: tuple[str, ...] | None = None, exclude: Path | None = None
+) -> Path | None:
+    """The run under ``root`` (of one of ``stages``; None: any) whose last complete checkpoint was
+    written last."""
     root = Path(root)
     if not root.is_dir():
         return None
@@ -121,12 +128,27 @@ def newest_run(root: str | Path, stages: tuple[str, ...], exclude: Path | None =
             cfg = recorded_config(run_dir)
         except UserError:
             continue
-        if cfg is None or cfg.stage not in stages:
+        if cfg is None or (stages is not None and cfg.stage not in stages):
             continue
         done = [p / STATE_FILE for _, p in checkpoint_dirs(run_dir) if (p / STATE_FILE).is_file()]
         if done and (t := done[-1].stat().st_mtime) > best_time:
             best, best_time = run_dir, t
     return best
+
+
+def default_from(echo, stages: tuple[str, ...] | None = None, exclude: Path | None = None) -> Path:
+    """What ``--from`` means when it is left out: the newest run under ``runs/`` (of one of ``stages``,
+    the ones the command can start from; None: any), named on ``echo``."""
+    kind = f"{' or '.join(stages)} " if stages else ""
+    found = newest_run(RUNS_ROOT, stages, exclude)
+    if found is None:
+        raise UserError(f"no {kind}run with a checkpoint under {RUNS_ROOT}/; run `fp4train pretrain` first, "
+                        "or pass --from RUN")  # fmt: skip
+    cfg = recorded_config(found)
+    last = [name for name, p in checkpoint_dirs(found) if (p / STATE_FILE).is_file()][-1]
+    echo(f"--from: {found} ({cfg.stage} run, step {last}), the {kind}run under {RUNS_ROOT}/ whose last "
+         "checkpoint is the newest")  # fmt: skip
+    return found
 
 
 def describe(path: str | Path) -> list[str]:

@@ -26,6 +26,7 @@ import torch
 
 from inkling_fp4.config import RunConfig
 from inkling_fp4.data.batch import Batch
+from inkling_fp4.data.chat import CHAT_TEMPLATE_JINJA
 from inkling_fp4.data.pipeline import PretrainData, build_pretrain_data
 from inkling_fp4.data.tokenizer import check_vocab
 from inkling_fp4.model.hybrid import HybridLM
@@ -33,6 +34,7 @@ from inkling_fp4.model.vocab import fit_tokenizer
 from inkling_fp4.train import distributed as D
 from inkling_fp4.train.checkpoint import load_model_tensors
 from inkling_fp4.train.load_run import load_run_checkpoint
+from inkling_fp4.train.run_lineage import CHAT_TEMPLATE_FILE, trained_on_chat
 from inkling_fp4.train.stages import RunResult, finish, stage_frame
 from inkling_fp4.train.trainer import Trainer, batch_geometry
 
@@ -79,11 +81,13 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                     world_size=dist.world_size, total_tokens=cfg.train.steps * tokens_per_step,
                 )  # fmt: skip
             D.barrier(dist)
-        describe, base_tensors = [f"data: {data.describe()}"], None
+        describe, base_tensors, chat_files = [f"data: {data.describe()}"], None, None
         if start.fresh and cfg.init_from is not None:  # continued pretraining: another run's weights
             _, base_model, _, ckpt = load_run_checkpoint(cfg.init_from)
             describe.insert(0, f"init: weights and model from {ckpt.path} (step {ckpt.step}); optimizer: "
                                "fresh AdamW; schedule: this recipe's WSD")  # fmt: skip
+            if trained_on_chat(ckpt.path):  # the weights keep what they learnt of the template
+                chat_files = {CHAT_TEMPLATE_FILE: CHAT_TEMPLATE_JINJA}
             grown = fit_tokenizer(base_model, data.tokenizer)
             if grown:
                 describe.append(grown)
@@ -99,7 +103,7 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
         if base_tensors is not None:
             load_model_tensors(model, base_tensors, dist.device)
         trainer = Trainer(cfg, run_dir, dist, model, baseline)
-        return finish(trainer, task, start, data.tokenizer, describe)
+        return finish(trainer, task, start, data.tokenizer, describe, chat_files)
 
 
 def seed_everything(seed: int) -> None:

@@ -6,7 +6,8 @@ same frame and the same end:
     with stage_frame(cfg, run_dir, resume) as (dist, start):   determinism, the process group, the
         ... build data, model, Trainer, task ...              run directory's plan (read only)
         return finish(trainer, task, start, tokenizer, ...)   restore the checkpoint, write the run
-                                                              directory, train to the end
+                                                              directory, train to the end, and
+                                                              say what to run next
 
 ``run_stage`` is the one ``if`` over ``RunConfig.stage``, for compare-baseline and the commands.
 """
@@ -14,8 +15,9 @@ same frame and the same end:
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from inkling_fp4.config import RunConfig
@@ -31,6 +33,8 @@ class RunResult:
     step: int
     interrupted_by: int | None
     """The signal that stopped the run after its checkpoint (None: finished, or train.stop_after)."""
+    next_commands: list[str] = field(default_factory=list)
+    """What to run next on this run, as shell commands (:func:`next_commands`)."""
 
 
 @contextlib.contextmanager
@@ -61,7 +65,36 @@ def finish(trainer: Trainer, task, start: RunStart, tokenizer, describe: list[st
     trainer.build()
     trainer.open_log(start.notes, describe)
     result = fit(trainer, task)
-    return RunResult(start.run_dir, result.step, result.interrupted_by)
+    return RunResult(start.run_dir, result.step, result.interrupted_by,
+                     next_commands(trainer.cfg, start.run_dir, result.step))  # fmt: skip
+
+
+PRETRAIN_PROMPT = "def fibonacci(n):"
+"""A prompt in the built-in corpus's language (Python sources)."""
+CHAT_PROMPT = "Compute 12 + 30. End your answer with #### followed by the result."
+"""A prompt of the built-in arithmetic task, as sft-tiny's examples and rl-tiny's prompts word it."""
+
+
+def next_commands(cfg: RunConfig, run_dir: Path, step: int) -> list[str]:
+    """The commands that follow a run of ``cfg`` that stopped at ``step``: its resume if it stopped
+    before ``train.steps``, then the next stage, generation, evaluation and export, on ``run_dir``."""
+    here = shlex.quote(str(run_dir))
+    commands = [f"fp4train {cfg.stage} --resume --run-dir {here}"] if step < cfg.train.steps else []
+    if cfg.stage == "pretrain":
+        prompt = PRETRAIN_PROMPT if cfg.data.source == "builtin" else "The"
+        return [*commands, f"fp4train sft --from {here}",
+                f"fp4train generate --from {here} --prompt {shlex.quote(prompt)}"]  # fmt: skip
+    if cfg.stage == "sft":
+        commands.append(f"fp4train rollout --from {here}")
+    task = cfg.rl.task if cfg.stage == "rollout" else "arithmetic"
+    commands += [
+        f"fp4train generate --from {here} --prompt {shlex.quote(CHAT_PROMPT)}",
+        f"fp4train eval --from {here} --task {shlex.quote(task)}",
+    ]
+    if cfg.stage == "rollout":
+        out = shlex.quote(f"exports/{Path(run_dir).name}-hf")
+        commands.append(f"fp4train export --from {here} --format hf --out {out}")
+    return commands
 
 
 def run_stage(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | None = None) -> RunResult:
