@@ -16,6 +16,7 @@ the task's own resumable state); everything else is here, once:
     fit(trainer, task)                   steps until train.steps, logging, evaluating and
                                          checkpointing on the configured cadence; SIGINT / SIGTERM
                                          end the step in flight, checkpoint, and report the signal
+                                         (a second SIGINT: see interrupt.py)
 
 A task is anything with ``next_batches(micro, accum)``, ``real_tokens(batches)``,
 ``evaluate(trainer)``, ``step_metrics()`` (its own figures for a logged step), ``state_dict()`` /
