@@ -77,7 +77,7 @@ def test_two_processes_stop_on_budget_resume_and_match_one(tmp_path, data_cache)
     code, out = _reproduce(two, data_cache, "--time-budget", "0.5")
     assert code != 0 and re.findall(r"exitcode\s+:\s+(-?\d+) \(pid", out) == ["3", "3"], out[-4000:]
     assert out.count("time budget of 0.5s spent") == 1 and out.count("tokens per run") == 1, out[-4000:]
-    stopped = int(re.search(r"interrupted after step (\d+)", out).group(1))
+    stopped = int(re.search(r"fp8: stopped at step (\d+) of", out).group(1))
     assert 1 <= stopped < STEPS and _checkpoints(two / "fp8") == [stopped]
     assert not (two / "nvfp4").exists()  # no run starts once the budget is spent
 

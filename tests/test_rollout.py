@@ -3,6 +3,7 @@ that fail, every metric logged, refusals."""
 
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -111,6 +112,50 @@ def test_rewards_that_raise_or_return_nan_score_zero_and_the_run_goes_on(base, t
     failures = steps[0]["reward_failures"]
     assert failures["raised"] > 0 and failures["invalid"] > 0
     assert any(r.get("event") == "reward_failure" and "bad reward" in r["message"] for r in got)
+
+
+ENDING_REWARD = """
+import ctypes, os, signal, sys
+from pathlib import Path
+
+CALLS = Path(__file__).with_name("calls.txt")  # a file: each fresh worker starts from the parent's state
+
+
+def reward(prompt, completion, answer):
+    n = int(CALLS.read_text()) if CALLS.exists() else 0
+    CALLS.write_text(str(n + 1))
+    if n == 0:
+        os._exit(1)
+    if n == 1:
+        sys.exit(2)
+    if n in (2, 3):
+        os.kill(os.getpid(), (signal.SIGKILL, signal.SIGTERM)[n - 2])
+    if n == 4:
+        ctypes.string_at(0)
+    if n == 5:
+        raise KeyboardInterrupt
+    return 1.0
+"""
+
+
+def test_cli_rollout_survives_a_reward_that_ends_its_process(base, tmp_path, monkeypatch):
+    """The first step's calls exit, are killed, segfault and raise KeyboardInterrupt: each scores 0,
+    counted by kind; the run finishes (exit 0) with the base run untouched."""
+    (tmp_path / "ending_rewards.py").write_text(ENDING_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = tree_hash(base)
+    run = tmp_path / "r"
+    code, out, err = cli(["rollout", "--from", str(base), "--reward", "ending_rewards:reward", "--run-dir",
+                          str(run), *RL, "train.steps=2", "eval.every=0", "eval.at_start=false"])  # fmt: skip
+    assert code == 0 and "Traceback" not in out + err and "Aborted" not in err, err
+    got = rows(run)
+    assert [r["reward_failures"] for r in got if "reward_failures" in r] == [
+        {"exited": 2, "crashed": 3, "interrupted": 1}
+    ]
+    assert [r["step"] for r in got if "loss" in r] == [1, 2] and (run / "checkpoints" / "step_2").is_dir()
+    assert "reward: 6 calls scored 0 (3 crashed, 2 exited, 1 interrupted; first exited: " in out
+    assert tree_hash(base) == before
+    sys.modules.pop("ending_rewards", None)
 
 
 def test_one_rl_step_moves_log_p_the_way_of_the_advantages(base, tmp_path, monkeypatch):

@@ -221,6 +221,88 @@ def test_interrupt_exit_codes(small, tmp_path, sig, code):
     assert any((p / "state.json").is_file() for p in (run / "checkpoints").iterdir())
 
 
+SECOND_SIGINT = """
+import hashlib, json, os, signal
+from pathlib import Path
+from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.train import checkpoint
+_loss, _write, calls = HybridLM.loss, checkpoint._write_synced, {{"loss": 0, "write": 0}}
+def saved():  # every file of the run's checkpoints now: none may change from here on
+    root = Path({run!r}) / "checkpoints"
+    return {{str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}}
+def loss(self, *args, **kwargs):  # once per step
+    calls["loss"] += 1
+    if calls["loss"] == 3:
+        print("saved", json.dumps(saved()), flush=True)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C during step 3
+        if {in_step}:
+            os.kill(os.getpid(), signal.SIGINT)  # and again before step 3 is done
+    return _loss(self, *args, **kwargs)
+def write(path, data):
+    if calls["loss"] >= 3:
+        calls["write"] += 1
+        if calls["write"] in {in_write}:
+            os.kill(os.getpid(), signal.SIGINT)  # again while step 3's checkpoint is written
+    _write(path, data)
+HybridLM.loss, checkpoint._write_synced = loss, write
+"""
+
+
+def _second_sigint(tmp_path, small, in_step=False, in_write=()):
+    """A run that gets Ctrl-C during step 3 and again, in step 3 or as its checkpoint's ``in_write``-th
+    files are written: (run directory, exit code, stdout, stderr, the checkpoint files when the first
+    Ctrl-C came)."""
+    args, _ = small
+    run = tmp_path / "run"
+    hook = SECOND_SIGINT.format(run=str(run), in_step=in_step, in_write=set(in_write))
+    proc = _spawn(run, args, "train.steps=8", code=hook)
+    out, err = proc.communicate(timeout=120)
+    saved = json.loads(next(line for line in out.splitlines() if line.startswith("saved "))[6:])
+    return run, proc.returncode, out, err, saved
+
+
+def test_a_second_sigint_in_the_step_stops_at_once_and_says_where_resume_starts(small, tmp_path):
+    from inkling_fp4.train.checkpoint import latest_good
+
+    run, code, out, err, saved = _second_sigint(tmp_path, small, in_step=True)
+    resume = f"fp4train pretrain --resume --run-dir {run}"
+    assert code == 130 and err.strip().splitlines() == [
+        f"stopped at once by SIGINT, no new checkpoint written; {resume} starts from step 2"
+    ], err
+    assert tree_hash(run / "checkpoints") == saved and list(saved) == [
+        f"step_2/{name}" for name in ("model.safetensors", "optimizer.safetensors", "state.json")
+    ]  # step 2's checkpoint as it was, no other (not even a temporary one)
+    assert latest_good(run).path.name == "step_2"  # where --resume starts, as said
+
+
+def test_a_second_sigint_while_the_checkpoint_is_written_lets_it_finish(small, tmp_path):
+    from inkling_fp4.train.checkpoint import latest_good
+
+    run, code, out, err, saved = _second_sigint(tmp_path, small, in_write=[1])
+    resume = f"fp4train pretrain --resume --run-dir {run}"
+    assert code == 130 and err.strip().splitlines() == [
+        f"interrupted by SIGINT after step 3 (checkpoint written); continue with {resume}"
+    ], err  # said once
+    assert "finishing the checkpoint being written" in out and "interrupted" not in out, out
+    assert latest_good(run).path.name == "step_3"
+    after = tree_hash(run / "checkpoints")
+    assert {k: after[k] for k in saved} == saved and sorted({k.split("/")[0] for k in after}) == [
+        "step_2",
+        "step_3",
+    ]
+
+
+def test_a_third_sigint_while_the_checkpoint_is_written_stops_at_once_without_it(small, tmp_path):
+    run, code, out, err, saved = _second_sigint(tmp_path, small, in_write=[1, 2])
+    resume = f"fp4train pretrain --resume --run-dir {run}"
+    assert code == 130 and err.strip().splitlines() == [
+        f"stopped at once by SIGINT, no new checkpoint written; {resume} starts from step 2"
+    ], err
+    assert "finishing the checkpoint being written" in out
+    assert tree_hash(run / "checkpoints") == saved  # step 3's files gone, temporary directory included
+
+
 KILL_AT = """
 import os, signal, shutil
 from inkling_fp4.train import checkpoint

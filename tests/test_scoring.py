@@ -1,6 +1,10 @@
-"""Reward functions that raise, hang, return NaN or junk: reward 0, counted, and the run goes on."""
+"""Reward functions that raise, hang, return NaN or junk, or end their own process: reward 0, counted,
+and the run goes on."""
 
+import ctypes
 import math
+import os
+import signal
 import sys
 import time
 
@@ -9,6 +13,7 @@ import pytest
 from inkling_fp4.errors import ConfigError
 from inkling_fp4.rl.rewards import numeric
 from inkling_fp4.rl.scoring import RewardRunner, load_reward
+from inkling_fp4.train.interrupt import StopSignal
 
 
 def flaky(prompt, completion, answer):
@@ -37,6 +42,59 @@ def test_failures_score_zero_and_are_counted(isolate):
     assert scores.outcomes["raised"] == 1 and scores.outcomes["invalid"] == 2
     assert scores.outcomes["timeout"] == (1 if isolate else 0)
     assert scores.first_error.startswith("raised: RuntimeError: boom")
+
+
+def ending(prompt, completion, answer):
+    """Each completion names what the function does to its own process."""
+    if completion == "sys.exit":
+        sys.exit(3)
+    if completion == "os._exit":
+        os._exit(4)
+    if completion in ("SIGKILL", "SIGTERM", "SIGINT"):
+        os.kill(os.getpid(), signal.Signals[completion])
+    if completion == "KeyboardInterrupt":
+        raise KeyboardInterrupt
+    if completion == "segfault":
+        ctypes.string_at(0)
+    return 1.0
+
+
+@pytest.mark.parametrize(
+    "completion, outcome, words",
+    [
+        ("sys.exit", "exited", "sys.exit(3)"),
+        ("os._exit", "exited", "exited with status 4"),
+        ("SIGKILL", "crashed", "killed by SIGKILL"),
+        ("SIGTERM", "crashed", "killed by SIGTERM"),
+        ("segfault", "crashed", "killed by SIGSEGV"),
+        ("KeyboardInterrupt", "interrupted", "KeyboardInterrupt"),
+    ],
+)
+def test_a_reward_that_ends_its_process_scores_zero_and_a_fresh_worker_goes_on(completion, outcome, words):
+    runner = RewardRunner(ending, timeout_s=5.0)
+    try:
+        scores = runner.score(["p"] * 4, ["ok", completion, "ok", completion], ["a"] * 4)
+    finally:
+        runner.close()
+    assert scores.rewards == [1.0, 0.0, 1.0, 0.0]  # the calls after each one are answered
+    assert scores.outcomes == {"ok": 2, outcome: 2}
+    assert scores.first_error.startswith(f"{outcome}: ") and words in scores.first_error, scores.first_error
+
+
+def test_the_worker_ignores_the_runs_ctrl_c_and_keeps_no_handler_of_the_run(capfd):
+    """The worker is forked inside the training loop, whose SIGINT / SIGTERM handlers it inherits: a
+    Ctrl-C (it reaches the whole process group) must not stop it nor print the run's message there,
+    and a SIGTERM ends it."""
+    stop = StopSignal()
+    runner = RewardRunner(ending, timeout_s=5.0)
+    try:
+        scores = runner.score(["p"] * 3, ["SIGINT", "SIGTERM", "ok"], ["a"] * 3)
+    finally:
+        runner.close()
+        stop.restore()
+    assert scores.rewards == [1.0, 0.0, 1.0] and scores.outcomes == {"ok": 2, "crashed": 1}
+    assert not stop.requested  # the signals were the worker's own
+    assert capfd.readouterr().out == ""
 
 
 def test_builtin_reward_in_process():

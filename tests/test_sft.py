@@ -3,6 +3,9 @@ and compare-baseline --stage sft, token accounting."""
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -119,6 +122,67 @@ def test_sft_bad_data_is_refused_before_any_write(base, tmp_path):
                         f"data.source={bad}"])  # fmt: skip
     line = one_line(err)
     assert code == 2 and "question" in line and "messages" in line
+    assert not (tmp_path / "r").exists()
+
+
+def _chat(answer):
+    return {"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": answer}]}
+
+
+def _write_bad_source(path):
+    """Files whose records are wrong at one place, and the words of the line that names it."""
+    if path.name == "mixed.jsonl":  # "0" in record 5 is text; 7 in record 9 is not
+        records = [_chat("2")] * 5 + [_chat("0")] + [_chat("2")] * 3 + [_chat(7)]
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        return "chat record 9 (from 0) of", "content is int, not text"
+    if path.name == "broken.jsonl":
+        path.write_text(json.dumps(_chat("2")) + "\n" + '{"messages": [\n')
+        return "record 1 (from 0, line 2) is not JSON", "check the files' format"
+    if path.name == "ragged.csv":
+        path.write_text("prompt,completion\n1+1,2\n2+2,4\n3+3,6,7\n")
+        return "record 2 (from 0, line 4) has 3 fields where the header has 2", "quote the fields"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": ["1+1", "2+2"], "completion": [2, 4]}), path)  # a typed column
+    return "chat record 0 (from 0)", "'completion' is int, not text; store it as a string"
+
+
+@pytest.mark.parametrize("name", ["mixed.jsonl", "broken.jsonl", "ragged.csv", "typed.parquet"])
+def test_sft_data_errors_name_the_record_and_the_fix(base, tmp_path, name):
+    source = tmp_path / name
+    words = _write_bad_source(source)
+    before, data = tree_hash(base), source.read_bytes()
+    code, _, err = cli(["sft", "--from", str(base), "--run-dir", str(tmp_path / "r"), *SFT,
+                        f"data.source={source}"])  # fmt: skip
+    line = one_line(err)
+    assert code == 2 and all(w in line for w in words), line
+    assert not (tmp_path / "r").exists() and tree_hash(base) == before and source.read_bytes() == data
+
+
+def test_sft_trains_on_a_csv_of_numeric_completions(base, tmp_path):
+    source = tmp_path / "sums.csv"
+    source.write_text("prompt,completion\n" + "".join(f"{i}+{i},{2 * i}\n" for i in range(40)))
+    before = tree_hash(base)
+    code, out, err = cli(["sft", "--from", str(base), "--run-dir", str(tmp_path / "r"), *SFT,
+                          f"data.source={source}", "train.steps=2"])  # fmt: skip
+    assert code == 0, err
+    assert f"csv files '{source}' (1 file, 40 rows): 40 records" in out
+    assert [r["step"] for r in rows(tmp_path / "r") if "loss" in r] == [1, 2] and tree_hash(base) == before
+
+
+def test_datasets_logs_nothing_above_the_one_line_error(base, tmp_path):
+    """A parquet file that is not one: datasets logs its failure to stderr before raising, which an
+    in-process run cannot see (its handler holds the stderr of the time it was imported)."""
+    source = tmp_path / "broken.parquet"
+    source.write_bytes(b"PAR1" + b"\0" * 100)
+    argv = [sys.executable, "-m", "inkling_fp4", "sft", "--from", str(base), "--run-dir", str(tmp_path / "r"),
+            *SFT, f"data.source={source}"]  # fmt: skip
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    line = one_line(proc.stderr)
+    assert proc.returncode == 2 and f"could not read '{source}' as parquet" in line
     assert not (tmp_path / "r").exists()
 
 

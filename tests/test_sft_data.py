@@ -1,5 +1,7 @@
 """build_sft_data: record formats, the held-out split, empty answers, overlong examples, refusals."""
 
+import csv
+import gzip
 import json
 
 import numpy as np
@@ -195,6 +197,49 @@ def test_unreadable_files_are_one_line_errors(tok, tmp_path):
         with pytest.raises(UserError, match=message) as info:
             build_sft_data(data_config(tmp_path, str(path), seq_len=64), SFTConfig(), tok, 0)
         assert "\n" not in str(info.value) and str(path) in str(info.value), str(info.value)
+
+
+TRICKY = ["0", "007", "1e5", "-3.50", "NA", "null", "None", "nan", "True", "", "a,b", '"q"', "x\ny", "\u2028"]
+"""Texts that ``datasets`` would read as numbers, booleans or nulls, and ones a CSV must quote."""
+
+
+def test_csv_and_json_cells_are_the_text_written(tok, tmp_path):
+    """prompt / completion / system records with tricky texts, written as CSV (plain, with a BOM,
+    gzipped) and as a JSON array: the same examples as the jsonl of the same records."""
+    rng = fresh_rng()
+    records = [
+        {
+            "prompt": rng.choice([*TRICKY, adversarial_text(rng)]),
+            "completion": rng.choice([*TRICKY, answer_text(rng)]),
+            "system": rng.choice(["", "1", random_text(rng, 1, 5)]),
+        }
+        for _ in range(rng.randint(20, 40))
+    ]
+
+    def as_csv(path, opener=open, encoding="utf-8"):
+        with opener(path, "wt", encoding=encoding, newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["prompt", "completion", "system"])
+            writer.writerows([r["prompt"], r["completion"], r["system"]] for r in records)
+        return str(path)
+
+    def built(path):
+        data = build_sft_data(data_config(tmp_path, path, seq_len=512), SFTConfig(val_fraction=0.0), tok, 0)
+        return sorted(examples_of(data.train.rows)), data.stats
+
+    with open(tmp_path / "chat.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)  # U+2028 unescaped
+    (tmp_path / "chat.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
+    expected = built(str(tmp_path / "chat.jsonl"))
+    assert expected[1]["records"] == len(records), rng.seed_value
+    assert expected[1]["skipped_empty"] == sum(not r["completion"].strip() for r in records)
+    for path in [
+        as_csv(tmp_path / "plain.csv"),
+        as_csv(tmp_path / "bom.csv", encoding="utf-8-sig"),
+        as_csv(tmp_path / "packed.csv.gz", gzip.open),
+        str(tmp_path / "chat.json"),
+    ]:
+        assert built(path) == expected, (path, rng.seed_value)
 
 
 def test_ranks_share_the_rows(tok, tmp_path):

@@ -134,7 +134,10 @@ def _messages(value, where: str, field: str) -> list[dict]:
 
 def _text(record: dict, field: str, where: str) -> str:
     if not isinstance(record[field], str):
-        raise DataError(f"{where}: '{field}' is {type(record[field]).__name__}, not text")
+        raise DataError(
+            f"{where}: '{field}' is {type(record[field]).__name__}, not text; store it as a string "
+            "(quoted in JSON, a string column in parquet)"
+        )
     return record[field]
 
 

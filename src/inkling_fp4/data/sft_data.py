@@ -38,9 +38,9 @@ from inkling_fp4.data.batch import Batch
 from inkling_fp4.data.chat import Chat, EncodedChat, assemble, parse_record
 from inkling_fp4.data.config import DataConfig
 from inkling_fp4.data.packing import PackedLoader, PackedRows, fit, pack
+from inkling_fp4.data.record_files import open_records
 from inkling_fp4.data.sft_config import SFTConfig
 from inkling_fp4.data.shards import is_validation
-from inkling_fp4.data.sources import open_source
 from inkling_fp4.data.tokenizer import Tokenizer
 from inkling_fp4.errors import DataError
 
@@ -124,7 +124,7 @@ def _open(cfg: DataConfig, sft: SFTConfig, seed: int):
         from inkling_fp4.data.builtin_tasks import BuiltinTasks  # the task generators load on demand
 
         return BuiltinTasks(sft.builtin_examples, seed)
-    return open_source(cfg.source, cfg)
+    return open_records(cfg.source, cfg)
 
 
 def build_sft_data(

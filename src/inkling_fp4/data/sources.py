@@ -18,6 +18,7 @@ to do.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -141,13 +142,14 @@ class LocalFiles:
             if self.format in _TEXT_FORMATS:
                 files = utf8_files(files, self.encoding_errors, self.cache_dir)
             try:
-                ds = datasets.load_dataset(
-                    self.format,
-                    data_files=[str(f) for f in files],
-                    split="train",
-                    cache_dir=str(self.cache_dir / "hf_datasets"),
-                    **kwargs,
-                )
+                with _datasets_quiet():
+                    ds = datasets.load_dataset(
+                        self.format,
+                        data_files=[str(f) for f in files],
+                        split="train",
+                        cache_dir=str(self.cache_dir / "hf_datasets"),
+                        **kwargs,
+                    )
             except Exception as e:  # pyarrow / json parse errors: name the files, keep the cause short
                 raise DataError(
                     f"could not read '{self.name}' as {self.format} ({_first_line(e)}); "
@@ -218,13 +220,14 @@ class HubDataset:
         if not hub_offline_flag():
             require_hub(f"dataset '{self.name}'", "pass local files or data.source=builtin")
         try:
-            return datasets.load_dataset(
-                self.repo,
-                self.config,
-                split="train",
-                streaming=True,
-                cache_dir=str(self.cache_dir / "hf_datasets"),
-            )
+            with _datasets_quiet():
+                return datasets.load_dataset(
+                    self.repo,
+                    self.config,
+                    split="train",
+                    streaming=True,
+                    cache_dir=str(self.cache_dir / "hf_datasets"),
+                )
         except Exception as e:
             raise DataError(
                 f"could not open hub dataset '{self.name}' ({_first_line(e)}); "
@@ -260,6 +263,20 @@ class HubDataset:
 
     def describe(self) -> str:
         return f"hub dataset '{self.name}' (streamed)"
+
+
+@contextlib.contextmanager
+def _datasets_quiet():
+    """``datasets`` logs a file it fails to read before it raises; the DataError made of that says it
+    all, in one line. Its logger is quiet while it loads, and as it was afterwards."""
+    from datasets.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
 
 
 def _first_line(e: Exception) -> str:

@@ -24,6 +24,7 @@ import bz2
 import codecs
 import gzip
 import hashlib
+import io
 import json
 import lzma
 import os
@@ -44,6 +45,12 @@ def checkable(path: Path) -> bool:
 
 def _open_bytes(path: Path):
     return _OPENERS.get(path.suffix.lower(), open)(path, "rb")
+
+
+def open_text(path: Path) -> io.TextIOWrapper:
+    """``path``, decompressed as its suffix says, as UTF-8 text: a byte-order mark dropped, line ends
+    as written (what the csv module needs)."""
+    return io.TextIOWrapper(_open_bytes(path), encoding="utf-8-sig", newline="")
 
 
 def first_invalid_utf8(path: Path) -> tuple[int, bytes] | None:

@@ -1,33 +1,41 @@
-"""Scoring completions with a reward function that may raise, hang or return nonsense.
+"""Scoring completions with a reward function that may raise, hang, end its process or return nonsense.
 
 A reward is ``reward(prompt: str, completion: str, answer: str) -> float``: a built-in one
 (``inkling_fp4.rl.rewards``) or the user's (``--reward MODULE:FUNCTION``). A policy-gradient run
 must not die or stall on one bad call, so every call's outcome is one of
 
-    ok        a finite number: the reward
-    raised    the function raised: reward 0
-    timeout   it ran past ``timeout_s``: reward 0
-    invalid   it returned something that is not a finite number (NaN, None, a string): reward 0
+    ok           a finite number: the reward
+    raised       the function raised an exception: reward 0
+    timeout      it ran past ``timeout_s``: reward 0
+    invalid      it returned something that is not a finite number (NaN, None, a string): reward 0
+    interrupted  it raised KeyboardInterrupt: reward 0
+    exited       it ended its process (``sys.exit``, ``os._exit``): reward 0
+    crashed      a signal ended its process (``os.kill`` of itself, a segfault): reward 0
 
 and the counts are reported with the step's metrics. The built-in rewards are total functions of
 text in linear time and run in this process. A user's function runs in a worker process (forked, so
 it inherits the loaded module), because a Python function that hangs cannot be stopped from another
-thread: on a timeout the worker is killed and a fresh one forked for the next call.
+thread and one that ends its process must not end the run: on a timeout the worker is killed, and
+after a timeout, an exit or a crash a fresh one is forked for the next call. The worker ignores
+SIGINT: Ctrl-C in a terminal reaches the whole process group, and the run's own handler (in this
+process) decides what it means; SIGTERM keeps its default, so whatever sends it ends the worker.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import inspect
 import math
 import multiprocessing as mp
+import signal
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from inkling_fp4.errors import ConfigError
 
-OUTCOMES = ("ok", "raised", "timeout", "invalid")
+OUTCOMES = ("ok", "raised", "timeout", "invalid", "interrupted", "exited", "crashed")
 RewardFn = Callable[[str, str, str], float]
 
 
@@ -71,6 +79,10 @@ def _judge(value) -> tuple[str, float]:
 
 
 def _worker(conn, fn: RewardFn) -> None:
+    # forked from the training loop: its SIGINT / SIGTERM handlers are the run's, not the worker's
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    faulthandler.disable()  # a segfault is reported as an outcome, not as a dump on the run's console
     while True:
         try:
             args = conn.recv()
@@ -78,8 +90,25 @@ def _worker(conn, fn: RewardFn) -> None:
             return
         try:
             conn.send(("value", fn(*args)))
-        except Exception as e:  # the user's code: report, never die
+        except KeyboardInterrupt:
+            conn.send(("interrupted", "KeyboardInterrupt"))
+        except SystemExit as e:
+            conn.send(("exited", f"sys.exit({e.code!r})"))
+        except BaseException as e:  # the user's code: report, never die
             conn.send(("raised", f"{type(e).__name__}: {e}"))
+
+
+def _ending(exitcode: int | None) -> tuple[str, str]:
+    """(outcome, message) of a worker that stopped answering: ``exitcode`` -N is signal N."""
+    if exitcode is None:  # still running, yet its pipe is gone
+        return "crashed", "the reward's process closed its pipe"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return "crashed", f"the reward's process was killed by {name}"
+    return "exited", f"the reward's process exited with status {exitcode}"
 
 
 class RewardRunner:
@@ -109,13 +138,19 @@ class RewardRunner:
             return outcome, reward, repr(value)[:80]
         if self._proc is None:
             self._start()
-        self._conn.send(args)
-        if not self._conn.poll(self.timeout_s):
-            self.close()  # a hung call: kill the worker; the next call forks a fresh one
-            return "timeout", 0.0, f"no answer within {self.timeout_s:g} s"
-        kind, value = self._conn.recv()
-        if kind == "raised":
-            return "raised", 0.0, value
+        try:
+            self._conn.send(args)
+            if not self._conn.poll(self.timeout_s):
+                self.close()  # a hung call: kill the worker; the next call forks a fresh one
+                return "timeout", 0.0, f"no answer within {self.timeout_s:g} s"
+            kind, value = self._conn.recv()
+        except (EOFError, OSError):  # the pipe closed: the function ended the worker's process
+            self._proc.join(self.timeout_s)
+            outcome, message = _ending(self._proc.exitcode)
+            self.close()
+            return outcome, 0.0, message
+        if kind != "value":
+            return kind, 0.0, value
         outcome, reward = _judge(value)
         return outcome, reward, repr(value)[:80]
 

@@ -284,7 +284,8 @@ class RolloutTask:
         failed = {k: v for k, v in outcomes.items() if k != "ok" and v}
         if failed:
             figures["reward_failures"] = dict(failed)
-            message = f"reward: {sum(failed.values())} calls scored 0 ({first_error})"
+            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(failed.items()))
+            message = f"reward: {sum(failed.values())} calls scored 0 ({kinds}; first {first_error})"
             self.trainer.log.event(self.trainer.step_count + 1, "reward_failure", message)
 
 

@@ -16,6 +16,7 @@ the task's own resumable state); everything else is here, once:
     fit(trainer, task)                   steps until train.steps, logging, evaluating and
                                          checkpointing on the configured cadence; SIGINT / SIGTERM
                                          end the step in flight, checkpoint, and report the signal
+                                         (a second SIGINT: see interrupt.py)
 
 A task is anything with ``next_batches(micro, accum)``, ``real_tokens(batches)``,
 ``evaluate(trainer)``, ``step_metrics()`` (its own figures for a logged step), ``state_dict()`` /
@@ -36,6 +37,7 @@ import contextlib
 import gc
 import math
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,8 +56,10 @@ from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.train import determinism
 from inkling_fp4.train import distributed as D
 from inkling_fp4.train.checkpoint import (
+    STATE_FILE,
     Checkpoint,
     check_processes,
+    checkpoint_dirs,
     load_model_tensors,
     model_tensors,
     rng_state,
@@ -65,7 +69,7 @@ from inkling_fp4.train.checkpoint import (
 from inkling_fp4.train.evaluate import all_gemms_in_bf16, evaluate
 from inkling_fp4.train.flops import mfu, peak_flops
 from inkling_fp4.train.graphed_step import GraphedMicroStep, graph_blocker
-from inkling_fp4.train.interrupt import StopSignal
+from inkling_fp4.train.interrupt import StoppedAtOnce, StopSignal
 from inkling_fp4.train.metrics import MetricsLogger, format_duration
 from inkling_fp4.train.monitor import NoiseMonitor, Verdict
 from inkling_fp4.train.optimizer import build_optimizer, load_optimizer_tensors, optimizer_tensors, set_lr
@@ -458,18 +462,28 @@ def fit(trainer: Trainer, task: Task) -> FitResult:
                 if values is not None:
                     last_val = values.get("val_loss_bf16")
             if (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0) or last:
-                path = trainer.checkpoint(task.state_dict())
+                with stop.writing_checkpoint():
+                    path = trainer.checkpoint(task.state_dict())
                 log.event(step, "checkpoint", f"checkpoint: {path}")
+                if D.any_rank(stop.again, dist):  # a second Ctrl-C waited for this checkpoint
+                    interrupted = last = True
             if last:
                 if interrupted and step < cfg.train.steps:
                     interrupted_by = stop.signum
-                    log.event(step, "interrupt", f"interrupted after step {step}; continue with --resume")
+                    # recorded only: the caller says it once, with the command that resumes
+                    message = f"interrupted after step {step}; continue with --resume"
+                    log.log({"step": step, "event": "interrupt", "message": message})
                 elif step < cfg.train.steps:
                     log.event(
                         step, "stop", f"stopped after step {step} (train.stop_after); continue with --resume"
                     )
                 break
             paused += time.perf_counter() - pause_t0
+    except StoppedAtOnce:  # said here: the CLI (Typer) turns any KeyboardInterrupt into a silent exit 130
+        message = _stopped_at_once(trainer, stop.stopped_writing)
+        if dist.is_main:
+            print(message, file=sys.stderr, flush=True)
+        raise StoppedAtOnce(message) from None
     finally:
         stop.restore()
         trainer.close()
@@ -478,6 +492,18 @@ def fit(trainer: Trainer, task: Task) -> FitResult:
         val = f", val loss (bf16) {last_val:.4f}" if last_val is not None else ""
         print(f"done: {step} steps in {format_duration(session_time)}{val}", flush=True)
     return FitResult(step, interrupted_by, path)
+
+
+def _stopped_at_once(trainer: Trainer, writing: bool) -> str:
+    """What a Ctrl-C that stopped the run at once left: --resume starts from the newest complete
+    checkpoint on disk (``writing``: the Ctrl-C came while one was written, which may have ended)."""
+    saved = [step for step, path in checkpoint_dirs(trainer.run_dir) if (path / STATE_FILE).is_file()]
+    newest = max(saved, default=0)
+    resume = f"fp4train {trainer.cfg.stage} --resume --run-dir {trainer.run_dir}"
+    if writing and saved and newest == trainer.step_count:  # the write had reached its rename
+        return f"stopped at once by SIGINT after the checkpoint of step {newest}; continue with {resume}"
+    start = f"from step {newest}" if saved else "from step 0 (there is no checkpoint yet)"
+    return f"stopped at once by SIGINT, no new checkpoint written; {resume} starts {start}"
 
 
 def _eval_line(step: int, values: dict) -> str:
