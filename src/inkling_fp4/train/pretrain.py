@@ -66,7 +66,7 @@ class PretrainTask:
 
 def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | None = None) -> RunResult:
     """Pretrain ``cfg`` into ``run_dir`` (continuing its latest good checkpoint with ``resume``)."""
-    with stage_frame(cfg, run_dir, resume) as (dist, start):
+    with stage_frame(cfg, run_dir, resume, baseline) as (dist, start):
         cfg = start.cfg
         seed_everything(cfg.train.seed)
         micro, _ = batch_geometry(cfg, dist.world_size)
