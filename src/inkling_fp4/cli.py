@@ -251,13 +251,14 @@ def tokenizer(
     vocab_size: int = typer.Option(4096, help="Vocabulary size, special tokens included."),
     text_field: str = typer.Option("text", help="Field holding the text in structured sources."),
     max_documents: int = typer.Option(None, help="Train on at most this many documents."),
+    force: bool = typer.Option(False, help="Replace OUT if it is a tokenizer this command wrote."),
 ) -> None:
     """Train a byte-level BPE tokenizer on a text source.
 
     Use it in a recipe or override with data.tokenizer=PATH."""
     from inkling_fp4.data.bpe_training import train_tokenizer_command
 
-    typer.echo(train_tokenizer_command(source, vocab_size, out, text_field, max_documents))
+    typer.echo(train_tokenizer_command(source, vocab_size, out, text_field, max_documents, force=force))
 
 
 @app.command()
@@ -270,8 +271,8 @@ def export(
     ),
     step: int = typer.Option(None, help="Export checkpoints/step_N of the run (default: the newest good)."),
     format: str = typer.Option(..., "--format", help="hf | nvfp4-modelopt | nvfp4-compressed-tensors."),
-    out: Path = typer.Option(..., help="Directory to write (must not exist unless --force)."),
-    force: bool = typer.Option(False, show_default=False, help="Replace --out if it exists."),
+    out: Path = typer.Option(..., help="Directory to write: a new or empty one (or an earlier export)."),
+    force: bool = typer.Option(False, show_default=False, help="Replace --out if it is an earlier export."),
 ) -> None:
     """Export a run for transformers or NVFP4 serving engines.
 
@@ -308,6 +309,7 @@ def compare_baseline(
     run: Path = typer.Option(None, help="An existing run directory to compare with --baseline."),
     baseline: Path = typer.Option(None, help="The existing baseline run directory for --run."),
     out: Path = typer.Option(None, help="Report directory for --run / --baseline (default: <run>/report)."),
+    force: bool = typer.Option(False, help="Replace --out if it is an earlier report."),
     noise: bool = typer.Option(
         False,
         show_default=False,
@@ -341,12 +343,12 @@ def compare_baseline(
                 "--run / --baseline compare existing runs: drop --recipe, --run-dir, --with, --ablate, "
                 "--only, --noise (use --noise-run DIR) and the overrides"
             )
-        typer.echo(f"report: {compare_runs(run, baseline, out, noise_run)}")
+        typer.echo(f"report: {compare_runs(run, baseline, out, noise_run, force=force, echo=typer.echo)}")
         return
-    if out is not None or noise_run is not None:
+    if out is not None or noise_run is not None or force:
         raise UserError(
-            "--out and --noise-run go with --run / --baseline; a new comparison reports into --run-dir "
-            "(--noise trains its noise-floor run)"
+            "--out, --force and --noise-run go with --run / --baseline; a new comparison reports into "
+            "--run-dir (--noise trains its noise-floor run)"
         )
     if stage == "sft":
         from inkling_fp4.train.sft import DEFAULT_RECIPE, sft_config
@@ -388,7 +390,8 @@ def generate(
     prompts: Path = typer.Option(
         None, help="A file of prompts, one a line (or .jsonl with a 'prompt' field)."
     ),
-    out: Path = typer.Option(None, help="Write the completions as jsonl here."),
+    out: Path = typer.Option(None, help="Write the completions as jsonl here (a new file)."),
+    force: bool = typer.Option(False, help="Replace --out if it is an earlier output of generate."),
     stream: bool = typer.Option(
         None, "--stream/--no-stream", help="Print the text as it is decoded (default: one prompt, no --out)."
     ),
@@ -400,7 +403,7 @@ def generate(
     from inkling_fp4.infer.generate import run_generate
 
     run_generate(from_run, prompt, prompts, out, list(overrides or []), echo=typer.echo, stream=stream,
-                 write=lambda text: typer.echo(text, nl=False))  # fmt: skip
+                 write=lambda text: typer.echo(text, nl=False), force=force)  # fmt: skip
 
 
 @app.command("eval")

@@ -30,6 +30,20 @@ PLOTS = {"loss": "loss.png", "gap": "gap.png"}
 BOUNDARY_STYLE = {"warmup_end": ("stable starts", ":"), "decay_start": ("decay starts", "--")}
 
 
+def not_a_report(path: Path) -> str | None:
+    """Why the directory ``path`` is not an earlier report (None: it holds only a report's files, as
+    its report.json lists them; the RL report's too)."""
+    try:
+        plots = set(json.loads((path / "report.json").read_text())["plots"].values())
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return "it has no readable report.json"
+    other = sorted(p.name for p in path.iterdir() if p.name not in plots | {"report.json", "report.md"})
+    if other:
+        more = f" and {len(other) - 1} more" if len(other) > 1 else ""
+        return f"it also holds {other[0]}{more}, which the report did not write"
+    return None
+
+
 def write_report(comparison: Comparison, out_dir: str | Path, *, wandb: bool | None = None) -> Path:
     """Write loss.png, gap.png, report.json and report.md into ``out_dir``; log to wandb when the
     main run's config enables it (or when ``wandb`` says so). Returns ``out_dir``."""

@@ -54,12 +54,13 @@ from inkling_fp4.compare.gap import (
     parse_metrics_lines,
     row_value,
 )
-from inkling_fp4.compare.report import write_report
+from inkling_fp4.compare.report import not_a_report, write_report
 from inkling_fp4.compare.rl_report import write_rl_report
 from inkling_fp4.compare.rl_summary import summarize_rl
 from inkling_fp4.compare.summary import summarize
 from inkling_fp4.config import RunConfig, from_dict, to_dict
 from inkling_fp4.errors import ConfigError, UserError
+from inkling_fp4.output_guard import check_output
 from inkling_fp4.precision.config import RECIPES
 from inkling_fp4.train import distributed as D
 from inkling_fp4.train import stages
@@ -390,16 +391,27 @@ def compare_runs(
     baseline_b: str | Path,
     out_dir: str | Path | None = None,
     noise_run: str | Path | None = None,
+    force: bool = False,
+    echo: Callable[[str], None] = print,
 ) -> Path:
     """Compare two existing run directories (refusing unless only their precision differs); with
-    ``noise_run``, the baseline again from other initial weights, read each gap against the noise."""
+    ``noise_run``, the baseline again from other initial weights, read each gap against the noise.
+    An ``out_dir`` other than ``<run_a>/report`` is checked as every output is (``force`` replaces an
+    earlier report there)."""
     run_a, baseline_b = Path(run_a), Path(baseline_b)
+    own = run_a / "report"
+    if out_dir is not None and Path(out_dir).resolve() != own.resolve():
+        inputs = [("--run", run_a), ("--baseline", baseline_b), ("--noise-run", noise_run)]
+        replacing = check_output(out_dir, "--out", "compare-baseline", kind="directory", force=force,
+                                 not_own=not_a_report, inputs=inputs)  # fmt: skip
+        if replacing:
+            echo(replacing)
     check_comparable(run_a, baseline_b)
     label_a = load_run_config(run_a).precision.recipe
     label_b = load_run_config(baseline_b).precision.recipe
     if label_a == label_b:
         label_a, label_b = run_a.name, baseline_b.name
-    out = Path(out_dir) if out_dir else run_a / "report"
+    out = Path(out_dir) if out_dir else own
     if _is_rollout(baseline_b):
         if noise_run is not None:
             raise UserError("--noise-run: an RL comparison has no noise floor; drop --noise-run")

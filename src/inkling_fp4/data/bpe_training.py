@@ -8,7 +8,9 @@ The BPE sees only training documents (validation documents, chosen by the same r
 are left out) and at most ``data.tokenizer_train_bytes`` bytes, split evenly over the sources. Training
 is deterministic, so the cache key (sources' fingerprints, vocabulary size, settings, ``tokenizers``
 version) names one tokenizer, reused by every later run, and ``fp4train tokenizer`` on the same source
-gives the very tokenizer a run would train (same hash, same shard cache).
+gives the very tokenizer a run would train (same hash, same shard cache). That command writes where
+:mod:`~inkling_fp4.output_guard` allows, checked before training: never into a run directory, and over
+an existing file only with ``--force`` when the file is a tokenizer it wrote.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from inkling_fp4.data.config import DataConfig
 from inkling_fp4.data.shards import file_lock, is_validation
 from inkling_fp4.data.sources import DocumentSource, open_source
 from inkling_fp4.data.tokenizer import SPECIAL_TOKENS, TRAIN_RUN_CHARS, Tokenizer
-from inkling_fp4.errors import ConfigError
+from inkling_fp4.errors import ConfigError, UserError
+from inkling_fp4.output_guard import check_output
 
 
 def training_texts(sources: list[DocumentSource], val_fraction: float, max_bytes: int) -> Iterator[str]:
@@ -69,6 +72,28 @@ def train_bpe_for(cfg: DataConfig, sources: list[DocumentSource]) -> Tokenizer:
     return tok
 
 
+def not_a_trained_tokenizer(path: Path) -> str | None:
+    """Why ``path`` is not a tokenizer this module trained (None: it is one): a byte-level BPE whose
+    first tokens are fp4train's special tokens."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        firsts = [(t["id"], t["content"]) for t in data["added_tokens"][: len(SPECIAL_TOKENS)]]
+        ok = data["model"]["type"] == "BPE" and firsts == list(enumerate(SPECIAL_TOKENS))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        ok = False
+    return None if ok else "not a byte-level BPE tokenizer.json with fp4train's special tokens"
+
+
+def tokenizer_target(out: str | Path) -> Path:
+    """The file ``OUT`` names: itself when it is a .json path, else tokenizer.json in that folder."""
+    out = Path(out).expanduser()
+    if out.is_file() and out.suffix != ".json":
+        raise UserError(
+            f"OUT {out} is a file, not a .json path; pass a .json file or a folder for tokenizer.json"
+        )
+    return out / "tokenizer.json" if out.is_dir() or out.suffix != ".json" else out
+
+
 def train_tokenizer_command(
     source: str,
     vocab_size: int,
@@ -76,10 +101,11 @@ def train_tokenizer_command(
     text_field: str = "text",
     max_documents: int | None = None,
     cache_dir: str | None = None,
+    force: bool = False,
 ) -> str:
     """Train a byte-level BPE of ``vocab_size`` tokens on ``source`` and save it to ``out``.
 
-    Returns one line for the console; ``data.tokenizer=<out>`` then uses it in a run.
+    Returns the console's lines; ``data.tokenizer=<out>`` then uses it in a run.
     """
     overrides = {"cache_dir": cache_dir} if cache_dir else {}
     try:
@@ -92,11 +118,12 @@ def train_tokenizer_command(
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    target = tokenizer_target(out)
+    replacing = check_output(target, "OUT", "tokenizer", kind="file", force=force,
+                             not_own=not_a_trained_tokenizer, inputs=[("--source", source)])  # fmt: skip
     sources = [open_source(source, cfg)]
     tok = train_bpe_for(cfg, sources)
-    out = Path(out).expanduser()
-    if out.is_dir() or out.suffix != ".json":
-        out = out / "tokenizer.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tok.save(out)
-    return f"saved {out}: byte-level BPE, vocab {tok.vocab_size}, trained on {sources[0].describe()}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(target)
+    saved = f"saved {target}: byte-level BPE, vocab {tok.vocab_size}, trained on {sources[0].describe()}"
+    return f"{replacing}\n{saved}" if replacing else saved

@@ -31,7 +31,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from inkling_fp4.data.hub import require_hub
-from inkling_fp4.errors import DataError
+from inkling_fp4.errors import DISK_FULL_ERRNOS, DataError, DiskFullError
 
 EOT = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -143,11 +143,22 @@ class Tokenizer:
         return cls.from_pretrained(spec)
 
     def save(self, path: str | Path) -> None:
-        """Write ``tokenizer.json`` atomically (ranks may save and read the same file at once)."""
+        """Write ``tokenizer.json`` atomically (ranks may save and read the same file at once); a full
+        disk is a :class:`DiskFullError` that leaves neither the temporary file nor a partial one."""
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        self.hf.save(str(tmp))
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:  # not hf.save: its errors are not OSErrors
+                f.write(self.hf.to_str(pretty=True))
+            os.replace(tmp, path)
+        except BaseException as e:
+            tmp.unlink(missing_ok=True)
+            if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+                raise DiskFullError(
+                    f"no room on the disk for {path} (the write failed: {e.strerror}); free some space there "
+                    "and run the command again"
+                ) from None
+            raise
 
     # ------------------------------------------------------------------ use
 

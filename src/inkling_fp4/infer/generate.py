@@ -3,7 +3,9 @@
 Prompts come from ``--prompt TEXT`` (repeatable) or ``--prompts FILE``: a ``.jsonl`` file of
 ``{"prompt": ...}`` records, or any other text file with one prompt per line (blank lines skipped).
 With ``--out FILE`` each completion is one JSON line: prompt, completion, tokens, logprobs,
-finish_reason.
+finish_reason. The file is checked before the model is loaded (:mod:`~inkling_fp4.output_guard`):
+never the prompts file or a run's own file, and an existing file only with ``--force`` when it is
+an earlier output of generate (every line such a record); it is written whole, then renamed into place.
 
 Streaming (``--stream``; the default for one prompt without ``--out``): the completion's text is
 written as it is decoded, only where it is final (``infer/streaming.py``), so the streamed text is
@@ -13,21 +15,32 @@ the completion's text exactly; the host then reads the tokens back after every d
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from inkling_fp4.data.text_encoding import first_invalid_utf8
 from inkling_fp4.errors import DataError, UserError
 from inkling_fp4.infer.from_run import load_run_sampler
 from inkling_fp4.infer.sampler import Completion, Sampler
 from inkling_fp4.infer.streaming import TextStream
+from inkling_fp4.output_guard import check_output
+
+RECORD_KEYS = ("prompt", "completion", "tokens", "logprobs", "finish_reason")
 
 
 def read_prompts(path: Path) -> list[str]:
     """The prompts of a ``--prompts`` file (see the module docstring)."""
     if not path.is_file():
         raise UserError(f"--prompts {path}: no such file; pass a text file (one prompt a line) or a .jsonl")
-    lines = path.read_text().splitlines()
+    bad = first_invalid_utf8(path)
+    if bad is not None:
+        raise DataError(
+            f"--prompts {path}: not UTF-8 text (byte {bad[1][:4]!r} at offset {bad[0]}); pass a text file, "
+            "one prompt a line, or a .jsonl"
+        )
+    lines = path.read_text(encoding="utf-8").splitlines()
     if path.suffix != ".jsonl":
         prompts = [line for line in lines if line.strip()]
     else:
@@ -45,6 +58,30 @@ def read_prompts(path: Path) -> list[str]:
     if not prompts:
         raise UserError(f"--prompts {path} holds no prompt")
     return prompts
+
+
+def not_completions(path: Path) -> str | None:
+    """Why ``path`` is not an earlier ``--out`` of generate (None: every line is one of its records)."""
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        ok = bool(lines) and all(sorted(json.loads(line)) == sorted(RECORD_KEYS) for line in lines)
+    except (OSError, UnicodeDecodeError, ValueError, TypeError):
+        ok = False
+    return None if ok else f"not a jsonl of generate's records, each of {', '.join(RECORD_KEYS)}"
+
+
+def write_completions(out: Path, texts: list[str], completions: list[Completion]) -> None:
+    """The records as jsonl, written to a temporary file and renamed over ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            for text, c in zip(texts, completions, strict=True):
+                values = (text, c.text, c.tokens, c.logprobs, c.finish_reason)
+                f.write(json.dumps(dict(zip(RECORD_KEYS, values, strict=True))) + "\n")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_stdout(text: str) -> None:
@@ -72,8 +109,10 @@ def run_generate(
     echo=print,
     stream: bool | None = None,
     write: Callable[[str], None] = write_stdout,
+    force: bool = False,
 ) -> list[Completion]:
-    """``stream``: None streams one prompt printed without ``--out`` (see the module docstring)."""
+    """``stream``: None streams one prompt printed without ``--out`` (see the module docstring);
+    ``force`` replaces an earlier ``--out`` of generate."""
     if prompts and prompts_file is not None:
         raise UserError("--prompt and --prompts: give the prompts one way")
     texts = list(prompts or []) or (read_prompts(prompts_file) if prompts_file is not None else [])
@@ -81,6 +120,10 @@ def run_generate(
         raise UserError("nothing to complete: give --prompt TEXT (repeatable) or --prompts FILE")
     if stream and len(texts) > 1:
         raise UserError(f"--stream shows one completion as it is decoded; {len(texts)} prompts given")
+    replacing = None
+    if out is not None:
+        replacing = check_output(out, "--out", "generate", kind="file", force=force, not_own=not_completions,
+                                 inputs=[("--prompts", prompts_file), ("--from", from_run)])  # fmt: skip
     stream = len(texts) == 1 and out is None if stream is None else stream
     rs = load_run_sampler(from_run, overrides, echo)
     tokens = [rs.encode(t, f"prompt {i}" if len(texts) > 1 else "the prompt") for i, t in enumerate(texts)]
@@ -96,11 +139,8 @@ def run_generate(
     stats = rs.sampler.stats
     echo(f"{stats.new_tokens} new tokens in {stats.seconds:.2f} s: {stats.tokens_per_s:,.1f} new tokens/s")
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w") as f:
-            for text, c in zip(texts, completions, strict=True):
-                row = {"prompt": text, "completion": c.text, "tokens": c.tokens, "logprobs": c.logprobs,
-                       "finish_reason": c.finish_reason}  # fmt: skip
-                f.write(json.dumps(row) + "\n")
+        write_completions(out, texts, completions)
+        if replacing:
+            echo(replacing)
         echo(f"wrote {len(completions)} completions to {out}")
     return completions

@@ -19,7 +19,7 @@ from inkling_fp4 import __version__
 from inkling_fp4.errors import UserError
 from inkling_fp4.interop.calibration import ExportConfig, calibration_batches, input_amaxes
 from inkling_fp4.interop.compressed_tensors_writer import compressed_tensors, compressed_tensors_config
-from inkling_fp4.interop.hf_writer import hf_tensors, write_hf
+from inkling_fp4.interop.hf_writer import check_export_target, hf_tensors, write_hf
 from inkling_fp4.interop.modelopt_writer import modelopt_metadata, modelopt_tensors
 from inkling_fp4.interop.nvfp4_weights import nvfp4_recipe, quantized_modules
 
@@ -53,14 +53,15 @@ def run_export(
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
     options = options or ExportConfig()
-    if Path(out).exists() and not force:
-        raise UserError(f"--out {out} exists; pass another directory or --force to replace it")
+    replacing = check_export_target(out, force, source)
     cfg, model, tokenizer, ckpt = load_run_checkpoint(source_path(source, step))
     echo(f"export {fmt}: {ckpt.path} (step {ckpt.step}), pattern {cfg.model.pattern}, -> {out}")
+    if replacing:
+        echo(replacing)
     base = hf_tensors(model)
     max_len = cfg.data.seq_len
     if fmt == "hf":
-        files = write_hf(out, model.cfg, tokenizer, base, max_len=max_len, force=force)
+        files = write_hf(out, model.cfg, tokenizer, base, max_len=max_len, force=force, fmt=fmt)
         _summary(echo, out, files, f"{len(base)} FP32 tensors")
         return files
     policy, _ = nvfp4_recipe(cfg)
@@ -89,6 +90,7 @@ def run_export(
         quantization_config=quant_config,
         extra_files=extra,
         force=force,
+        fmt=fmt,
     )
     _summary(echo, out, files, f"{len(weights)} linear modules NVFP4, {len(excluded)} excluded (BF16)")
     return files

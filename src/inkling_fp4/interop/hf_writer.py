@@ -7,10 +7,13 @@
     <out>/generation_config.json    bos / eos (``<|end|>`` and ``<|endoftext|>``) / pad ids
     <out>/tokenizer.json            the run's tokenizer
     <out>/tokenizer_config.json     for ``AutoTokenizer``: special tokens and the chat template
+    <out>/fp4train_export.json      the format and the files written: how ``--force`` recognises an
+                                    earlier export, the only thing it replaces
 
 Every file is a function of the model and the tokenizer only (sorted JSON keys, no timestamps), so
 exporting an imported export gives the same bytes. The directory is written next to ``out`` and
-renamed into place: a failed export leaves nothing that looks complete.
+renamed into place: a failed export leaves nothing that looks complete. Its files take the modes
+of files the user creates (the umask), like the rest of their work.
 """
 
 from __future__ import annotations
@@ -25,14 +28,15 @@ from safetensors.torch import save_file
 
 from inkling_fp4.data.chat import CHAT_TEMPLATE_JINJA
 from inkling_fp4.data.tokenizer import END, PAD, Tokenizer
-from inkling_fp4.errors import UserError
 from inkling_fp4.interop.nemotron_h import hf_config, to_hf_tensors
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.output_guard import check_output
 from inkling_fp4.train.checkpoint import model_tensors
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+EXPORT_MARKER = "fp4train_export.json"
 
 
 def hf_tensors(model: HybridLM) -> dict[str, torch.Tensor]:
@@ -67,6 +71,32 @@ def tokenizer_files(tokenizer: Tokenizer, max_len: int) -> dict[str, str]:
     return {"tokenizer.json": tokenizer.hf.to_str(pretty=True), "tokenizer_config.json": _json(config)}
 
 
+def not_an_export(path: Path) -> str | None:
+    """Why the directory ``path`` is not an earlier export (None: it is one, and holds nothing else)."""
+    try:
+        written = set(json.loads((path / EXPORT_MARKER).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"it has no readable {EXPORT_MARKER}"
+    other = sorted(p.name for p in path.iterdir() if p.name not in written | {EXPORT_MARKER})
+    if other:
+        more = f" and {len(other) - 1} more" if len(other) > 1 else ""
+        return f"it also holds {other[0]}{more}, which the export did not write"
+    return None
+
+
+def check_export_target(out: str | Path, force: bool, source: str | Path | None = None) -> str | None:
+    """Refuse ``--out`` unless it is new or empty, or an earlier export and ``force``; returns the line
+    saying what is replaced."""
+    return check_output(out, "--out", "export", kind="directory", force=force, not_own=not_an_export,
+                        inputs=[("--from", source)])  # fmt: skip
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # NOTE: the only way to read it is to set it; restored at once
+    os.umask(mask)
+    return mask
+
+
 def write_hf(
     out: str | Path,
     cfg: ModelConfig,
@@ -77,14 +107,15 @@ def write_hf(
     quantization_config: dict | None = None,
     extra_files: dict[str, str] | None = None,
     force: bool = False,
+    fmt: str = "hf",
 ) -> list[Path]:
     """Write an ``hf`` export of ``tensors`` (transformers' names) into ``out``; returns the files.
 
     ``quantization_config`` goes into config.json (the NVFP4 formats); ``extra_files`` (name -> text)
-    beside it (ModelOpt's hf_quant_config.json). ``out`` must not exist unless ``force``."""
+    beside it (ModelOpt's hf_quant_config.json); ``fmt`` names the format in the marker. ``out`` must
+    be new or empty, or an earlier export and ``force`` (:func:`check_export_target`)."""
     out = Path(out)
-    if out.exists() and not force:
-        raise UserError(f"--out {out} exists; pass another directory or --force to replace it")
+    check_export_target(out, force)
     config = model_config_json(cfg, tokenizer, max_len)
     if quantization_config is not None:
         config["quantization_config"] = quantization_config
@@ -96,6 +127,7 @@ def write_hf(
     texts = {CONFIG_FILE: _json(config), "generation_config.json": _json(generation)}
     texts.update(tokenizer_files(tokenizer, max_len))
     texts.update(extra_files or {})
+    texts[EXPORT_MARKER] = _json({"format": fmt, "files": sorted([*texts, WEIGHTS_FILE])})
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -106,6 +138,7 @@ def write_hf(
             str(tmp / WEIGHTS_FILE),
             metadata={"format": "pt"},
         )
+        os.chmod(tmp / WEIGHTS_FILE, 0o666 & ~_umask())  # safetensors writes it 0600
         for name, text in texts.items():
             (tmp / name).write_text(text)
         if out.exists():

@@ -2,7 +2,9 @@
 
 ``config.json`` (``model_type: nemotron_h``) becomes the model section (:func:`~.nemotron_h.model_config`,
 which refuses what fp4train's model cannot express); the weights are every ``*.safetensors`` file of
-the directory (one file or shards), cast to FP32 master weights; the tokenizer is its
+the directory (one file or shards), cast to FP32 master weights. Both are checked first
+(:mod:`~.nemotron_h_check`): the config's keys, the headers against the config, the values as they
+are read, so a bad directory is one line before anything is written; the tokenizer is its
 ``tokenizer.json`` (fp4train's special tokens are added after its vocabulary when it lacks them).
 A hub id (``org/name``) is fetched into the local hub cache first when the hub is reachable.
 
@@ -17,13 +19,15 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from inkling_fp4.config import RunConfig
 from inkling_fp4.data.config import DataConfig
 from inkling_fp4.data.tokenizer import Tokenizer, check_vocab
 from inkling_fp4.errors import UserError
-from inkling_fp4.interop.nemotron_h import MODEL_TYPE, from_hf_tensors, model_config, to_hf_tensors
+from inkling_fp4.interop.nemotron_h import MODEL_TYPE, from_hf_tensors, model_config
+from inkling_fp4.interop.nemotron_h_check import check_config, check_finite, check_weights
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.train.checkpoint import CheckpointError, load_model_tensors
 
@@ -74,30 +78,39 @@ def resolve(spec: str | Path) -> Path:
         ) from None
 
 
-def _weights(path: Path) -> dict[str, torch.Tensor]:
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise UserError(f"--from {path}: no *.safetensors weights beside config.json")
+def _weights(path: Path, cfg: RunConfig) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's checked files, each file's values checked as it is read."""
     tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        tensors.update(load_file(str(f)))
+    for f in check_weights(path, cfg.model):
+        try:
+            loaded = load_file(str(f))
+        except (SafetensorError, OSError) as e:  # the header checked out: the data is unreadable
+            raise UserError(
+                f"{f.name}: unreadable ({str(e).splitlines()[0]}); copy or export it again"
+            ) from None
+        check_finite(f, loaded)
+        tensors.update(loaded)
     return tensors
 
 
 def imported_config(path: str | Path) -> tuple[RunConfig, Tokenizer]:
-    """(RunConfig around the directory's model, its tokenizer), without reading the weights."""
+    """(RunConfig around the directory's model, its tokenizer): config.json and the weights' headers
+    checked, the weights' values not read yet."""
     path = Path(path)
     hf = read_hf_config(path)
     if hf is None or hf.get("model_type") != MODEL_TYPE:
         raise UserError(f"--from {path}: no config.json of model_type {MODEL_TYPE}")
     if hf.get("quantization_config") is not None:
-        method = hf["quantization_config"].get("quant_method", "?")
+        quant = hf["quantization_config"]
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
         raise UserError(
             f"--from {path}: a quantized checkpoint (quantization_config, {method}); import the "
             "unquantized one (fp4train export --format hf)"
         )
     try:
+        check_config(hf)
         mcfg = model_config(hf)
+        check_weights(path, mcfg)
     except UserError as e:
         raise UserError(f"--from {path}: {e}") from None
     tokenizer_file = path / "tokenizer.json"
@@ -113,18 +126,13 @@ def imported_config(path: str | Path) -> tuple[RunConfig, Tokenizer]:
 
 
 def imported_tensors(path: str | Path, cfg: RunConfig) -> dict[str, torch.Tensor]:
-    """The directory's weights under fp4train's names, FP32; tensors the model lacks are refused."""
+    """The directory's weights under fp4train's names, FP32 (checked against ``cfg``, finite)."""
     path = Path(path)
-    hf_tensors = _weights(path)
-    tensors = from_hf_tensors(cfg.model, hf_tensors)
-    known = set(to_hf_tensors(cfg.model, tensors))
-    extra = sorted(set(hf_tensors) - known)
-    if extra:
-        raise UserError(
-            f"--from {path}: {len(extra)} tensors fp4train's model has no place for ({', '.join(extra[:3])}"
-            f"{', ...' if len(extra) > 3 else ''})"
-        )
-    return {k: v.float() for k, v in tensors.items()}
+    try:
+        hf_tensors = _weights(path, cfg)
+    except UserError as e:
+        raise UserError(f"--from {path}: {e}") from None
+    return {k: v.float() for k, v in from_hf_tensors(cfg.model, hf_tensors).items()}
 
 
 def load_nemotron_h(
@@ -141,8 +149,4 @@ def load_nemotron_h(
         load_model_tensors(model, tensors, device)
     except CheckpointError as e:
         raise UserError(f"--from {path}: {e}") from None
-    except RuntimeError as e:  # a shape that the config does not predict
-        raise UserError(
-            f"--from {path}: the weights do not fit config.json ({str(e).splitlines()[0]})"
-        ) from None
     return cfg, model, tokenizer

@@ -107,12 +107,18 @@ def hf_config(cfg: ModelConfig, bos: int | None, eos: int | None, pad: int | Non
     }
 
 
-def _pattern(hf: dict) -> str:
+def layer_pattern(hf: dict) -> str:
+    """The pattern string of a config.json's layers_block_type (or layer_types), else its
+    hybrid_override_pattern."""
     kinds = hf.get("layers_block_type") or hf.get("layer_types")
     if kinds is None:
         pattern = hf.get("hybrid_override_pattern")
         if not isinstance(pattern, str):
-            raise UserError("config.json has neither layers_block_type nor hybrid_override_pattern")
+            found = "missing" if pattern is None else f"{pattern!r}"
+            raise UserError(
+                f"config.json: hybrid_override_pattern is {found} and there is no layers_block_type; "
+                "expected a string of M (Mamba-2), * (attention) and - (MLP), one per layer"
+            )
         kinds = list(pattern)
     out = []
     for kind in kinds:
@@ -152,7 +158,7 @@ def model_config(hf: dict) -> ModelConfig:
     """fp4train's ModelConfig for a transformers ``nemotron_h`` config.json (refusing what it lacks)."""
     if hf.get("model_type") != MODEL_TYPE:
         raise UserError(f"config.json has model_type {hf.get('model_type')!r}, not {MODEL_TYPE!r}")
-    pattern = _pattern(hf)
+    pattern = layer_pattern(hf)
     bad = _refusals(hf)
     if bad:
         raise UserError(f"config.json: fp4train's model has no equivalent of {', '.join(bad)}")
@@ -224,13 +230,9 @@ def to_hf_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[st
 
 
 def from_hf_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers' tensor names -> fp4train's (the inverse of :func:`to_hf_tensors`)."""
-
-    def take(name: str) -> torch.Tensor:
-        if name not in tensors:
-            raise UserError(f"the checkpoint has no tensor {name}; is it a complete Nemotron-H checkpoint?")
-        return tensors[name]
-
+    """transformers' tensor names -> fp4train's (the inverse of :func:`to_hf_tensors`); every name
+    must be there (:func:`~.nemotron_h_check.check_weights` says which is missing)."""
+    take = tensors.__getitem__
     out = {"embed.weight": take("backbone.embeddings.weight")}
     for i, kind in enumerate(cfg.pattern):
         src, dst = f"backbone.layers.{i}.", f"layers.{i}."

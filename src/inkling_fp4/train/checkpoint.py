@@ -31,7 +31,6 @@ Nothing half-written is ever left under a ``step_<N>`` name:
 from __future__ import annotations
 
 import base64
-import errno
 import hashlib
 import json
 import os
@@ -48,7 +47,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from inkling_fp4.errors import UserError
+from inkling_fp4.errors import DISK_FULL_ERRNOS, DiskFullError, UserError
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -58,18 +57,10 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 # Room kept free beyond the files themselves: directory entries and filesystem metadata, and the
 # metrics and log lines the run goes on writing.
 _SPACE_MARGIN = 1 << 20
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class CheckpointError(UserError):
     """A checkpoint directory that is incomplete, truncated, altered, unreadable or malformed."""
-
-
-class DiskFullError(UserError):
-    """No room for a checkpoint (free space too small, or ENOSPC / EDQUOT while writing); nothing of
-    it is left on disk and the previous checkpoints are untouched."""
-
-    exit_code = 1  # nothing is wrong with the command: free space, then --resume
 
 
 @dataclass
@@ -187,7 +178,7 @@ def save_checkpoint(
             _write_synced(tmp / name, data)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and e.errno in _DISK_FULL:
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
             raise _disk_full(final, sum(len(d) for d in blobs.values()), root, e.strerror) from None
         raise
     if final.exists():

@@ -68,11 +68,15 @@ class PretrainTask:
 
 def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | None = None) -> RunResult:
     """Pretrain ``cfg`` into ``run_dir`` (continuing its latest good checkpoint with ``resume``)."""
-    with stage_frame(cfg, run_dir, resume) as (dist, start):
+    with stage_frame(cfg, run_dir, resume, baseline) as (dist, start):
         cfg = start.cfg
         seed_everything(cfg.train.seed)
         micro, _ = batch_geometry(cfg, dist.world_size)
         tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
+        base_model = ckpt = None
+        # continued pretraining: the base model is read (and checked) before any shard is written
+        if start.fresh and cfg.init_from is not None:
+            _, base_model, _, ckpt = load_run_checkpoint(cfg.init_from)
         # rank 0 first: it trains the tokenizer and writes the token shards; the others then read them
         for building in (True, False):
             if dist.is_main == building:
@@ -82,8 +86,7 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                 )  # fmt: skip
             D.barrier(dist)
         describe, base_tensors, chat_files = [f"data: {data.describe()}"], None, None
-        if start.fresh and cfg.init_from is not None:  # continued pretraining: another run's weights
-            _, base_model, _, ckpt = load_run_checkpoint(cfg.init_from)
+        if base_model is not None:  # continued pretraining: another run's weights
             describe.insert(0, f"init: weights and model from {ckpt.path} (step {ckpt.step}); optimizer: "
                                "fresh AdamW; schedule: this recipe's WSD")  # fmt: skip
             if trained_on_chat(ckpt.path):  # the weights keep what they learnt of the template

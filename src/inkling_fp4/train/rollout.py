@@ -344,7 +344,7 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
     if cfg.init_from is None:
         raise ConfigError("init_from is not set: pass --from RUN (an sft or pretrain run or checkpoint)")
     check_config(cfg)
-    with stage_frame(cfg, run_dir, resume) as (dist, start):
+    with stage_frame(cfg, run_dir, resume, baseline) as (dist, start):
         cfg = start.cfg
         check_ranks(cfg, dist.world_size)
         seed_everything(cfg.train.seed)

@@ -36,15 +36,13 @@ import yaml
 
 from inkling_fp4.config import RunConfig, from_dict, save_config, to_dict
 from inkling_fp4.errors import ConfigError, UserError
+from inkling_fp4.output_guard import RUN_FILES, check_location
 from inkling_fp4.train.checkpoint import Checkpoint, checkpoint_dirs, latest_good
 from inkling_fp4.train.schedule import WSDSchedule
 
 CONFIG_FILE = "config.yaml"
 AMENDMENTS_FILE = "amendments.jsonl"
 TOKENIZER_FILE = "tokenizer.json"
-RUN_FILES = (CONFIG_FILE, AMENDMENTS_FILE, TOKENIZER_FILE, "metrics.jsonl", "checkpoints", "report",
-             "wandb", "wandb_id.txt", ".lock", "chat_template.jinja")  # fmt: skip
-"""What a run directory may hold; a non-empty directory holding none of these is not a run."""
 
 AMENDABLE = (
     "name",
@@ -187,10 +185,15 @@ class RunStart:
             self.lock = None
 
 
-def plan_start(cfg: RunConfig, run_dir: Path, resume: bool, is_main: bool = True) -> RunStart:
+def plan_start(
+    cfg: RunConfig, run_dir: Path, resume: bool, is_main: bool = True, baseline: Path | None = None
+) -> RunStart:
     """Decide how ``cfg`` starts in ``run_dir`` (see the module docstring); reads only, except for
-    the lock of an existing directory, which it takes so that no other process changes what it read."""
+    the lock of an existing directory, which it takes so that no other process changes what it read.
+    ``run_dir`` may not be the current directory, hold another run or an input of the run
+    (:mod:`~inkling_fp4.output_guard`)."""
     run_dir = Path(run_dir)
+    check_location(run_dir, "--run-dir", run_inputs(cfg, baseline), run=True)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir} is a file, not a directory; pass a directory path")
     exists = run_dir.is_dir() and any(run_dir.iterdir())
@@ -206,6 +209,12 @@ def plan_start(cfg: RunConfig, run_dir: Path, resume: bool, is_main: bool = True
         raise
     start.lock, start.notes = lock, notes + start.notes
     return start
+
+
+def run_inputs(cfg: RunConfig, baseline: Path | None = None) -> list[tuple[str, str | Path | None]]:
+    """What a run reads besides its own directory, by the option that names it."""
+    return [("--from", cfg.init_from), ("--baseline", baseline), ("data.source", cfg.data.source),
+            ("data.tokenizer", cfg.data.tokenizer), ("rl.task", cfg.rl.task)]  # fmt: skip
 
 
 def _plan(cfg: RunConfig, run_dir: Path, resume: bool, exists: bool) -> RunStart:

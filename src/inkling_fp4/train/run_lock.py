@@ -30,7 +30,7 @@ import secrets
 import socket
 from pathlib import Path
 
-from inkling_fp4.errors import UserError
+from inkling_fp4.errors import DISK_FULL_ERRNOS, DiskFullError, UserError
 
 LOCK_FILE = ".lock"
 # A pid whose process started this long after the lock was written was reused (the lock's time has
@@ -123,9 +123,14 @@ class RunLock:
         except FileExistsError:
             return False
         except OSError as e:
+            if e.errno in DISK_FULL_ERRNOS:  # exit 1 like every full disk: nothing to fix in the command
+                raise DiskFullError(
+                    f"no room on the disk for the lock file {self.path} (the write failed: {e.strerror}); "
+                    "free some space on that disk and run the command again"
+                ) from None
             raise UserError(
                 f"cannot create the lock file {self.path} ({e.strerror or e}); check that the run "
-                "directory is writable and its disk not full"
+                "directory is writable"
             ) from None
         finally:
             tmp.unlink(missing_ok=True)

@@ -130,7 +130,7 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
     """Fine-tune ``cfg.init_from`` on ``cfg.data`` into ``run_dir`` (continuing with ``resume``)."""
     if cfg.init_from is None:
         raise ConfigError("init_from is not set: pass --from RUN (a pretrain run or checkpoint directory)")
-    with stage_frame(cfg, run_dir, resume) as (dist, start):
+    with stage_frame(cfg, run_dir, resume, baseline) as (dist, start):
         cfg = start.cfg
         seed_everything(cfg.train.seed)
         micro, _ = batch_geometry(cfg, dist.world_size)

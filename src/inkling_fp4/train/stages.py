@@ -38,13 +38,15 @@ class RunResult:
 
 
 @contextlib.contextmanager
-def stage_frame(cfg: RunConfig, run_dir: Path, resume: bool) -> Iterator[tuple[D.DistInfo, RunStart]]:
+def stage_frame(
+    cfg: RunConfig, run_dir: Path, resume: bool, baseline: Path | None = None
+) -> Iterator[tuple[D.DistInfo, RunStart]]:
     """Determinism (before the first GEMM on the GPU: cuBLAS reads its setting once), the process
     group, and the run directory's plan, whose lock is released however the run ends."""
     if cfg.train.deterministic:
         determinism.enable_determinism()
     dist = D.init_distributed(cfg.train.device)
-    start = plan_start(cfg, Path(run_dir), resume, dist.is_main)
+    start = plan_start(cfg, Path(run_dir), resume, dist.is_main, baseline)
     try:
         yield dist, start
     finally:
