@@ -205,13 +205,13 @@ def test_the_train_time_of_a_step_leaves_the_evaluation_out(base, tmp_path, monk
     monkeypatch.setattr(
         rollout, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + hour * len(evaluations))
     )
-    evaluate = rollout.RolloutTask._held_out_accuracy
+    evaluate = rollout.held_out_figures
 
-    def slow(self):
+    def slow(*args, **kwargs):
         evaluations.append(1)
-        return evaluate(self)
+        return evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(rollout.RolloutTask, "_held_out_accuracy", slow)
+    monkeypatch.setattr(rollout, "held_out_figures", slow)
     got = train_rl(base, tmp_path / "r", "train.steps=3", "eval.every=1", "eval.at_start=false")
     steps = [r for r in got if "time_train_s" in r]
     assert len(steps) == 3 and len([r for r in got if "eval_accuracy" in r]) == 3 == len(evaluations)

@@ -129,10 +129,11 @@ def test_the_first_step_is_one_processs_step_over_the_same_global_batch(two_rank
     run, (r0, r1) = two_ranks
     cfg = run_config(run)
     batches = [RolloutBatch(**b) for b in r0["first_step"] + r1["first_step"]]
-    weights = one_process_weights(batches, cfg.rl)
+    weights, corrections = one_process_weights(batches, cfg.rl)
     assert all(torch.allclose(b.weights, w, rtol=1e-6) for b, w in zip(batches, weights, strict=True))
-    for b, w in zip(batches, weights, strict=True):
-        b.weights = w
+    assert all(torch.allclose(b.correction, c, rtol=1e-6) for b, c in zip(batches, corrections, strict=True))
+    for b, w, c in zip(batches, weights, corrections, strict=True):
+        b.weights, b.correction = w, c
     _, base_model, _, _ = load_run_checkpoint(cfg.init_from)
     model = rollout.HybridLM(cfg.model)
     load_model_tensors(model, base_model.state_dict(), torch.device("cpu"))
@@ -140,16 +141,17 @@ def test_the_first_step_is_one_processs_step_over_the_same_global_batch(two_rank
     trainer.build()
     trainer.open_log([], [])
     assert len(batches) == trainer.accum == 4
-    one = trainer.step(batches, PolicyLossFn(cfg.rl))
+    on_policy = rollout.updates_per_rollout(cfg.rl) == 1 and cfg.rl.old_logp == "trainer"
+    one = trainer.step(batches, PolicyLossFn(cfg.rl, cfg.sampler.temperature, on_policy))
     trainer.close()
     two = next(r for r in rows(run) if r.get("step") == 1 and "loss" in r)
     assert abs(one.loss) > 1e-4 and one.loss == pytest.approx(two["loss"], rel=1e-5)
     assert one.grad_norm == pytest.approx(two["grad_norm"], rel=1e-3)
 
 
-def one_process_weights(batches: list[RolloutBatch], rl) -> list[torch.Tensor]:
-    """Each micro batch's token weights [b, L_b] as one process gives the mini-batch they make up:
-    the aggregation's weights over all its rows times the mismatch correction."""
+def one_process_weights(batches: list[RolloutBatch], rl) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each micro batch's token weights [b, L_b] as one process gives the mini-batch they make up: the
+    aggregation's weights over all its rows, and the mismatch correction's."""
     L = max(b.loss_mask.shape[1] for b in batches)
 
     def stacked(name):  # [B, L]: the micro batches' rows right-padded with zeros
@@ -163,11 +165,14 @@ def one_process_weights(batches: list[RolloutBatch], rl) -> list[torch.Tensor]:
 
     # rl.old_logp=trainer: the old log p is the trainer's own, which the correction compares
     mask, t_logp, s_logp = stacked("loss_mask"), stacked("old_logp"), stacked("sampler_logp")
-    w_BL = grpo.token_weights(mask, rl.aggregation) * mismatch.correction_weights(
-        t_logp, s_logp, mask, rl.correction, rl.tis_cap
-    )
-    parts = w_BL.split([b.loss_mask.shape[0] for b in batches])
-    return [w[:, : b.loss_mask.shape[1]] for b, w in zip(batches, parts, strict=True)]
+    w_BL = grpo.token_weights(mask, rl.aggregation)
+    c_BL = mismatch.correction_weights(t_logp, s_logp, mask, rl.correction, rl.tis_cap, rl.correction_level)
+    sizes = [b.loss_mask.shape[0] for b in batches]
+
+    def cut(x_BL):
+        return [x[:, : b.loss_mask.shape[1]] for b, x in zip(batches, x_BL.split(sizes), strict=True)]
+
+    return cut(w_BL), cut(c_BL)
 
 
 def test_two_processes_resume_exactly(two_ranks, base, task_dir, tmp_path):

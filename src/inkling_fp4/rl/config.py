@@ -74,7 +74,11 @@ class RLConfig:
     reward_timeout: float = 5.0
     """Seconds a user reward function may take per completion before it scores 0."""
     eval_prompts: int = 64
-    """Held-out problems per evaluation (greedy pass@1, every ``eval.every`` optimizer steps)."""
+    """Held-out problems per evaluation (every ``eval.every`` optimizer steps, and at step 0 with
+    ``eval.at_start``)."""
+    eval_samples: int = 8
+    """Completions per held-out problem at the rollouts' temperature, for the sampled pass@1, pass@k
+    and the KL to the starting policy (0: greedy pass@1 only)."""
 
     def __post_init__(self):
         checks = [
@@ -104,6 +108,7 @@ class RLConfig:
             (self.tis_cap > 1, "rl.tis_cap must be > 1"),
             (self.reward_timeout > 0, "rl.reward_timeout must be > 0 seconds"),
             (self.eval_prompts >= 1, "rl.eval_prompts must be >= 1"),
+            (self.eval_samples >= 0, "rl.eval_samples must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:

@@ -30,7 +30,6 @@ Evaluation splits the held-out problems over the ranks and gathers the scores.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections import Counter
@@ -49,12 +48,13 @@ from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.rl import grpo, mismatch, ranks
 from inkling_fp4.rl.policy_loss import PolicyLossFn
 from inkling_fp4.rl.prompts import Prompt, PromptStream, TaskData, load_task
-from inkling_fp4.rl.rollout_batch import RolloutBatch, build_rows, token_logprobs
+from inkling_fp4.rl.rollout_batch import RolloutBatch, build_rows
 from inkling_fp4.rl.scoring import RewardRunner, Scores
 from inkling_fp4.train import distributed as D
 from inkling_fp4.train.checkpoint import load_model_tensors
 from inkling_fp4.train.load_run import load_run_checkpoint
 from inkling_fp4.train.pretrain import seed_everything
+from inkling_fp4.train.rollout_eval import completion_logprobs, held_out_figures
 from inkling_fp4.train.run_dir import TOKENIZER_FILE
 from inkling_fp4.train.stages import RunResult, finish, stage_frame
 from inkling_fp4.train.trainer import Trainer, autocast_for
@@ -65,7 +65,8 @@ DEFAULT_RECIPE = "rl-tiny"
 class RolloutTask:
     """Rollouts as the trainer's task (see the module docstring)."""
 
-    def __init__(self, cfg: RunConfig, trainer: Trainer, tokenizer: Tokenizer, data: TaskData, ref=None):
+    def __init__(self, cfg: RunConfig, trainer: Trainer, tokenizer: Tokenizer, data: TaskData, ref=None,
+                 start_tensors: dict | None = None):  # fmt: skip
         self.cfg, self.rl, self.trainer, self.tokenizer, self.data = cfg, cfg.rl, trainer, tokenizer, data
         self.dist = trainer.dist
         on_policy = cfg.rl.old_logp == "trainer" and updates_per_rollout(cfg.rl) == 1
@@ -73,6 +74,8 @@ class RolloutTask:
         self.stream = PromptStream(data.train, cfg.train.seed)
         self.runner = RewardRunner(data.reward, cfg.rl.reward_timeout, isolate=not data.builtin)
         self.ref = ref
+        self.start_tensors = start_tensors
+        """The starting weights on the host, for the KL to the start at evaluations (None: ``ref``'s)."""
         self.queue: list[RolloutBatch] = []
         self.rl_step = 0
         self.figures: dict = {}
@@ -101,30 +104,20 @@ class RolloutTask:
         return {**figures, **self.loss_fn.figures(sum_ranks)}
 
     def evaluate(self, trainer: Trainer) -> dict:
-        """Greedy pass@1 on the task's held-out problems, with the policy as it stands; its time is
+        """The held-out figures of ``train/rollout_eval.py`` with the policy as it stands; their time is
         not training time (``time_train_s``)."""
         t0 = time.perf_counter()
-        figures = self._held_out_accuracy()
-        self._eval_s += time.perf_counter() - t0
-        return figures
-
-    def _held_out_accuracy(self) -> dict:
-        """Each rank answers its share of the held-out problems greedily and the scores are gathered
-        (the same figures on every rank)."""
         sampler = self._sampler_now()
         held = ranks.rank_share(self.data.eval, self.dist)
-        prompts = [self._encode(p.text) for p in held]
-        saved = sampler.cfg
-        try:
-            sampler.cfg = dataclasses.replace(saved, temperature=0.0)
-            completions = sampler.generate(prompts) if prompts else []
-        finally:
-            sampler.cfg = saved
-        scores = self.runner.score([p.text for p in held], [c.text for c in completions],
-                                   [p.answer for p in held])  # fmt: skip
-        rewards = np.array([r for part in D.gather_objects(scores.rewards, self.dist) for r in part])
-        return {"eval_accuracy": float((rewards >= 1.0).mean()), "eval_reward": float(rewards.mean()),
-                "eval_problems": len(rewards)}  # fmt: skip
+        start = self.ref
+        if start is None and self.start_tensors is not None:
+            start = frozen_policy(self.cfg, self.start_tensors, trainer.device)
+        kl_models = (trainer.fwd_model, start) if start is not None else None
+        figures = held_out_figures(sampler, held, self._encode, self.runner, self.dist, self.rl.eval_samples,
+                                   kl_models, trainer.micro, autocast_for(trainer.device))  # fmt: skip
+        del start
+        self._eval_s += time.perf_counter() - t0
+        return figures
 
     def state_dict(self) -> dict:
         return {"prompts": self.stream.state_dict(), "rl_step": self.rl_step,
@@ -153,19 +146,11 @@ class RolloutTask:
             self._weights_at = trainer.step_count
         return self._sampler
 
-    @torch.no_grad()
     def _trainer_logp(self, rows: RolloutBatch, model) -> tuple[torch.Tensor, torch.Tensor]:
         """log p of the targets and the entropy [B, L] under ``model``'s forward, in micro batches."""
-        device, micro = self.trainer.device, self.trainer.micro
-        logp, ent = [], []
-        with autocast_for(device):
-            for i in range(0, rows.input_ids.shape[0], micro):
-                ids = rows.input_ids[i : i + micro].to(device)
-                targets = rows.targets[i : i + micro].to(device)
-                lp, en = token_logprobs(model(ids), targets, True, self.cfg.sampler.temperature)
-                logp.append(lp.cpu())
-                ent.append(en.cpu())
-        return torch.cat(logp), torch.cat(ent)
+        trainer = self.trainer
+        return completion_logprobs(model, rows.input_ids, rows.targets, trainer.micro, trainer.device,
+                                   autocast_for(trainer.device), self.cfg.sampler.temperature)  # fmt: skip
 
     def _step_prompts(self) -> list[Prompt]:
         """This rank's share of the RL step's P prompts: every rank draws all P from the same stream
@@ -207,7 +192,8 @@ class RolloutTask:
             [c.finish_reason == "length" for c in completions], G, self.dist,
         )  # fmt: skip
         gathered = time.perf_counter()  # a rank that waited here for a slower one was not training
-        adv_B = ranks.rank_share(grpo.group_advantages(rewards_PG, rl.scale_rewards), self.dist).reshape(-1)
+        adv_PG = grpo.group_advantages(rewards_PG, rl.scale_rewards)
+        adv_B = ranks.rank_share(adv_PG, self.dist).reshape(-1)
         zero_var_P = grpo.zero_variance_groups(rewards_PG)
         input_ids, targets, completion_mask, s_logp = build_rows(
             prompts, [c.tokens for c in completions], [c.logprobs for c in completions], self.tokenizer.pad
@@ -241,6 +227,7 @@ class RolloutTask:
             "truncated_frac": float(truncated.float().mean()),
             "entropy": ranks.token_mean(entropy, completion_mask, self.dist),
             "zero_var_frac": float(zero_var_P.float().mean()),
+            "adv_abs_mean": float(adv_PG.abs().mean()),
             "gen_tokens_per_s": gen_tokens / gen_s if gen_s > 0 else 0.0,
             "time_refresh_s": refresh_s,
             "time_sample_s": sample_s,
@@ -291,6 +278,15 @@ class RolloutTask:
 
 # ----------------------------------------------------------------------------------------------
 # the run
+
+
+def frozen_policy(cfg: RunConfig, tensors: dict, device: torch.device) -> HybridLM:
+    """A frozen model of ``tensors`` in the run's precision: the starting policy (KL penalty, KL to start)."""
+    with torch.device(device):
+        model = HybridLM(cfg.model)
+    load_model_tensors(model, tensors, device)
+    PrecisionPolicy(cfg.precision, cfg.model.n_layers).apply(model)
+    return model.requires_grad_(False)
 
 
 def updates_per_rollout(rl) -> int:
@@ -356,16 +352,11 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
         with torch.device(dist.device):
             model = HybridLM(cfg.model)
         load_model_tensors(model, base_tensors, dist.device)
-        ref = None
-        if cfg.rl.kl_coef > 0:  # the frozen initial policy, in the run's precision
-            with torch.device(dist.device):
-                ref = HybridLM(cfg.model)
-            load_model_tensors(ref, base_tensors, dist.device)
-            PrecisionPolicy(cfg.precision, cfg.model.n_layers).apply(ref)
-            ref.requires_grad_(False)
+        ref = frozen_policy(cfg, base_tensors, dist.device) if cfg.rl.kl_coef > 0 else None
+        start_tensors = base_tensors if ref is None and cfg.rl.eval_samples > 0 else None
         del base_model, base_tensors
         trainer = Trainer(cfg, run_dir, dist, model, baseline)
-        task = RolloutTask(cfg, trainer, tokenizer, data, ref)
+        task = RolloutTask(cfg, trainer, tokenizer, data, ref, start_tensors)
         shares = f" ({cfg.rl.prompts_per_step // dist.world_size} prompts per process)" if dist.active else ""
         describe = [
             f"init: weights, model and tokenizer from {ckpt.path} (step {ckpt.step}); optimizer: fresh AdamW",

@@ -1,0 +1,106 @@
+"""The RL stage's held-out evaluation: what tells a policy that learns from one that drifts.
+
+On the task's held-out problems, with the policy as it stands:
+
+    eval_accuracy       greedy pass@1: the argmax answer is right (what ``generate`` at T = 0 gives)
+    eval_pass1_sampled  the mean reward of k completions per problem at the rollouts' temperature
+    eval_pass_at_k      the share of problems with at least one right answer among those k
+    eval_kl_to_start    k3 estimate of KL(policy || starting policy) per completion token, over the
+                        sampled completions (draws of the policy, which the estimate needs)
+
+Before RL, pass@k well above pass@1 says there is something to sharpen; pass@1 rising towards pass@k
+with a moderate KL says RL sharpens; greedy accuracy falling while the KL grows says the updates are
+noise. The sampled completions draw from a fixed seed at every evaluation, so the curve compares the
+policies on the same random numbers. Each rank answers its share; the figures are of all problems.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from inkling_fp4.infer.sampler import Sampler
+from inkling_fp4.rl import ranks
+from inkling_fp4.rl.prompts import Prompt
+from inkling_fp4.rl.rollout_batch import build_rows, token_logprobs
+from inkling_fp4.rl.scoring import RewardRunner
+from inkling_fp4.train import distributed as D
+
+EVAL_SEED = 7_777_777
+"""The sampling seed of every evaluation (common random numbers along the curve)."""
+
+
+@torch.no_grad()
+def completion_logprobs(
+    model, input_ids: torch.Tensor, targets: torch.Tensor, micro: int, device, autocast, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p of the targets and the entropy [B, L] (host FP32) of logits / T under ``model``'s
+    forward, in micro batches of ``micro`` rows."""
+    logp, ent = [], []
+    with autocast:
+        for i in range(0, input_ids.shape[0], micro):
+            ids, tgt = input_ids[i : i + micro].to(device), targets[i : i + micro].to(device)
+            lp, en = token_logprobs(model(ids), tgt, True, temperature)
+            logp.append(lp.cpu())
+            ent.append(en.cpu())
+    return torch.cat(logp), torch.cat(ent)
+
+
+def held_out_figures(
+    sampler: Sampler,
+    held: list[Prompt],
+    encode: Callable[[str], list[int]],
+    runner: RewardRunner,
+    dist: D.DistInfo,
+    k: int,
+    kl_models: tuple | None = None,
+    micro: int = 64,
+    autocast=None,
+) -> dict:
+    """The figures of the module docstring for this rank's share ``held`` of the held-out problems.
+    ``kl_models``: (policy's training forward, starting policy) for the KL, or None to skip it."""
+    prompts = [encode(p.text) for p in held]
+    texts, answers = [p.text for p in held], [p.answer for p in held]
+    saved = sampler.cfg
+    try:
+        sampler.cfg = dataclasses.replace(saved, temperature=0.0)
+        greedy = sampler.generate(prompts) if prompts else []
+    finally:
+        sampler.cfg = saved
+    right = runner.score(texts, [c.text for c in greedy], answers).rewards
+    rewards = np.array([r for part in D.gather_objects(right, dist) for r in part])
+    figures = {"eval_accuracy": float((rewards >= 1.0).mean()), "eval_reward": float(rewards.mean()),
+               "eval_problems": len(rewards)}  # fmt: skip
+    if k < 1:
+        return figures
+    repeated = [p for p in prompts for _ in range(k)]
+    sampled = sampler.generate(repeated, seed=EVAL_SEED) if repeated else []
+    scores = runner.score([t for t in texts for _ in range(k)], [c.text for c in sampled],
+                          [a for a in answers for _ in range(k)]).rewards  # fmt: skip
+    per_problem = np.array([r for part in D.gather_objects(scores, dist) for r in part]).reshape(-1, k) >= 1.0
+    figures["eval_pass1_sampled"] = float(per_problem.mean())
+    figures["eval_pass_at_k"], figures["eval_k"] = float(per_problem.any(1).mean()), k
+    if kl_models is not None:
+        kl = _kl_to_start(sampled, repeated, kl_models, sampler, dist, micro, autocast)
+        figures["eval_kl_to_start"] = kl
+    return figures
+
+
+def _kl_to_start(completions, prompts, models, sampler: Sampler, dist, micro, autocast) -> float:
+    """Mean k3 of KL(policy || start) over the completion tokens of every rank."""
+    T = sampler.cfg.temperature
+    pad = sampler.tokenizer.pad
+    sums = torch.zeros(2, dtype=torch.float64)
+    if completions:
+        ids, targets, mask, _ = build_rows(prompts, [c.tokens for c in completions],
+                                           [c.logprobs for c in completions], pad)  # fmt: skip
+        device = sampler.device
+        policy, start = (completion_logprobs(m, ids, targets, micro, device, autocast, T)[0] for m in models)
+        d = (start.double() - policy.double())[mask]
+        count = torch.tensor(float(d.numel()), dtype=torch.float64)
+        sums = torch.stack([(torch.exp(d) - d - 1).sum(), count])
+    total = ranks.sum_ranks(sums, dist)
+    return float(total[0] / total[1].clamp(min=1))
