@@ -53,7 +53,8 @@ def test_records_are_chats_of_train_problems_that_earn_full_reward():
 def test_describe_and_mix():
     data = BuiltinTasks(4000, 0)
     assert data.describe() == (
-        "built-in tasks: 4000 worked examples (arithmetic levels 1-5: 2400, countdown: 1600), seed 0"
+        "built-in tasks: 4000 worked examples (arithmetic levels 1, 2, 3, 4, 5: 2400, "
+        "countdown: 1600), seed 0"
     )
     rows = list(data.iter_rows())
     kinds = [_task(r)[0] for r in rows]
@@ -91,3 +92,16 @@ def test_generation_is_fast():
 def test_rejects_a_negative_count():
     with pytest.raises(ValueError):
         BuiltinTasks(-1, 0)
+
+
+def test_levels_give_arithmetic_of_those_levels_only():
+    """sft.builtin_levels: the worked examples of an RL run on those levels, from the train split."""
+    data = BuiltinTasks(300, 2, levels=[1, 2])
+    assert data.counts == (300, 0) and "arithmetic levels 1, 2: 300, countdown: 0" in data.describe()
+    rows = list(data.iter_rows())
+    assert len(rows) == 300 and all(_task(r)[0] == "arithmetic" for r in rows)
+    ops = Counter(
+        len(re.findall(r" [-+*/] ", _ARITHMETIC.fullmatch(r["messages"][0]["content"])[1])) for r in rows
+    )
+    assert set(ops) == {1}  # levels 1 and 2 are one operation each
+    assert all(split_of(_task(r)[1]) == "train" for r in rows)

@@ -11,9 +11,10 @@ Each record is one user turn (the problem's prompt) and one assistant turn (its 
                   {"role": "assistant", "content": "7 - 5 = 2\\n#### 2"}]}
 
 The mix is ``ARITHMETIC_SHARE`` arithmetic (levels 1-5 in turn) and the rest countdown (levels 1-2 in
-turn), interleaved by a seeded shuffle. Only train-split problems are used: the eval split stays
-unseen for the rollout stage's evaluation. Everything comes from ``random.Random(seed)`` streams and
-BLAKE2b hashes, so the same ``(n, seed)`` gives the same records on every machine.
+turn), interleaved by a seeded shuffle; with ``levels``, arithmetic of those levels only. Only
+train-split problems are used: the eval split stays unseen for the rollout stage's evaluation.
+Everything comes from ``random.Random(seed)`` streams and BLAKE2b hashes, so the same ``(n, seed)``
+gives the same records on every machine.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class BuiltinTasks:
     n: int
     seed: int
     name: str = "builtin"
+    levels: list[int] | None = None
+    """Arithmetic levels only (None: every level of both tasks, in the mix above)."""
 
     def __post_init__(self):
         if self.n < 0:
@@ -43,13 +46,13 @@ class BuiltinTasks:
     @property
     def counts(self) -> tuple[int, int]:
         """(arithmetic, countdown) examples."""
-        n_arithmetic = round(self.n * ARITHMETIC_SHARE)
+        n_arithmetic = self.n if self.levels is not None else round(self.n * ARITHMETIC_SHARE)
         return n_arithmetic, self.n - n_arithmetic
 
     def iter_rows(self) -> Iterator[dict]:
         n_arithmetic, n_countdown = self.counts
         queues = [
-            iter(arithmetic.problems("train", n_arithmetic, self.seed)),
+            iter(arithmetic.problems("train", n_arithmetic, self.seed, self.levels or arithmetic.LEVELS)),
             iter(countdown.problems("train", n_countdown, self.seed)),
         ]
         order = [0] * n_arithmetic + [1] * n_countdown
@@ -65,8 +68,8 @@ class BuiltinTasks:
 
     def describe(self) -> str:
         n_arithmetic, n_countdown = self.counts
+        levels = ", ".join(map(str, self.levels or arithmetic.LEVELS))
         return (
-            f"built-in tasks: {self.n} worked examples (arithmetic levels "
-            f"{arithmetic.LEVELS[0]}-{arithmetic.LEVELS[-1]}: {n_arithmetic}, countdown: {n_countdown}), "
-            f"seed {self.seed}"
+            f"built-in tasks: {self.n} worked examples (arithmetic levels {levels}: {n_arithmetic}, "
+            f"countdown: {n_countdown}), seed {self.seed}"
         )

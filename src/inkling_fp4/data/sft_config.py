@@ -29,6 +29,9 @@ class SFTConfig:
     more)."""
     builtin_examples: int = 4000
     """Worked examples generated for data.source=builtin (the built-in RL tasks, from train.seed)."""
+    builtin_levels: list[int] | None = None
+    """Arithmetic levels of the built-in examples: a list gives arithmetic of those levels only (what
+    an RL run on those levels starts from); None gives all five levels and countdown."""
 
     def __post_init__(self):
         if self.loss_on not in LOSS_ON:
@@ -39,3 +42,7 @@ class SFTConfig:
             raise ValueError("sft.val_fraction must be in [0, 0.5)")
         if self.builtin_examples < 2:
             raise ValueError("sft.builtin_examples must be >= 2")
+        if self.builtin_levels is not None and (
+            not self.builtin_levels or any(lv not in range(1, 6) for lv in self.builtin_levels)
+        ):
+            raise ValueError(f"sft.builtin_levels must be some of [1, 2, 3, 4, 5], not {self.builtin_levels}")

@@ -123,7 +123,7 @@ def _open(cfg: DataConfig, sft: SFTConfig, seed: int):
     if cfg.source == "builtin":
         from inkling_fp4.data.builtin_tasks import BuiltinTasks  # the task generators load on demand
 
-        return BuiltinTasks(sft.builtin_examples, seed)
+        return BuiltinTasks(sft.builtin_examples, seed, levels=sft.builtin_levels)
     return open_records(cfg.source, cfg)
 
 

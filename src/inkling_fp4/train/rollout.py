@@ -31,6 +31,7 @@ Evaluation splits the held-out problems over the ranks and gathers the scores.
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -53,8 +54,9 @@ from inkling_fp4.rl.scoring import RewardRunner, Scores
 from inkling_fp4.train import distributed as D
 from inkling_fp4.train.checkpoint import load_model_tensors
 from inkling_fp4.train.load_run import load_run_checkpoint
+from inkling_fp4.train.metrics import METRICS_FILE
 from inkling_fp4.train.pretrain import seed_everything
-from inkling_fp4.train.rollout_eval import completion_logprobs, held_out_figures
+from inkling_fp4.train.rollout_eval import completion_logprobs, held_out_figures, summary_line
 from inkling_fp4.train.run_dir import TOKENIZER_FILE
 from inkling_fp4.train.stages import RunResult, finish, stage_frame
 from inkling_fp4.train.trainer import Trainer, autocast_for
@@ -366,4 +368,22 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
             f"{cfg.sampler.precision} precision, temperature {cfg.sampler.temperature:g}, "
             f"{cfg.sampler.max_new_tokens} new tokens at most; correction {cfg.rl.correction}",
         ]
-        return finish(trainer, task, start, tokenizer, describe, {"chat_template.jinja": CHAT_TEMPLATE_JINJA})
+        result = finish(
+            trainer, task, start, tokenizer, describe, {"chat_template.jinja": CHAT_TEMPLATE_JINJA}
+        )
+    if dist.is_main:
+        line = summary_line(_metrics_rows(Path(run_dir)))
+        if line is not None:
+            print(line, flush=True)
+    return result
+
+
+def _metrics_rows(run_dir: Path) -> list[dict]:
+    """The run's metrics rows (a line cut short by a kill is left out)."""
+    rows = []
+    for line in (run_dir / METRICS_FILE).read_text(errors="replace").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows

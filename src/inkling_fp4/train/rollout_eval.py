@@ -104,3 +104,30 @@ def _kl_to_start(completions, prompts, models, sampler: Sampler, dist, micro, au
         sums = torch.stack([(torch.exp(d) - d - 1).sum(), count])
     total = ranks.sum_ranks(sums, dist)
     return float(total[0] / total[1].clamp(min=1))
+
+
+def summary_line(rows: list[dict], window: int = 3) -> str | None:
+    """The RL run's outcome in one line, from its metrics rows: the held-out figures at the first and
+    the last evaluation, the reward and the share of groups without signal over the first and the
+    last ``window`` steps. None before any evaluation or step."""
+    evals = [r for r in rows if "eval_accuracy" in r]
+    steps = [r for r in rows if "reward_mean" in r]
+    if not evals or not steps:
+        return None
+    a, b = evals[0], evals[-1]
+    n = min(window, max(1, len(steps) // 2))
+
+    def mean(key, part):
+        return sum(r[key] for r in part) / len(part)
+
+    parts = [f"held-out greedy pass@1 {a['eval_accuracy']:.3f} -> {b['eval_accuracy']:.3f} "
+             f"(step {a['step']} -> {b['step']}, {b['eval_problems']} problems)"]  # fmt: skip
+    if "eval_pass_at_k" in a and "eval_pass_at_k" in b:
+        k = b["eval_k"]
+        parts.append(f"sampled pass@1 {a['eval_pass1_sampled']:.3f} -> {b['eval_pass1_sampled']:.3f}, "
+                     f"pass@{k} {a['eval_pass_at_k']:.3f} -> {b['eval_pass_at_k']:.3f}")  # fmt: skip
+    parts.append(f"reward {mean('reward_mean', steps[:n]):.3f} (first {n} steps) -> "
+                 f"{mean('reward_mean', steps[-n:]):.3f} (last {n})")  # fmt: skip
+    parts.append(f"groups without signal {mean('zero_var_frac', steps[:n]):.0%} -> "
+                 f"{mean('zero_var_frac', steps[-n:]):.0%}")  # fmt: skip
+    return "rl: " + "; ".join(parts)
