@@ -13,8 +13,9 @@ from inkling_fp4.compare.rl_gap import FIGURES, Figure, rl_metrics_from_rows, su
 from inkling_fp4.compare.rl_report import write_rl_report
 from inkling_fp4.compare.rl_summary import summarize_rl
 from inkling_fp4.compare.run import compare_runs, plan_runs
-from inkling_fp4.config import RunConfig, apply_overrides, from_dict, load_config, save_config
+from inkling_fp4.config import RunConfig, apply_overrides, from_dict, load_config, save_config, to_dict
 from inkling_fp4.errors import ConfigError
+from inkling_fp4.train.run_dir import flatten
 from test_rollout import RL, base  # noqa: F401  (the tiny pretrain run every RL test starts from)
 from test_run_dir import cli, one_line
 
@@ -121,6 +122,8 @@ def test_gap_and_figures_of_hand_made_runs(tmp_path):
     assert [f["key"] for f in data["figures"]] == [f.key for f in FIGURES]
     md = (out / "report.md").read_text()
     assert s.headline in md
+    assert data["seeds"] is None and "seeds" not in data["plots"] and "## Seeds" not in md
+    assert not (out / "seeds.png").exists() and "| run | reward (last 2 steps) |" in md  # no seeds: no vs
     assert "| max \\|Δ log p\\| (max over the last 2 steps) | 1.00e-02 | 3.00e-01 |" in md
     assert "| nvfp4 | +0.075 | +0.080 | +0.000 | +0.025 | 2 |" in md
     assert data["baseline"]["monitor"] == {"skipped_updates": [6], "fallback_spans": []}
@@ -141,11 +144,37 @@ def test_rl_runs_compare_their_rl_and_sampler_sections_and_other_stages_do_not()
     assert config_differences(sft, {**other, "stage": "sft"}) == []
 
 
-def test_plan_of_an_rl_comparison_refuses_a_noise_run():
-    cfg = load_config("rl-tiny", ["init_from=x"])
+def test_plan_of_an_rl_comparison_with_noise_repeats_each_precision_with_the_next_seed():
+    cfg = load_config("rl-tiny", ["init_from=x", "train.seed=4", "sampler.seed=9"])
     assert [p.label for p in plan_runs(cfg, ["bf16"])] == ["fp8", "nvfp4", "bf16"]
-    with pytest.raises(ConfigError, match="--noise"):
-        plan_runs(cfg, noise=True)
+    plan = {p.label: p.cfg for p in plan_runs(cfg, ["nvfp4-row"], ["sr"], noise=True)}
+    assert list(plan) == ["fp8", "nvfp4", "nvfp4-row", "nvfp4-no-sr", "fp8-seed1", "nvfp4-seed1",
+                          "nvfp4-row-seed1"]  # fmt: skip
+    for label in ("fp8", "nvfp4", "nvfp4-row"):
+        a, b = flatten(to_dict(plan[label])), flatten(to_dict(plan[f"{label}-seed1"]))
+        assert {k: (a[k], b[k]) for k in a if a[k] != b[k]} == {
+            "name": (f"rl-tiny-{label}", f"rl-tiny-{label}-seed1"),
+            "train.seed": (4, 5),
+            "sampler.seed": (9, 10),
+        }
+    assert (plan["nvfp4-row"].precision.recipe, plan["nvfp4-row"].precision.activation_scale) == (
+        "nvfp4",
+        "row",
+    )
+
+
+def test_nvfp4_row_is_a_precision_of_every_stage_and_a_row_recipe_is_labelled_so():
+    pre = {p.label: p.cfg.precision for p in plan_runs(load_config("tiny", []), ["nvfp4-row"], noise=True)}
+    assert list(pre) == ["fp8", "nvfp4", "nvfp4-row", "fp8-reinit"]  # pretraining's noise run unchanged
+    assert (pre["nvfp4-row"].activation_scale, pre["nvfp4"].activation_scale) == ("row", "tensor")
+    row = load_config("tiny", ["precision.activation_scale=row"])
+    plan = {p.label: p.cfg.precision for p in plan_runs(row, ["nvfp4", "bf16"])}
+    assert list(plan) == ["fp8", "nvfp4-row", "nvfp4", "bf16"]
+    assert [x.activation_scale for x in plan.values()] == ["tensor", "row", "tensor", "tensor"]
+    with pytest.raises(
+        ConfigError, match="--with mxfp5: choose among bf16, fp8-tensorwise, mxfp4, nvfp4-row$"
+    ):
+        plan_runs(load_config("tiny", []), ["mxfp5"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,7 +268,7 @@ def test_rl_comparison_refusals_are_one_line(compared, base, tmp_path, monkeypat
         (["--stage", "rollout", *TINY_RL], "no sft or pretrain run with a checkpoint under runs/"),
         (["--stage", "rollout", "--from", str(cmp / "fp8"), *TINY_RL], "a rollout run"),
         (["--stage", "rollout", "--from", str(tmp_path / "missing")], "no such directory"),
-        (["--stage", "rollout", "--from", str(base), "--noise", *TINY_RL], "--noise"),
+        (["--stage", "rollout", "--from", str(base), "--noise", "--with", "bf17", *TINY_RL], "--with bf17"),
         (["--stage", "rollout", "--from", str(base), *TINY_RL, "rl.group_size=3"], "train.batch_size"),
         (["--stage", "grpo"], "choose pretrain, sft or rollout"),
         (["--from", str(base)], "--from goes with --stage sft or rollout"),

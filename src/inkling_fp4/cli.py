@@ -303,7 +303,12 @@ def compare_baseline(
     ),
     recipe: str = typer.Option(None, help="Recipe to train in FP8 and in its own precision (default: tiny)."),
     run_dir: Path = typer.Option(None, help="Where the runs and report go (default: runs/<name>-compare)."),
-    with_recipes: str = typer.Option("", "--with", help="More precisions to compare (any stage), e.g. bf16."),
+    with_recipes: str = typer.Option(
+        "",
+        "--with",
+        help="More precisions to compare (any stage): bf16, mxfp4, fp8-tensorwise, nvfp4, nvfp4-row "
+        "(nvfp4 with one FP32 activation scale per row).",
+    ),
     ablate: str = typer.Option("", help="Pieces to turn off, one run each: rht,sr,2d,bf16-layers,switch."),
     only: str = typer.Option(None, help="Train only this run of the comparison (e.g. fp8), no report."),
     run: Path = typer.Option(None, help="An existing run directory to compare with --baseline."),
@@ -313,7 +318,8 @@ def compare_baseline(
     noise: bool = typer.Option(
         False,
         show_default=False,
-        help="Also train the baseline from other initial weights: the noise floor of every gap.",
+        help="Also train the baseline from other initial weights: the noise floor of every gap (--stage "
+        "rollout: repeat every precision with the next train.seed and sampler.seed, <label>-seed1).",
     ),
     noise_run: Path = typer.Option(
         None, help="With --run / --baseline: the baseline trained again with another train.init_seed."

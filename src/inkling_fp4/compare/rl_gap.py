@@ -15,8 +15,9 @@ RL's numbers are not a loss, and the gap follows them:
   summarised over the *tail*, the logged steps in ``(last - k, last]`` (k: a quarter of the run, at
   most TAIL_MAX_STEPS steps), where most of the learning has happened.
 
-Evaluations (greedy pass@1 on held-out problems every ``eval.every`` steps) are few, so each is
-summarised by the last one and the mean over all of them. Timings and throughput leave the first
+Evaluations (greedy pass@1 on held-out problems every ``eval.every`` steps, with the sampled pass@1,
+pass@k and KL to the starting policy where the run logged them) are few, so each is summarised by the
+last one and the mean over all of them. Timings and throughput leave the first
 logged step out: its sampling includes warm-up (allocation, autotuning) and nothing trained before it.
 """
 
@@ -65,6 +66,9 @@ FIGURES: tuple[Figure, ...] = (
     Figure("accuracy", "train accuracy"),
     Figure(EVAL_ACCURACY, "eval accuracy", over="all"),
     Figure("eval_reward", "eval reward", over="all"),
+    Figure("eval_pass1_sampled", "eval sampled pass@1", over="all"),
+    Figure("eval_pass_at_k", "eval pass@k", over="all"),
+    Figure("eval_kl_to_start", "eval KL to the start", over="all"),
     Figure("reward_std", "reward std"),
     Figure("mismatch_k3", "mismatch k3 KL"),
     Figure("mismatch_abs_mean", "mean |Δ log p|"),
@@ -77,6 +81,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("completion_len_mean", "completion length"),
     Figure("truncated_frac", "truncated"),
     Figure("zero_var_frac", "zero-variance groups"),
+    Figure("adv_abs_mean", "mean |advantage|"),
     Figure("clip_low", "clipped low"),
     Figure("clip_high", "clipped high"),
     Figure("gen_tokens_per_s", "generation tokens/s", warm=True),
@@ -87,6 +92,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("time_refresh_s", "weight refresh s", warm=True),
 )
 BY_KEY = {f.key: f for f in FIGURES}
+EVAL_K = "eval_k"
+"""The k of pass@k, logged beside it: read with the figures, summarised by none."""
 REDUCE = {"mean": np.mean, "min": np.min, "max": np.max}
 
 
@@ -116,7 +123,7 @@ class RLMetrics:
 def rl_metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> RLMetrics:
     """Sort rows into one series per figure; a step logged twice (a resumed run logs again) keeps
     its last row, and events (which may repeat a figure they reject) are left out."""
-    curves, nonfinite = columns_from_rows(rows, [f.key for f in FIGURES])
+    curves, nonfinite = columns_from_rows(rows, [*(f.key for f in FIGURES), EVAL_K])
     monitor = metrics_from_rows(Path(run_dir), rows)  # the loss comparison's reading of the monitor
     return RLMetrics(Path(run_dir), curves, skipped, nonfinite, monitor.skipped_updates,
                      tuple(monitor.fallback_spans()))  # fmt: skip
@@ -133,6 +140,19 @@ def load_rl_metrics(run_dir: str | Path) -> RLMetrics:
 
 # ----------------------------------------------------------------------------------------------
 # summaries
+
+
+def steps_text(n: int) -> str:
+    return "step" if n == 1 else f"{n} steps"
+
+
+def signed(x: float | None, digits: int = 3) -> str:
+    """``x`` with its sign; one that rounds to 0 is +0 (a mean's rounding error is no sign)."""
+    return "n/a" if x is None or not math.isfinite(x) else f"{round(x, digits) + 0.0:+.{digits}f}"
+
+
+def plain(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
 
 
 def tail_window(total_steps: int) -> int:

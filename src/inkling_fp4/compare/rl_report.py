@@ -9,7 +9,10 @@ matplotlib's Agg canvas directly, as compare/report.py does (no display, no proc
 - ``gap.png``: each run's reward gap to the baseline per step (faint) and its trailing mean, and
   its eval-accuracy gap at each evaluation (markers);
 - ``mismatch.png``: the rollout / trainer mismatch per step of every run, k3 KL (left) and mean
-  |Δ log p| (right), on log scales: they span orders of magnitude between precisions.
+  |Δ log p| (right), on log scales: they span orders of magnitude between precisions;
+- with seed repeats (``--noise``), ``seeds.png``: each precision's seeds and their mean for the
+  verdict figures (compare/rl_seeds_report.py), and a seed repeat drawn dashed in its precision's
+  colour in the other plots.
 """
 
 from __future__ import annotations
@@ -24,21 +27,26 @@ from matplotlib.ticker import MaxNLocator
 
 from inkling_fp4.compare.gap import trailing_mean
 from inkling_fp4.compare.report import monitor_section
-from inkling_fp4.compare.rl_gap import EVAL_ACCURACY, REWARD
-from inkling_fp4.compare.rl_summary import RLComparison, plain, rl_comparison_to_dict, signed, steps_text
+from inkling_fp4.compare.rl_gap import EVAL_ACCURACY, REWARD, plain, signed, steps_text
+from inkling_fp4.compare.rl_seeds_report import plot_seeds, seeds_section
+from inkling_fp4.compare.rl_summary import RLComparison, rl_comparison_to_dict
 
 PLOTS = {"reward": "reward.png", "gap": "gap.png", "mismatch": "mismatch.png"}
+SEEDS_PLOT = "seeds.png"
 
 
 def write_rl_report(comparison: RLComparison, out_dir: str | Path) -> Path:
-    """Write reward.png, gap.png, mismatch.png, report.json and report.md into ``out_dir``."""
+    """Write reward.png, gap.png, mismatch.png (seeds.png with seed repeats), report.json and
+    report.md into ``out_dir``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = rl_comparison_to_dict(comparison)
-    data["plots"] = dict(PLOTS)
+    data["plots"] = dict(PLOTS) if data["seeds"] is None else {**PLOTS, "seeds": SEEDS_PLOT}
     plot_rewards(data, out_dir / PLOTS["reward"])
     plot_gap(data, out_dir / PLOTS["gap"])
     plot_mismatch(data, out_dir / PLOTS["mismatch"])
+    if data["seeds"] is not None:
+        plot_seeds(data, out_dir / SEEDS_PLOT)
     (out_dir / "report.json").write_text(json.dumps(data, indent=2) + "\n")
     (out_dir / "report.md").write_text(render_rl_markdown(data))
     return out_dir
@@ -54,6 +62,17 @@ def _runs(data: dict) -> list[tuple[str, dict]]:
     return [(f"{base['label']} (baseline)", base)] + [(label, r) for label, r in data["runs"].items()]
 
 
+def _styles(data: dict) -> dict[str, tuple[str, str]]:
+    """(colour, line style) of each run: one colour per precision, its seed repeats dashed."""
+    labels = [r["label"] for _, r in _runs(data)]
+    if data["seeds"] is None:
+        return {label: (f"C{i}", "-") for i, label in enumerate(labels)}
+    out = {}
+    for i, p in enumerate(data["seeds"]["precisions"].values()):
+        out.update({run: (f"C{i}", "-" if j == 0 else "--") for j, run in enumerate(p["runs"])})
+    return out
+
+
 def _xy(series: dict, key_y: str = "values") -> tuple[np.ndarray, np.ndarray]:
     steps = np.asarray(series["steps"], dtype=np.int64)
     values = np.asarray([np.nan if v is None else v for v in series[key_y]], dtype=np.float64)
@@ -61,12 +80,15 @@ def _xy(series: dict, key_y: str = "values") -> tuple[np.ndarray, np.ndarray]:
     return steps[keep], values[keep]
 
 
-def _trend(ax, steps: np.ndarray, values: np.ndarray, window: int, color: str, label: str) -> None:
+def _trend(
+    ax, steps: np.ndarray, values: np.ndarray, window: int, style: tuple[str, str], label: str
+) -> None:
     """The per-step values faint, their trailing mean over ``window`` steps bold."""
     if not len(steps):
         return
-    ax.plot(steps, values, color=color, lw=0.8, alpha=0.35)
-    ax.plot(steps, trailing_mean(steps, values, window), color=color, lw=1.6, label=label)
+    color, ls = style
+    ax.plot(steps, values, color=color, ls=ls, lw=0.8, alpha=0.35)
+    ax.plot(steps, trailing_mean(steps, values, window), color=color, ls=ls, lw=1.6, label=label)
 
 
 def _finish(ax, title: str, ylabel: str) -> None:
@@ -89,12 +111,14 @@ def _canvas(figsize: tuple[float, float], panels: int):
 def plot_rewards(data: dict, path: Path) -> None:
     window = data["tail"]["window_steps"]
     fig, (ax_r, ax_e) = _canvas((12, 4.5), 2)
-    for i, (label, r) in enumerate(_runs(data)):
-        color = f"C{i}"
+    styles = _styles(data)
+    for label, r in _runs(data):
+        color, ls = style = styles[r["label"]]
         if REWARD in r["series"]:
-            _trend(ax_r, *_xy(r["series"][REWARD]), window, color, label)
+            _trend(ax_r, *_xy(r["series"][REWARD]), window, style, label)
         if EVAL_ACCURACY in r["series"]:
-            ax_e.plot(*_xy(r["series"][EVAL_ACCURACY]), color=color, marker="o", ms=4, lw=1.2, label=label)
+            ax_e.plot(*_xy(r["series"][EVAL_ACCURACY]), color=color, ls=ls, marker="o", ms=4, lw=1.2,
+                      label=label)  # fmt: skip
     _finish(ax_r, f"reward per step (bold: trailing mean over {steps_text(window)})", "reward")
     _finish(ax_e, "held-out accuracy (greedy pass@1)", "accuracy")
     fig.savefig(path, dpi=120)
@@ -103,12 +127,13 @@ def plot_rewards(data: dict, path: Path) -> None:
 def plot_gap(data: dict, path: Path) -> None:
     window, base = data["tail"]["window_steps"], data["baseline"]["label"]
     fig, (ax,) = _canvas((10, 5), 1)
-    for i, (label, r) in enumerate(data["runs"].items(), start=1):
-        color = f"C{i}"
-        _trend(ax, *_xy(r["gaps"][REWARD]["series"], "diff"), window, color, f"{label}: reward")
+    styles = _styles(data)
+    for label, r in data["runs"].items():
+        style, name = styles[label], label if r["against"] == base else f"{label} - {r['against']}"
+        _trend(ax, *_xy(r["gaps"][REWARD]["series"], "diff"), window, style, f"{name}: reward")
         steps, diff = _xy(r["gaps"][EVAL_ACCURACY]["series"], "diff")
         if len(steps):
-            ax.plot(steps, diff, color=color, ls="none", marker="o", ms=5, label=f"{label}: eval accuracy")
+            ax.plot(steps, diff, color=style[0], ls="none", marker="o", ms=5, label=f"{name}: eval accuracy")
     ax.axhline(0.0, color="0.3", lw=0.8)
     _finish(ax, f"gap to {base}: run - {base} (bold: trailing mean over {steps_text(window)})", "gap")
     fig.savefig(path, dpi=120)
@@ -117,14 +142,16 @@ def plot_gap(data: dict, path: Path) -> None:
 def plot_mismatch(data: dict, path: Path) -> None:
     fig, axes = _canvas((12, 4.5), 2)
     panels = (("mismatch_k3", "k3 KL(sampler || trainer)"), ("mismatch_abs_mean", "mean |Δ log p|"))
+    styles = _styles(data)
     for ax, (key, title) in zip(axes, panels, strict=True):
-        for i, (label, r) in enumerate(_runs(data)):
+        for label, r in _runs(data):
             if key not in r["series"]:
                 continue
             steps, values = _xy(r["series"][key])
             positive = values > 0
             if positive.any():
-                ax.plot(steps[positive], values[positive], color=f"C{i}", lw=1.2, label=label)
+                color, ls = styles[r["label"]]
+                ax.plot(steps[positive], values[positive], color=color, ls=ls, lw=1.2, label=label)
         if ax.get_lines():
             ax.set_yscale("log")
         _finish(ax, f"rollout / trainer mismatch: {title}", title)
@@ -196,7 +223,8 @@ def render_rl_markdown(data: dict) -> str:
     lines += [
         f"Gap = run - {base} at the same step; higher reward and accuracy are better. Every run starts "
         "from the same checkpoint with the same seed, prompt order and sampling seeds: only the precision "
-        f'differs. "The last {steps_text(window)}": the logged steps in (last - {window}, last]; evaluations '
+        f"differs{'' if data['seeds'] is None else ' (a seed repeat differs in its seeds too)'}. "
+        f'"The last {steps_text(window)}": the logged steps in (last - {window}, last]; evaluations '
         "(greedy pass@1 on held-out problems): the last one and the mean of all; timings and tokens/s "
         "leave the first step out (warm-up). The mismatch figures compare the sampler's log-probabilities "
         "with the trainer's on the same tokens, within each run.",
@@ -215,14 +243,20 @@ def render_rl_markdown(data: dict) -> str:
         rows.append([label, r["recipe"], r["activation_scale"], r["sampler_precision"], r["correction"],
                      r["about"], f"`{r['run_dir']}`"])  # fmt: skip
     lines += _table(["run", "recipe", "activation scale", "sampler", "correction", "what", "run dir"], rows)
+    if data["seeds"] is not None:
+        lines += ["", f"![seeds]({data['plots']['seeds']})", "", *seeds_section(data)]
     lines += ["", f"## Gap to {base}", ""]
+    paired = any(r["against"] != base for r in data["runs"].values())
+    if paired:
+        lines += ["A seed repeat's gap is to the baseline's run of the same seed (column vs).", ""]
     rows = []
     for label, r in data["runs"].items():
         reward, acc = r["gaps"][REWARD], r["gaps"][EVAL_ACCURACY]
-        rows.append([label, signed(reward["value"]), signed(reward["final"]), signed(acc["final"]),
-                     signed(acc["value"]), str(acc["points"])])  # fmt: skip
+        gaps = [signed(reward["value"]), signed(reward["final"]), signed(acc["final"]), signed(acc["value"])]
+        rows.append([label, *([r["against"]] if paired else []), *gaps, str(acc["points"])])
     header = [
         "run",
+        *(["vs"] if paired else []),
         f"reward (last {steps_text(window)})",
         "reward (last step)",
         "eval accuracy (last evaluation)",

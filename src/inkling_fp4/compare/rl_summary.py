@@ -1,5 +1,6 @@
 """The numbers of an RL comparison: every run's figures side by side, each run's reward and
-eval-accuracy gap to the baseline, and one headline line per run.
+eval-accuracy gap to the baseline, and one headline line per run; with seed repeats, each precision
+over its seeds (compare/rl_seeds.py).
 
 RL has no published bound to hold the gap to, as pretraining has (the paper's 1% / 1.5% of the
 loss), so the headline states the gaps and what they are made of (both runs' values) and leaves the
@@ -29,8 +30,18 @@ from inkling_fp4.compare.rl_gap import (
     difference,
     gap_stat,
     load_rl_metrics,
+    plain,
+    signed,
+    steps_text,
     summarize_values,
     tail_window,
+)
+from inkling_fp4.compare.rl_seeds import (
+    SeedComparison,
+    pair_label,
+    seed_groups,
+    seeds_to_dict,
+    summarize_seeds,
 )
 from inkling_fp4.config import RunConfig
 from inkling_fp4.errors import UserError
@@ -47,6 +58,9 @@ class RLRunSummary:
     figures: dict[str, Stat | None]
     differences: dict[str, Difference] = field(default_factory=dict)
     """run - baseline per shared step, for the GAP_KEYS (empty for the baseline)."""
+    against: str = ""
+    """The label of the run its gaps are to: the baseline, or with seed repeats the baseline's run
+    of the same seed (the same prompts and samples' seeds)."""
     gaps: dict[str, Stat | None] = field(default_factory=dict)
     headline: str = ""
 
@@ -59,6 +73,8 @@ class RLComparison:
     runs: dict[str, RLRunSummary]
     window: int
     """The tail, in steps."""
+    seeds: SeedComparison | None = None
+    """Each precision over its seed repeats (``--noise``); None without repeats."""
 
     @property
     def main(self) -> RLRunSummary:
@@ -81,6 +97,7 @@ def summarize_rl_run(label: str, run_dir: Path, window: int, about: str = "") ->
 
 def add_gaps(run: RLRunSummary, baseline: RLRunSummary, window: int) -> None:
     """The run's GAP_KEYS against the baseline's, and its headline."""
+    run.against = baseline.label
     for key in GAP_KEYS:
         d = difference(run.metrics.curve(key), baseline.metrics.curve(key))
         run.differences[key] = d
@@ -95,7 +112,9 @@ def summarize_rl(
     window: int | None = None,
     about: dict[str, str] | None = None,
 ) -> RLComparison:
-    """Load the baseline and each run (label -> run dir) and compute every number of the report."""
+    """Load the baseline and each run (label -> run dir) and compute every number of the report.
+    Runs labelled ``<label>-seed<n>`` are seed repeats (compare/rl_seeds.py): each has its gaps to the
+    baseline's repeat of the same seed, and the comparison adds each precision over its seeds."""
     if not runs:
         raise UserError("nothing to compare: give at least one run besides the baseline")
     about = about or {}
@@ -104,33 +123,29 @@ def summarize_rl(
     base = summarize_rl_run(
         baseline_label, Path(baseline_dir), window, about.get(baseline_label, "the baseline")
     )
-    summaries = {}
-    for label, run_dir in runs.items():
-        s = summarize_rl_run(label, Path(run_dir), window, about.get(label, ""))
-        add_gaps(s, base, window)
+    dirs = {baseline_label: Path(baseline_dir), **{label: Path(d) for label, d in runs.items()}}
+    summaries = {
+        label: summarize_rl_run(label, Path(d), window, about.get(label, "")) for label, d in runs.items()
+    }
+    every = {baseline_label: base, **summaries}
+    for label, s in summaries.items():
+        other = every[pair_label(label, baseline_label, every)]
+        add_gaps(s, other, window)
         if not len(s.differences[REWARD]):
             raise UserError(
-                f"{run_dir} and {baseline_dir} share no logged RL step: they must log at the same steps "
-                "(same train.log_every)"
+                f"{dirs[label]} and {dirs[other.label]} share no logged RL step: they must log at the same "
+                "steps (same train.log_every)"
             )
-        summaries[label] = s
-    return RLComparison(base, summaries, window)
+    groups = seed_groups(list(every))
+    seeds = None
+    if any(len(g) > 1 for g in groups.values()):
+        metrics = {label: s.metrics for label, s in every.items()}
+        seeds = summarize_seeds(groups, metrics, baseline_label, window)
+    return RLComparison(base, summaries, window, seeds)
 
 
 # ----------------------------------------------------------------------------------------------
 # the headline
-
-
-def steps_text(n: int) -> str:
-    return "step" if n == 1 else f"{n} steps"
-
-
-def signed(x: float | None, digits: int = 3) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}"
-
-
-def plain(x: float | None, digits: int = 3) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
 
 
 def headline(run: RLRunSummary, base: RLRunSummary, window: int) -> str:
@@ -195,6 +210,7 @@ def _run_to_dict(s: RLRunSummary) -> dict:
         },
     }
     if s.differences:
+        out["against"] = s.against
         out["headline"] = s.headline
         out["gaps"] = {
             k: {
@@ -225,6 +241,7 @@ def rl_comparison_to_dict(c: RLComparison) -> dict:
             {"key": f.key, "label": f.label, "reduce": f.reduce, "over": f.over, "warm": f.warm}
             for f in FIGURES
         ],
-        "headline": c.main.headline,
+        "headline": c.main.headline if c.seeds is None else c.seeds.headline,
         "runs": {label: _run_to_dict(s) for label, s in c.runs.items()},
+        "seeds": None if c.seeds is None else seeds_to_dict(c.seeds),
     }

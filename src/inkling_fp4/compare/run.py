@@ -8,10 +8,12 @@ differs:
   default BF16 layers (first 1 and last 2 at the paper's depth), in FP8 from the first step to the
   last (the paper's FP8 run never switches to BF16);
 - the recipe's own precision (``nvfp4`` by default), exactly as configured, BF16 switch included;
-- ``--with bf16,mxfp4``: the same recipe in those precisions (same layer split and switch);
+- ``--with bf16,mxfp4,nvfp4-row``: the same recipe in those precisions (same layer split and switch;
+  ``nvfp4-row`` is nvfp4 with one FP32 activation scale per row, ``precision.activation_scale=row``);
 - ``--ablate rht,sr,2d,bf16-layers,switch``: the recipe with one piece off at a time;
 - ``--noise``: the baseline again from other initial weights (``train.init_seed``), same data, order
-  and schedule: its gap to the baseline is the noise floor each verdict is read against.
+  and schedule: its gap to the baseline is the noise floor each verdict is read against. In an RL
+  comparison every precision's run is repeated with the next seed instead (compare/rl_seeds.py).
 
 Runs go to ``<run_dir>/<label>`` and the report to ``<run_dir>/report``. A run that already finished
 is reused (after checking that its config is the one planned), an interrupted one is resumed from
@@ -26,7 +28,11 @@ The RL stage (``--stage rollout``) compares the same way: every run starts from 
 pretrain checkpoint with the same seed, prompt order and sampling seeds, and only the precision of
 its rollouts and updates differs. Its report (compare/rl_report.py) gives the reward and held-out
 accuracy curves with their gap to the baseline and the mismatch figures side by side; its runs log
-no live gap (a policy loss hovers around 0, so it has no relative gap) and it has no noise run.
+no live gap (a policy loss hovers around 0, so it has no relative gap). Its runs start from trained
+weights, so ``--noise`` cannot change those: it repeats the baseline, the recipe and each ``--with``
+precision with ``train.seed`` and ``sampler.seed`` one higher (``<label>-seed1``: other prompts in
+another order, other samples and stochastic rounding), and the report sets each precision's gap
+beside the spread between its seeds.
 
 Under torchrun every process runs this code and trains every run together (the training loop is
 data-parallel by itself); rank 0 alone speaks, copies checkpoints and writes the report, and the
@@ -56,6 +62,7 @@ from inkling_fp4.compare.gap import (
 )
 from inkling_fp4.compare.report import not_a_report, write_report
 from inkling_fp4.compare.rl_report import write_rl_report
+from inkling_fp4.compare.rl_seeds import SEED_KEYS, seed_groups, seed_label
 from inkling_fp4.compare.rl_summary import summarize_rl
 from inkling_fp4.compare.summary import summarize
 from inkling_fp4.config import RunConfig, from_dict, to_dict
@@ -73,10 +80,18 @@ BASELINE_CHANGES = {
     "precision.switch_to_bf16": "never",
     "precision.bf16_first_layers": None,
     "precision.bf16_last_layers": None,
+    "precision.activation_scale": "tensor",
 }
 """The paper's FP8 baseline: its recipe, its default BF16 layers, no switch."""
 NOISE = f"{BASELINE}-reinit"
 """Label of the baseline's repeat from other initial weights (the noise floor)."""
+ROW_SCALE = "nvfp4-row"
+"""Label of nvfp4 with one FP32 activation scale per row (``precision.activation_scale=row``)."""
+PRECISIONS: dict[str, dict[str, Any]] = {
+    **{r: {"precision.recipe": r, "precision.activation_scale": "tensor"} for r in RECIPES},
+    ROW_SCALE: {"precision.recipe": "nvfp4", "precision.activation_scale": "row"},
+}
+"""What ``--with`` takes: each precision recipe, and nvfp4 with per-row activation scales."""
 
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "rht": ("no random Hadamard transform on the wgrad operands", {"precision.rht": False}),
@@ -113,10 +128,21 @@ def derive(cfg: RunConfig, changes: dict[str, Any], name: str) -> RunConfig:
     return from_dict(RunConfig, data)
 
 
+def precision_label(cfg: RunConfig) -> str:
+    """The label of a config's precision: its recipe, or ``nvfp4-row`` with per-row activation scales."""
+    return ROW_SCALE if cfg.precision.activation_scale == "row" else cfg.precision.recipe
+
+
+def seed_changes(cfg: RunConfig) -> dict[str, int]:
+    """An RL run's repeat with the next seed: other prompts, order, samples and stochastic rounding."""
+    return {"train.seed": cfg.train.seed + 1, "sampler.seed": cfg.sampler.seed + 1}
+
+
 def plan_runs(cfg: RunConfig, with_recipes=(), ablate=(), noise: bool = False) -> list[PlannedRun]:
-    """The runs of a comparison, the baseline first, then the recipe, the extra recipes, the ablations
-    and, with ``noise``, the baseline's repeat from other initial weights."""
-    main = cfg.precision.recipe
+    """The runs of a comparison, the baseline first, then the recipe, the extra precisions, the
+    ablations and, with ``noise``, the baseline's repeat from other initial weights (RL: every
+    precision's repeat with the next seed)."""
+    main, main_label = cfg.precision.recipe, precision_label(cfg)
     if main == BASELINE:
         raise ConfigError(
             "precision.recipe=fp8 is the baseline itself: compare-baseline trains the recipe in FP8 and in "
@@ -126,11 +152,6 @@ def plan_runs(cfg: RunConfig, with_recipes=(), ablate=(), noise: bool = False) -
         from inkling_fp4.train.rollout import check_config
 
         check_config(cfg)  # before any run directory is made
-        if noise:
-            raise ConfigError(
-                "--noise repeats the baseline from other initial weights, but RL runs start from the base "
-                "run's weights; drop --noise for --stage rollout"
-            )
     if cfg.train.stop_after is not None:
         raise ConfigError(
             "train.stop_after does not apply to a comparison of several runs; interrupt it (Ctrl-C) and run "
@@ -140,23 +161,23 @@ def plan_runs(cfg: RunConfig, with_recipes=(), ablate=(), noise: bool = False) -
         PlannedRun(
             BASELINE, derive(cfg, BASELINE_CHANGES, f"{cfg.name}-{BASELINE}"), "the paper's FP8 baseline"
         ),
-        PlannedRun(main, derive(cfg, {}, f"{cfg.name}-{main}"), "the recipe as configured"),
+        PlannedRun(main_label, derive(cfg, {}, f"{cfg.name}-{main_label}"), "the recipe as configured"),
     ]
-    for recipe in dict.fromkeys(with_recipes):
-        if recipe not in RECIPES or recipe in (BASELINE, main):
-            others = [r for r in RECIPES if r not in (BASELINE, main)]
-            raise ConfigError(f"--with {recipe}: choose among {', '.join(others)}")
-        changes = {"precision.recipe": recipe}
-        plan.append(
-            PlannedRun(recipe, derive(cfg, changes, f"{cfg.name}-{recipe}"), f"the recipe in {recipe}")
-        )
+    for label in dict.fromkeys(with_recipes):
+        if label not in PRECISIONS or label in (BASELINE, main_label):
+            others = [r for r in PRECISIONS if r not in (BASELINE, main_label)]
+            raise ConfigError(f"--with {label}: choose among {', '.join(others)}")
+        extra = " (nvfp4, one FP32 activation scale per row)" if label == ROW_SCALE else ""
+        run = derive(cfg, PRECISIONS[label], f"{cfg.name}-{label}")
+        plan.append(PlannedRun(label, run, f"the recipe in {label}{extra}"))
+    precisions = list(plan)  # what the RL seed repeats repeat (not the ablations)
     for piece in dict.fromkeys(ablate):
         if piece not in ABLATIONS:
             raise ConfigError(f"--ablate {piece}: choose among {', '.join(ABLATIONS)}")
         if main not in ABLATABLE.get(piece, ("nvfp4", "mxfp4")):
             raise ConfigError(f"--ablate {piece}: the {main} recipe has no such piece")
         about, changes = ABLATIONS[piece]
-        label = f"{main}-no-{piece}"
+        label = f"{main_label}-no-{piece}"
         run = PlannedRun(label, derive(cfg, changes, f"{cfg.name}-{label}"), about)
         if piece == "switch":
             switch = boundaries_from_config(cfg).switch_step
@@ -165,9 +186,16 @@ def plan_runs(cfg: RunConfig, with_recipes=(), ablate=(), noise: bool = False) -
                     "--ablate switch: the recipe never switches to BF16 (precision.switch_to_bf16)"
                 )
             if switch > 1:
-                run.branch_from, run.branch_step = main, switch - 1
+                run.branch_from, run.branch_step = main_label, switch - 1
         plan.append(run)
-    if noise:
+    if noise and cfg.stage == "rollout":
+        for p in precisions:
+            changes = seed_changes(p.cfg)
+            seeds = ", ".join(f"{key}={value}" for key, value in changes.items())
+            about = f"{p.label} with the next seed ({seeds})"
+            label = seed_label(p.label, 1)
+            plan.append(PlannedRun(label, derive(p.cfg, changes, f"{cfg.name}-{label}"), about))
+    elif noise:
         init_seed = (cfg.train.seed if cfg.train.init_seed is None else cfg.train.init_seed) + 1
         changes = {**BASELINE_CHANGES, "train.init_seed": init_seed}
         about = f"the baseline from other initial weights (train.init_seed={init_seed}): the noise floor"
@@ -366,8 +394,10 @@ def write_comparison(run_dir: str | Path, labels: list[str], about: dict[str, st
     if missing:
         raise UserError(f"{run_dir}: no run yet for {', '.join(missing)}; train it first")
     base, *others = labels
+    repeats = {r for runs in seed_groups(labels).values() for r in runs[1:]}
     for label in others:
-        check_comparable(run_dir / label, run_dir / base, allow=_noise_allowance(label == NOISE))
+        allow = SEED_KEYS if label in repeats else _noise_allowance(label == NOISE)
+        check_comparable(run_dir / label, run_dir / base, allow=allow)
     noise_label = NOISE if NOISE in others else None
     runs = {label: run_dir / label for label in others}
     if _is_rollout(run_dir / base):
@@ -414,7 +444,10 @@ def compare_runs(
     out = Path(out_dir) if out_dir else own
     if _is_rollout(baseline_b):
         if noise_run is not None:
-            raise UserError("--noise-run: an RL comparison has no noise floor; drop --noise-run")
+            raise UserError(
+                "--noise-run: an RL comparison reads its gaps against seed repeats, not a noise run; drop "
+                "--noise-run (compare-baseline --stage rollout --noise trains the repeats)"
+            )
         return write_rl_report(summarize_rl({label_a: run_a}, baseline_b, label_b), out)
     runs, noise_label = {label_a: run_a}, None
     if noise_run is not None:
