@@ -1,16 +1,17 @@
 """RL under NVFP4 on one GPU end to end, in one command: the measurement behind docs/RL.md.
 
-    python scripts/bench_rl.py --out runs/rl-bench [--pretrain-steps 150] [--sft-steps 100] [--rl-steps 40]
+    python scripts/bench_rl.py --out runs/rl-bench [--pretrain-steps 40] [--sft-steps 400] [--rl-steps 150]
+                               [--rl-seconds S]
     python scripts/bench_rl.py --tiny --out /tmp/rl-bench      # the same pipeline on CPU, tiny sizes
 
 1. pretrain hybrid-125m briefly (``hybrid-125m`` with an 8192-token vocabulary, as bench_sft.py);
 2. fine-tune it in NVFP4 on the built-in task examples (``sft-hybrid-125m``);
-3. five RL runs of ``rl-hybrid-125m`` from that SFT checkpoint, all at once as separate processes on
+3. eight RL runs of ``rl-hybrid-125m`` from that SFT checkpoint, all at once as separate processes on
    the one GPU (a 125M model leaves most of an H200 idle, and the runs are independent):
-   ``compare-baseline --stage rollout --with bf16`` (its fp8, nvfp4 and bf16 runs, one process each
-   through ``--only``; then the same command once more, which reuses them and writes the report), an
-   nvfp4 run with one activation scale per row (``precision.activation_scale=row``) and an nvfp4 run
-   without mismatch correction (``rl.correction=none``);
+   ``compare-baseline --stage rollout --with bf16,nvfp4-row --noise``, whose runs are fp8, nvfp4
+   (tensor activation scales), bf16 and nvfp4-row (one activation scale per row), each with two
+   seeds (``<label>-seed1``), one process each through ``--only``; then the same command once more,
+   which reuses them and writes the report (each gap to FP8 beside the seeds' spread);
 4. ``summary.md`` and ``summary.json`` under --out: held-out accuracy over the steps and reward per
    step of every run, the mismatch figures (k3, mean / max |Δ log p|, ratio range, fraction beyond
    the cap), the wall-time split (sample / score / train / weight refresh) and generation tokens/s,
@@ -19,7 +20,8 @@
 
 Every command's output goes to ``<out>/logs/<name>.log``. A command that fails is reported in the
 summary, the commands that need its result are skipped, and the script exits 1 after writing the
-summary. Run again on the same --out, it reuses the stages that finished.
+summary. ``--rl-seconds`` stops the RL runs after that long (SIGTERM: each checkpoints); run again on
+the same --out, it reuses the stages that finished and resumes the runs that did not.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,7 +58,7 @@ class Profile:
 
 H200 = Profile(
     recipes=("hybrid-125m", "sft-hybrid-125m", "rl-hybrid-125m"),
-    steps=(150, 100, 40),
+    steps=(40, 400, 150),
     extra=(
         (
             "data.vocab_size=8192",
@@ -63,12 +66,12 @@ H200 = Profile(
             "data.builtin_site_packages=false",
             "eval.batches=4",
         ),
-        ("sft.builtin_examples=80000",),
+        (),
         (),
     ),
     device="cuda",
 )
-"""The docs/RL.md measurement, sized to finish within about 8 minutes on one H200."""
+"""The docs/RL.md measurement, sized to finish within about 10 minutes on one H200."""
 TINY = Profile(
     recipes=("tiny", "sft-tiny", "rl-tiny"),
     steps=(4, 2, 3),
@@ -82,18 +85,17 @@ TINY = Profile(
         tuple("sft.builtin_examples=200 train.batch_size=4 eval.every=0".split()),
         tuple(
             "rl.prompts_per_step=2 rl.group_size=4 train.batch_size=8 train.micro_batch_size=4 "
-            "sampler.max_new_tokens=16 rl.eval_prompts=4 eval.every=2 rl.levels=[1] "
-            "train.checkpoint_every=0 rl.mask_truncated=false".split()
+            "sampler.max_new_tokens=16 rl.eval_prompts=4 rl.eval_samples=2 eval.every=2 rl.levels=[1] "
+            "train.checkpoint_every=0 rl.mask_truncated=false train.warmup_steps=1".split()
         ),
     ),
     device="cpu",
 )
 """A check of the pipeline on CPU in well under a minute (its numbers mean nothing)."""
 
-COMPARED = {"fp8": "fp8", "nvfp4-tensor": "nvfp4", "bf16": "bf16"}
-"""Summary label -> the compare-baseline run it is."""
-SOLO = {"nvfp4-row": "precision.activation_scale=row", "nvfp4-no-correction": "rl.correction=none"}
-"""Summary label -> the one override of its own nvfp4 rollout run."""
+PRECISIONS = {"fp8": "fp8", "nvfp4-tensor": "nvfp4", "nvfp4-row": "nvfp4-row", "bf16": "bf16"}
+"""Summary label -> the compare-baseline run it is (each also with a second seed, ``-seed1``)."""
+COMPARED = {**PRECISIONS, **{f"{k}-seed1": f"{v}-seed1" for k, v in PRECISIONS.items()}}
 MISMATCH = {
     "mismatch_k3": ("k3", ".2e"),
     "mismatch_abs_mean": ("mean \\|Δ log p\\|", ".2e"),
@@ -124,6 +126,8 @@ class Job:
     """Why it did not run (a command it needs failed, or its result is there already)."""
     proc: subprocess.Popen | None = field(default=None, repr=False)
     started: float = 0.0
+    stopped: bool = False
+    """Stopped by --rl-seconds: checkpointed, to be resumed by the next call."""
 
     @property
     def ok(self) -> bool:
@@ -132,6 +136,8 @@ class Job:
     def status(self) -> str:
         if self.skipped is not None:
             return f"skipped: {self.skipped}"
+        if self.stopped:
+            return "stopped by --rl-seconds (run again to resume)"
         return "ok" if self.rc == 0 else f"failed (exit {self.rc})"
 
     def to_dict(self) -> dict:
@@ -152,9 +158,10 @@ def child_env(threads: int) -> dict[str, str]:
     return env
 
 
-def run_jobs(jobs: list[Job], echo=print) -> None:
+def run_jobs(jobs: list[Job], echo=print, seconds: float | None = None) -> None:
     """Start every job that is not skipped at once, each writing to its log and with its share of
-    the CPU cores, and wait for all."""
+    the CPU cores, and wait for all; after ``seconds``, SIGTERM the ones still running (a training
+    run checkpoints and stops, and the next call resumes it)."""
     todo = [j for j in jobs if j.skipped is None]
     threads = max(1, (os.cpu_count() or 1) // max(1, len(todo)))
     for job in jobs:
@@ -167,7 +174,15 @@ def run_jobs(jobs: list[Job], echo=print) -> None:
         with open(job.log, "w") as f:
             job.proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=child_env(threads))
         job.started = time.time()
+    deadline = None if seconds is None else time.time() + seconds
     while any(j.proc is not None and j.rc is None for j in todo):
+        if deadline is not None and time.time() > deadline:
+            echo(f"  --rl-seconds {seconds:g} reached: stopping the runs (each checkpoints)")
+            for job in todo:
+                if job.rc is None:
+                    job.proc.send_signal(signal.SIGTERM)
+                    job.stopped = True
+            deadline = None
         for job in todo:
             if job.rc is None and job.proc.poll() is not None:
                 job.rc, job.seconds = job.proc.returncode, time.time() - job.started
@@ -214,26 +229,20 @@ def plan(a, profile: Profile) -> dict[str, list[Job]]:
         tune.skipped = f"done ({sft} has its step-{steps[1]} checkpoint)"
     rl = stage_overrides(a, profile, 2, steps[2])
     compare = ["compare-baseline", "--stage", "rollout", "--recipe", profile.recipes[2], "--from", str(sft),
-               "--with", "bf16", "--run-dir", str(out / "rl-compare"), *rl]  # fmt: skip
+               "--with", "bf16,nvfp4-row", "--noise", "--run-dir", str(out / "rl-compare"), *rl]  # fmt: skip
     runs = [
         Job(label, [*compare, "--only", run], logs / f"rl-{label}.log") for label, run in COMPARED.items()
     ]
-    for label, override in SOLO.items():
-        run_dir = out / label
-        resume = ["--resume"] if (run_dir / "config.yaml").is_file() else []
-        job = Job(label, ["rollout", "--recipe", profile.recipes[2], "--from", str(sft), "--run-dir",
-                          str(run_dir), *resume, *rl, override], logs / f"rl-{label}.log")  # fmt: skip
-        if finished(run_dir, steps[2]):
-            job.skipped = f"done ({run_dir} has its step-{steps[2]} checkpoint)"
-        runs.append(job)
+    for job, run in zip(runs, COMPARED.values(), strict=True):
+        if finished(out / "rl-compare" / run, steps[2]):
+            job.skipped = f"done ({run} has its step-{steps[2]} checkpoint)"
     report = Job("report", compare, logs / "rl-report.log")
     return {"pretrain": [pretrain], "sft": [tune], "rl": runs, "report": [report]}
 
 
 def run_dirs(out: Path) -> dict[str, Path]:
     """Summary label -> run directory of the five RL runs."""
-    dirs = {label: out / "rl-compare" / run for label, run in COMPARED.items()}
-    return dirs | {label: out / label for label in SOLO}
+    return {label: out / "rl-compare" / run for label, run in COMPARED.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -260,7 +269,10 @@ def summarize_bench(out: Path, jobs: list[Job], window: int | None = None) -> di
             "correction": s.config.rl.correction,
             "figures": {k: None if st is None else st.to_dict() for k, st in s.figures.items()},
             "eval_accuracy": _curve(curves.get("eval_accuracy")),
+            "eval_pass1_sampled": _curve(curves.get("eval_pass1_sampled")),
+            "eval_kl_to_start": _curve(curves.get("eval_kl_to_start")),
             "reward": _curve(curves.get("reward_mean")),
+            "zero_var_frac": _curve(curves.get("zero_var_frac")),
             "monitor": {  # as the comparison's report.json has it
                 "skipped_updates": list(s.metrics.skipped_updates),
                 "fallback_spans": [list(span) for span in s.metrics.fallback_spans],
@@ -321,12 +333,56 @@ def render_summary(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _seeds_section(runs: dict[str, dict]) -> list[str]:
+    """Per precision and seed: held-out greedy pass@1 at the first and the last evaluation, and each
+    precision's seeds' mean change and spread."""
+    lines = ["", "## Held-out greedy pass@1 by precision and seed", ""]
+    rows = []
+    for label in PRECISIONS:
+        ends = []
+        for run_label in (label, f"{label}-seed1"):
+            curve = runs.get(run_label, {}).get("eval_accuracy", {})
+            if curve:
+                steps = sorted(curve, key=int)
+                ends.append((curve[steps[0]], curve[steps[-1]], steps[-1]))
+        if not ends:
+            continue
+        cells = [f"{a:.3f} -> {b:.3f} (step {s})" for a, b, s in ends]
+        gain = sum(b - a for a, b, _ in ends) / len(ends)
+        spread = max(b for _, b, _ in ends) - min(b for _, b, _ in ends)
+        rows.append([label, *cells, *[""] * (2 - len(cells)), f"{gain:+.3f}", f"{spread:.3f}"])
+    return lines + _table(["precision", "seed 0", "seed 1", "mean change", "final spread"], rows)
+
+
 def _curves_section(runs: dict[str, dict], k: int) -> list[str]:
-    lines = ["", "## Held-out accuracy (greedy pass@1) over the steps", ""]
+    lines = _seeds_section(runs) + ["", "## Held-out accuracy (greedy pass@1) over the steps", ""]
     lines += _table(["step", *runs], _by_step(runs, "eval_accuracy", ".3f"))
+    lines += ["", "## Held-out sampled pass@1 over the steps", ""]
+    lines += _table(["step", *runs], _by_step(runs, "eval_pass1_sampled", ".3f"))
+    lines += ["", "## KL of the policy to its start (k3, held-out samples)", ""]
+    lines += _table(["step", *runs], _by_step(runs, "eval_kl_to_start", ".2e"))
     rows = _by_step(runs, "reward", ".3f")
     rows.append([f"mean of the last {k}"] + [_fmt(_value(r, "reward_mean"), ".3f") for r in runs.values()])
-    return lines + ["", "## Reward per step", ""] + _table(["step", *runs], rows)
+    lines += ["", "## Reward per step", ""] + _table(["step", *runs], rows)
+    signal = []
+    for a, b in _windows(runs):
+        signal.append(
+            [f"mean of steps {a + 1}-{b}"]
+            + [_window(r.get("zero_var_frac", {}), a, b) for r in runs.values()]
+        )
+    return lines + ["", "## Share of groups without signal", ""] + _table(["steps", *runs], signal)
+
+
+def _windows(runs: dict[str, dict], parts: int = 4) -> list[tuple[int, int]]:
+    """The RL steps cut into ``parts`` windows."""
+    last = max((int(s) for r in runs.values() for s in r.get("zero_var_frac", {})), default=0)
+    cuts = [round(last * i / parts) for i in range(parts + 1)]
+    return [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+
+
+def _window(curve: dict[str, float], a: int, b: int) -> str:
+    values = [v for s, v in curve.items() if a < int(s) <= b]
+    return _fmt(sum(values) / len(values) if values else None, ".2f")
 
 
 def _mismatch_section(runs: dict[str, dict], k: int) -> list[str]:
@@ -379,10 +435,13 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("runs/rl-bench"), help="runs, logs and summary")
     p.add_argument("--tiny", action="store_true", help="tiny recipes and sizes on CPU: checks the pipeline")
-    p.add_argument("--pretrain-steps", type=int, help="pretraining steps (default 150; --tiny 4)")
-    p.add_argument("--sft-steps", type=int, help="SFT steps (default 100; --tiny 2)")
-    p.add_argument("--rl-steps", type=int, help="RL steps of each run (default 40; --tiny 3)")
+    p.add_argument("--pretrain-steps", type=int, help="pretraining steps (default 40; --tiny 4)")
+    p.add_argument("--sft-steps", type=int, help="SFT steps (default 400; --tiny 2)")
+    p.add_argument("--rl-steps", type=int, help="RL steps of each run (default 150; --tiny 3)")
     p.add_argument("--device", help="train.device of every stage (default cuda; --tiny cpu)")
+    p.add_argument(
+        "--rl-seconds", type=float, help="stop the RL runs after this long (the next call resumes)"
+    )
     for stage in ("pretrain", "sft", "rl"):
         p.add_argument(f"--{stage}-set", action="append", metavar="KEY=VALUE",
                        help=f"one more override of the {stage} stage (repeatable)")  # fmt: skip
@@ -406,7 +465,7 @@ def main(argv=None) -> int:
             continue
         if name == "report" and not all(j.ok for j in stages["rl"][: len(COMPARED)]):
             skip_all(jobs, "a run of the comparison failed")
-        run_jobs(jobs)
+        run_jobs(jobs, seconds=a.rl_seconds if name == "rl" else None)
         if not all(j.ok for j in jobs) and name in ("pretrain", "sft"):
             failed = name
     every = [j for jobs in stages.values() for j in jobs]

@@ -297,9 +297,9 @@ def test_held_out_problems_are_distinct_and_capped_by_the_split():
     from inkling_fp4.rl.tasks import held_out
 
     for module in (arith, cd):
-        got = held_out(module.problems, 300, 0, module.LEVELS)
+        got = held_out(module.problems, 300, module.LEVELS)
         assert len(got) == 300 == len({p.prompt for p in got})
-    _, evals, _ = task_problems("arithmetic", 300, 0)
+    _, evals, _ = task_problems("arithmetic", 300)
     assert len({p.prompt for p in evals}) == len(evals) == 300
     easy = load_task(RLConfig(levels=[1], eval_prompts=128), 0).eval
     level_one = {p.prompt for p in arith.problems("eval", 2000, 0, levels=[1])}

@@ -251,7 +251,9 @@ def tokenizer(
     vocab_size: int = typer.Option(4096, help="Vocabulary size, special tokens included."),
     text_field: str = typer.Option("text", help="Field holding the text in structured sources."),
     max_documents: int = typer.Option(None, help="Train on at most this many documents."),
-    force: bool = typer.Option(False, help="Replace OUT if it is a tokenizer this command wrote."),
+    force: bool = typer.Option(
+        False, show_default=False, help="Replace OUT if it is a tokenizer this command wrote."
+    ),
 ) -> None:
     """Train a byte-level BPE tokenizer on a text source.
 
@@ -314,7 +316,7 @@ def compare_baseline(
     run: Path = typer.Option(None, help="An existing run directory to compare with --baseline."),
     baseline: Path = typer.Option(None, help="The existing baseline run directory for --run."),
     out: Path = typer.Option(None, help="Report directory for --run / --baseline (default: <run>/report)."),
-    force: bool = typer.Option(False, help="Replace --out if it is an earlier report."),
+    force: bool = typer.Option(False, show_default=False, help="Replace --out if it is an earlier report."),
     noise: bool = typer.Option(
         False,
         show_default=False,
@@ -397,7 +399,9 @@ def generate(
         None, help="A file of prompts, one a line (or .jsonl with a 'prompt' field)."
     ),
     out: Path = typer.Option(None, help="Write the completions as jsonl here (a new file)."),
-    force: bool = typer.Option(False, help="Replace --out if it is an earlier output of generate."),
+    force: bool = typer.Option(
+        False, show_default=False, help="Replace --out if it is an earlier output of generate."
+    ),
     stream: bool = typer.Option(
         None, "--stream/--no-stream", help="Print the text as it is decoded (default: one prompt, no --out)."
     ),

@@ -57,15 +57,13 @@ class EvalResult:
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in (head, row))
 
 
-def task_problems(task: str, n: int, seed: int) -> tuple[str, list[EvalProblem], Callable]:
+def task_problems(task: str, n: int) -> tuple[str, list[EvalProblem], Callable]:
     """(task name, held-out problems, reward) for a built-in task name or a jsonl file."""
     from inkling_fp4.rl import rewards
 
     if task in TASKS:
         module = importlib.import_module(f"inkling_fp4.rl.tasks.{task}")
-        problems = [
-            EvalProblem(p.prompt, p.answer) for p in held_out(module.problems, n, seed, module.LEVELS)
-        ]
+        problems = [EvalProblem(p.prompt, p.answer) for p in held_out(module.problems, n, module.LEVELS)]
         return task, problems, module.reward
     from inkling_fp4.rl.prompts import read_jsonl
 
@@ -85,7 +83,7 @@ def run_eval(
     cfg = rs.cfg.sampler
     if samples > 1 and cfg.temperature == 0:
         raise UserError(f"--samples {samples} draws samples: set sampler.temperature > 0 (it is 0, greedy)")
-    name, problems, reward = task_problems(task, n_problems, cfg.seed)
+    name, problems, reward = task_problems(task, n_problems)
     prompts = [rs.encode(p.prompt, f"problem {i}") for i, p in enumerate(problems)]
     echo(f"eval: {name}, {len(problems)} problems; {rs.describe()}")
     sampler = rs.sampler

@@ -89,13 +89,16 @@ HELD_OUT_DRAWS = 4
 """Candidates drawn per held-out problem asked for, before the repeats are dropped."""
 
 
-def held_out(
-    problems: Callable[..., list[Problem]], n: int, seed: int, levels: Sequence[int]
-) -> list[Problem]:
+HELD_OUT_SEED = 0
+"""The seed of the held-out draw, whatever the run's seed: runs of several seeds (and fp4train eval)
+are scored on the same problems, so their spread is the training's alone."""
+
+
+def held_out(problems: Callable[..., list[Problem]], n: int, levels: Sequence[int]) -> list[Problem]:
     """Up to ``n`` distinct eval problems of a task's ``problems(split, n, seed, levels)``, in draw
     order (see the module docstring)."""
     out: dict[str, Problem] = {}
-    for p in problems("eval", HELD_OUT_DRAWS * n, seed, levels):
+    for p in problems("eval", HELD_OUT_DRAWS * n, HELD_OUT_SEED, levels):
         out.setdefault(p.prompt, p)
         if len(out) == n:
             break
