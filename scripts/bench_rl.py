@@ -280,12 +280,15 @@ def summarize_bench(out: Path, jobs: list[Job], window: int | None = None) -> di
         }
     report = out / "rl-compare" / "report" / "report.json"
     fresh = any(j.name == "report" and j.rc == 0 for j in jobs)  # not a report an earlier call left
-    headlines = (
-        [r.get("headline", "") for r in json.loads(report.read_text())["runs"].values()] if fresh else []
-    )
+    data = json.loads(report.read_text()) if fresh else {}
+    headlines = [r.get("headline", "") for r in data.get("runs", {}).values()]
+    seeds = data.get("seeds") or {}
+    verdicts = [
+        p["verdict"] for label, p in seeds.get("precisions", {}).items() if label != seeds.get("baseline")
+    ]
     return {"jobs": [j.to_dict() for j in jobs], "window_steps": window, "runs": runs,
             "report": str(report.with_name("report.md")) if fresh else None,
-            "headlines": headlines}  # fmt: skip
+            "headlines": headlines, "seed_verdicts": verdicts}  # fmt: skip
 
 
 def _curve(series) -> dict[str, float]:
@@ -326,6 +329,7 @@ def render_summary(data: dict) -> str:
         lines += ["", "Runs without metrics:", "", *missing]
     if data["headlines"]:
         lines += ["", f"## compare-baseline --stage rollout (`{data['report']}`)", ""]
+        lines += [f"- {h}" for h in data.get("seed_verdicts", [])]
         lines += [f"- {h}" for h in data["headlines"]]
     if present:
         lines += _curves_section(present, k) + _mismatch_section(present, k) + _time_section(present, k)

@@ -13,13 +13,13 @@ import pytest
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_rl.py"
-RUNS = {  # summary label -> (run dir under --out, recipe, activation scale, correction)
+PRECISIONS = {  # summary label -> (run dir under --out, recipe, activation scale, correction)
     "fp8": ("rl-compare/fp8", "fp8", "tensor", "tis"),
     "nvfp4-tensor": ("rl-compare/nvfp4", "nvfp4", "tensor", "tis"),
+    "nvfp4-row": ("rl-compare/nvfp4-row", "nvfp4", "row", "tis"),
     "bf16": ("rl-compare/bf16", "bf16", "tensor", "tis"),
-    "nvfp4-row": ("nvfp4-row", "nvfp4", "row", "tis"),
-    "nvfp4-no-correction": ("nvfp4-no-correction", "nvfp4", "tensor", "none"),
 }
+RUNS = {**PRECISIONS, **{f"{k}-seed1": (f"{v[0]}-seed1", *v[1:]) for k, v in PRECISIONS.items()}}
 
 
 def bench(tmp_path, *args):
@@ -47,7 +47,11 @@ def test_bench_rl_on_cpu_summarises_what_its_runs_logged(tmp_path):
     data = json.loads((out / "summary.json").read_text())
     assert [j["name"] for j in data["jobs"]] == ["pretrain", "sft", *RUNS, "report"]
     assert all(j["status"] == "ok" and Path(j["log"]).stat().st_size > 0 for j in data["jobs"])
-    assert "--only fp8" in data["jobs"][2]["command"] and "rl.correction=none" in data["jobs"][6]["command"]
+    assert (
+        "--only fp8 " in data["jobs"][2]["command"] + " "
+        and "--only bf16-seed1" in data["jobs"][9]["command"]
+    )
+    assert "--with bf16,nvfp4-row --noise" in data["jobs"][2]["command"]
     assert data["report"] == str(out / "rl-compare" / "report" / "report.md")
     report = json.loads((out / "rl-compare" / "report" / "report.json").read_text())
     assert data["headlines"] == [r["headline"] for r in report["runs"].values()]
@@ -55,8 +59,11 @@ def test_bench_rl_on_cpu_summarises_what_its_runs_logged(tmp_path):
     assert k == 1  # a quarter of 3 steps
     compared = {
         "fp8": report["baseline"],
-        "nvfp4-tensor": report["runs"]["nvfp4"],
-        "bf16": report["runs"]["bf16"],
+        **{
+            label: report["runs"][run.removeprefix("rl-compare/")]
+            for label, (run, *_) in RUNS.items()
+            if label != "fp8"
+        },
     }
     for label, (run, recipe, scale, correction) in RUNS.items():
         r, run_dir = data["runs"][label], out / run
@@ -74,9 +81,15 @@ def test_bench_rl_on_cpu_summarises_what_its_runs_logged(tmp_path):
             values = logged(run_dir, key)  # the first step left out: steps 2 and 3, of which the last
             assert r["figures"][key]["value"] == pytest.approx(np.mean([values[3]]))
     md = (out / "summary.md").read_text()
+    for label, (run, *_) in PRECISIONS.items():  # the seeds table: first and last evaluation of each seed
+        cells = []
+        for run_dir in (out / run, out / f"{run}-seed1"):
+            acc = logged(run_dir, "eval_accuracy")
+            cells.append(f"{acc[min(acc)]:.3f} -> {acc[max(acc)]:.3f} (step {max(acc)})")
+        assert f"| {label} | {cells[0]} | {cells[1]} |" in md
     assert "## Rollout / trainer mismatch" in md and "| nvfp4-row | nvfp4 | row | tis |" in md
     assert "## Noise monitor" in md and "skipped no update and moved no run to BF16" in md
-    assert report["headline"] in md
+    assert report["headline"] in md and report["headline"] == data["seed_verdicts"][0]
 
 
 def test_bench_rl_reports_a_failed_stage_and_exits_1(tmp_path):
@@ -102,3 +115,30 @@ def test_bench_rl_refuses_an_out_that_is_a_file_and_a_stale_report_is_not_report
     done, out = bench(tmp_path, "--pretrain-set", "model.d_model=-1")  # fails before any report
     data = json.loads((out / "summary.json").read_text())
     assert done.returncode == 1 and data["headlines"] == [] and data["report"] is None
+
+
+def test_rl_seconds_stops_the_runs_still_going_and_says_they_resume(tmp_path, monkeypatch):
+    """--rl-seconds: SIGTERM to every run still going at the deadline (each checkpoints and stops),
+    reported as stopped, not failed; a run that ended before it keeps its status."""
+    import signal
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    import bench_rl
+
+    class Proc:
+        def __init__(self, command, **kwargs):
+            self.slow, self.returncode = "slow" in command, None
+
+        def poll(self):
+            if not self.slow:
+                self.returncode = 0
+            return self.returncode
+
+        def send_signal(self, sig):
+            assert sig == signal.SIGTERM
+            self.returncode = 143
+
+    monkeypatch.setattr(bench_rl.subprocess, "Popen", Proc)
+    jobs = [bench_rl.Job(name, [name], tmp_path / f"{name}.log") for name in ("quick", "slow")]
+    bench_rl.run_jobs(jobs, echo=lambda _: None, seconds=0.5)
+    assert [j.status() for j in jobs] == ["ok", "stopped by --rl-seconds (run again to resume)"]
