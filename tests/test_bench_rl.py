@@ -142,3 +142,4 @@ def test_rl_seconds_stops_the_runs_still_going_and_says_they_resume(tmp_path, mo
     jobs = [bench_rl.Job(name, [name], tmp_path / f"{name}.log") for name in ("quick", "slow")]
     bench_rl.run_jobs(jobs, echo=lambda _: None, seconds=0.5)
     assert [j.status() for j in jobs] == ["ok", "stopped by --rl-seconds (run again to resume)"]
+    assert [j.ok for j in jobs] == [True, False]  # the report waits for the stopped run
