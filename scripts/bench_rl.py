@@ -1,7 +1,7 @@
 """RL under NVFP4 on one GPU end to end, in one command: the measurement behind docs/RL.md.
 
-    python scripts/bench_rl.py --out runs/rl-bench [--pretrain-steps 40] [--sft-steps 500] [--rl-steps 300]
-                               [--rl-seconds S]
+    python scripts/bench_rl.py --out runs/rl-bench [--pretrain-steps 40] [--sft-steps 500] [--rl-steps 100]
+                               [--rl-seconds S] [--until sft]
     python scripts/bench_rl.py --tiny --out /tmp/rl-bench      # the same pipeline on CPU, tiny sizes
 
 1. pretrain hybrid-125m briefly (``hybrid-125m`` with an 8192-token vocabulary, as bench_sft.py);
@@ -21,7 +21,8 @@
 Every command's output goes to ``<out>/logs/<name>.log``. A command that fails is reported in the
 summary, the commands that need its result are skipped, and the script exits 1 after writing the
 summary. ``--rl-seconds`` stops the RL runs after that long (SIGTERM: each checkpoints); run again on
-the same --out, it reuses the stages that finished and resumes the runs that did not.
+the same --out, it reuses the stages that finished and resumes the runs that did not. ``--until sft``
+stops after the base the RL runs start from (to try RL settings on it, then call again without it).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Profile:
 
 H200 = Profile(
     recipes=("hybrid-125m", "sft-hybrid-125m", "rl-hybrid-125m"),
-    steps=(40, 500, 300),
+    steps=(40, 500, 100),
     extra=(
         (
             "data.vocab_size=8192",
@@ -71,10 +72,10 @@ H200 = Profile(
     ),
     device="cuda",
 )
-"""The docs/RL.md measurement: pretraining and SFT take about 4.5 minutes on one H200 and the eight
-RL runs side by side about 1.1 s a step each, so the whole is two calls of 10 minutes (--rl-seconds,
-then the same command again). The stages keep their recipes' warmups: the base this gives was
-measured (greedy pass@1 0.57, pass@4 0.65 on levels 2-3); shorter warmups gave a far weaker one."""
+"""The docs/RL.md measurement: pretraining and SFT take about 4 minutes on one H200, the eight RL
+runs side by side about 5.5 s a step each with their evaluations (80 steps: 440 s), so the whole is
+about 13 minutes in two calls (``--rl-seconds``, then the same command again). The stages keep their
+recipes' warmups: shorter ones gave a far weaker base."""
 TINY = Profile(
     recipes=("tiny", "sft-tiny", "rl-tiny"),
     steps=(4, 2, 3),
@@ -279,6 +280,9 @@ def summarize_bench(out: Path, jobs: list[Job], window: int | None = None) -> di
             "eval_kl_to_start": _curve(curves.get("eval_kl_to_start")),
             "reward": _curve(curves.get("reward_mean")),
             "zero_var_frac": _curve(curves.get("zero_var_frac")),
+            "unsolved_frac": _curve(curves.get("unsolved_frac")),
+            "solved_frac": _curve(curves.get("solved_frac")),
+            "eval_pass_at_k": _curve(curves.get("eval_pass_at_k")),
             "monitor": {  # as the comparison's report.json has it
                 "skipped_updates": list(s.metrics.skipped_updates),
                 "fallback_spans": [list(span) for span in s.metrics.fallback_spans],
@@ -374,13 +378,20 @@ def _curves_section(runs: dict[str, dict], k: int) -> list[str]:
     rows = _by_step(runs, "reward", ".3f")
     rows.append([f"mean of the last {k}"] + [_fmt(_value(r, "reward_mean"), ".3f") for r in runs.values()])
     lines += ["", "## Reward per step", ""] + _table(["step", *runs], rows)
+    lines += ["", "## Held-out pass@k over the steps (k = rl.eval_samples)", ""]
+    lines += _table(["step", *runs], _by_step(runs, "eval_pass_at_k", ".3f"))
+    note = ("Each cell: all groups without signal (none right / all right): a model that learns moves "
+            "groups from the first kind to the second.")  # fmt: skip
     signal = []
     for a, b in _windows(runs):
-        signal.append(
-            [f"mean of steps {a + 1}-{b}"]
-            + [_window(r.get("zero_var_frac", {}), a, b) for r in runs.values()]
-        )
-    return lines + ["", "## Share of groups without signal", ""] + _table(["steps", *runs], signal)
+        cells = []
+        for r in runs.values():
+            keys = ("zero_var_frac", "unsolved_frac", "solved_frac")
+            parts = [_window(r.get(key, {}), a, b) for key in keys]
+            cells.append(f"{parts[0]} ({parts[1]} / {parts[2]})")
+        signal.append([f"mean of steps {a + 1}-{b}", *cells])
+    lines += ["", "## Share of groups without signal", "", note, ""]
+    return lines + _table(["steps", *runs], signal)
 
 
 def _windows(runs: dict[str, dict], parts: int = 4) -> list[tuple[int, int]]:
@@ -447,8 +458,9 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="tiny recipes and sizes on CPU: checks the pipeline")
     p.add_argument("--pretrain-steps", type=int, help="pretraining steps (default 40; --tiny 4)")
     p.add_argument("--sft-steps", type=int, help="SFT steps (default 500; --tiny 2)")
-    p.add_argument("--rl-steps", type=int, help="RL steps of each run (default 300; --tiny 3)")
+    p.add_argument("--rl-steps", type=int, help="RL steps of each run (default 100; --tiny 3)")
     p.add_argument("--device", help="train.device of every stage (default cuda; --tiny cpu)")
+    p.add_argument("--until", choices=("pretrain", "sft"), help="stop after this stage")
     p.add_argument(
         "--rl-seconds", type=float, help="stop the RL runs after this long (the next call resumes)"
     )
@@ -468,6 +480,9 @@ def main(argv=None) -> int:
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
     stages = plan(a, TINY if a.tiny else H200)
+    if a.until is not None:
+        names = list(stages)
+        stages = {name: stages[name] for name in names[: names.index(a.until) + 1]}
     t0, failed = time.time(), None
     for name, jobs in stages.items():
         if failed is not None:

@@ -82,5 +82,5 @@ def test_the_run_ends_with_its_summary_line(base, tmp_path):  # noqa: F811
     assert code == 0, err
     line = next(x for x in out.splitlines() if x.startswith("rl: "))
     assert "held-out greedy pass@1" in line and "(step 0 -> 3, 4 problems)" in line and "pass@2" in line
-    assert "reward" in line and "groups without signal" in line
+    assert "reward" in line and "groups without signal" in line and "none right" in line
     assert not math.isnan(float(line.split("pass@1 ")[1].split(" ")[0]))

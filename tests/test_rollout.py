@@ -22,8 +22,9 @@ RL = ["rl.prompts_per_step=2", "rl.group_size=4", "train.batch_size=8", "train.m
       "sampler.max_new_tokens=12", "rl.eval_prompts=4", "eval.every=3", "log.progress=false",
       "rl.levels=[1]", "train.checkpoint_every=0", "rl.mask_truncated=false"]  # fmt: skip
 METRICS = ("reward_mean", "reward_std", "accuracy", "completion_len_mean", "completion_len_max",
-           "truncated_frac", "entropy", "clip_low", "clip_high", "zero_var_frac", "gen_tokens_per_s",
-           "tokens_per_s", "time_sample_s", "time_score_s", "time_train_s", "time_refresh_s",
+           "truncated_frac", "entropy", "clip_low", "clip_high", "zero_var_frac", "unsolved_frac",
+           "solved_frac", "gen_tokens_per_s", "tokens_per_s", "time_sample_s", "time_score_s",
+           "time_train_s", "time_refresh_s",
            "mismatch_k3", "mismatch_abs_mean", "mismatch_abs_max", "mismatch_ratio_min",
            "mismatch_ratio_mean", "mismatch_ratio_max", "mismatch_frac_over_cap")  # fmt: skip
 

@@ -106,6 +106,9 @@ def test_two_processes_train_the_same_policy_on_their_shares_of_the_prompts(two_
         assert r["reward_mean"] == pytest.approx(float(rewards_PG.mean()), rel=1e-6)
         assert r["reward_std"] == pytest.approx(float(rewards_PG.std()), rel=1e-6)
         assert r["zero_var_frac"] == float(grpo.zero_variance_groups(rewards_PG).float().mean())
+        right_PG = rewards_PG >= 1.0
+        assert r["unsolved_frac"] == float((~right_PG.any(1)).float().mean())
+        assert r["solved_frac"] == float(right_PG.all(1).float().mean())
         advantages = torch.cat([r0["advantages"][k], r1["advantages"][k]])
         assert torch.equal(advantages, grpo.group_advantages(rewards_PG, "batch").view(-1))
         # the mismatch and entropy figures over both ranks' completion tokens, as one [1, N] batch

@@ -51,8 +51,8 @@ def seeds_section(data: dict) -> list[str]:
         "## Seeds",
         "",
         f"Every precision ran once more with `{'` and `'.join(seeds['keys'])}` one higher (other prompts in "
-        "another order, other samples and stochastic rounding; the same starting checkpoint; a built-in "
-        "task also draws other held-out problems). Gap = "
+        "another order, other samples and stochastic rounding; the same starting checkpoint and "
+        "held-out problems). Gap = "
         f"{seeds['gap_definition']}; seeds' spread = {seeds['spread_definition']}.",
         "",
     ]

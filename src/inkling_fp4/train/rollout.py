@@ -229,6 +229,9 @@ class RolloutTask:
             "truncated_frac": float(truncated.float().mean()),
             "entropy": ranks.token_mean(entropy, completion_mask, self.dist),
             "zero_var_frac": float(zero_var_P.float().mean()),
+            # groups without signal split by cause: none right (too hard) or all right (learnt)
+            "unsolved_frac": float((rewards_PG < 1.0).all(dim=1).float().mean()),
+            "solved_frac": float((rewards_PG >= 1.0).all(dim=1).float().mean()),
             "adv_abs_mean": float(adv_PG.abs().mean()),
             "gen_tokens_per_s": gen_tokens / gen_s if gen_s > 0 else 0.0,
             "time_refresh_s": refresh_s,

@@ -128,6 +128,12 @@ def summary_line(rows: list[dict], window: int = 3) -> str | None:
                      f"pass@{k} {a['eval_pass_at_k']:.3f} -> {b['eval_pass_at_k']:.3f}")  # fmt: skip
     parts.append(f"reward {mean('reward_mean', steps[:n]):.3f} (first {n} steps) -> "
                  f"{mean('reward_mean', steps[-n:]):.3f} (last {n})")  # fmt: skip
-    parts.append(f"groups without signal {mean('zero_var_frac', steps[:n]):.0%} -> "
-                 f"{mean('zero_var_frac', steps[-n:]):.0%}")  # fmt: skip
+
+    def change(key):
+        return f"{mean(key, steps[:n]):.0%} -> {mean(key, steps[-n:]):.0%}"
+
+    signal = f"groups without signal {change('zero_var_frac')}"
+    if all("unsolved_frac" in r for r in steps):  # split by cause: none right, or all right
+        signal += f" (none right {change('unsolved_frac')}, all right {change('solved_frac')})"
+    parts.append(signal)
     return "rl: " + "; ".join(parts)
