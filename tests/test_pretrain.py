@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from inkling_fp4.config import load_config
+from inkling_fp4.errors import ConfigError
 from inkling_fp4.train import pretrain, trainer
 from model_helpers import SMALL_RUN
 
@@ -302,6 +303,14 @@ def test_cuda_graph_off_on_cpu_says_why(train):
         and "off: CUDA graphs need a CUDA device" in graph[0]["message"]
     )
     assert len(steps) == 4 and all(math.isfinite(r["loss"]) for r in steps)
+
+
+def test_cuda_graph_auto_is_the_default_and_quiet_without_a_gpu(train):
+    assert load_config("tiny").train.cuda_graph == "auto"
+    _, steps, events, _ = train("graph_auto", "train.steps=2", "eval.every=0")
+    assert len(steps) == 2 and not [e for e in events if e["event"] == "cuda_graph"]
+    with pytest.raises(ConfigError, match="train.cuda_graph must be auto, true or false, not 'sometimes'"):
+        load_config("tiny", ["train.cuda_graph=sometimes"])
 
 
 def test_graphed_micro_step_nan_report_skips_the_step(train, monkeypatch):

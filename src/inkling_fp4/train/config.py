@@ -31,11 +31,13 @@ class TrainConfig:
     """auto | cpu | cuda | cuda:N (under torchrun, auto picks cuda:LOCAL_RANK)."""
     compile: bool = False
     """torch.compile the model."""
-    cuda_graph: bool = False
+    cuda_graph: bool | str = "auto"
     """Replay each micro-batch's forward + backward as a CUDA graph (train/graphed_step.py): the host
     cost of a step no longer grows with its ~1,500 kernel launches, which sets the step time of small
     models. Every recipe (stochastic rounding replays the eager seeds); one GPU; captured anew after
-    each precision change. Logged when it turns on or off."""
+    each precision change. auto: on wherever it applies (one CUDA device, no train.compile), else
+    eager, saying why on a GPU; true: on wherever it can be (train.compile too), saying why not on any
+    device; false: eager. Logged when it turns on or off."""
     parallel: str = "ddp"
     """Several GPUs (torchrun): ddp (a replica per GPU) or fsdp (FSDP2: weights, gradients and Adam
     states sharded across the GPUs, for models whose replica does not fit one)."""
@@ -71,6 +73,8 @@ class TrainConfig:
                 f"train.micro_batch_size={self.micro_batch_size} must be >= 1 and divide "
                 f"train.batch_size={self.batch_size}"
             )
+        if isinstance(self.cuda_graph, str) and self.cuda_graph != "auto":
+            raise ValueError(f"train.cuda_graph must be auto, true or false, not '{self.cuda_graph}'")
         if self.parallel not in ("ddp", "fsdp"):
             raise ValueError(f"train.parallel must be ddp or fsdp, not '{self.parallel}'")
         if self.log_every < 1:

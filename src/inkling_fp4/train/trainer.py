@@ -393,7 +393,11 @@ class Trainer:
             return
         self.graphed.reset()
         blocker = graph_blocker(self.model, self.dist.world_size, self.device)
-        if (blocker is None) != was:
+        auto = self.cfg.train.cuda_graph == "auto"
+        if auto and blocker is None and self.cfg.train.compile:
+            blocker = "train.compile is on (set train.cuda_graph=true to capture the compiled model)"
+        quiet = auto and self.device.type != "cuda"  # no GPU: nothing a user expected to be graphed
+        if (blocker is None) != was and not quiet:
             message = "on: forward + backward replayed" if blocker is None else f"off: {blocker}"
             self.log.event(step, "cuda_graph", f"cuda graph: step {step}: {message}")
         self.use_graph = blocker is None
