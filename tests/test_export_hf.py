@@ -17,8 +17,8 @@ from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.train.load_run import load_run
-from model_helpers import SMALL_RUN, exact_model
-from test_run_dir import cli, one_line
+from model_helpers import exact_model
+from test_run_dir import cli, one_line, pretrained
 
 transformers = pytest.importorskip("transformers")
 
@@ -153,23 +153,7 @@ def test_dt_min_clamp_is_validated():
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A pretrain run of 2 steps with NVFP4 layers (the tiny recipe keeps the first and last in BF16)."""
-    cache = tmp_path_factory.mktemp("cache")
-    run = tmp_path_factory.mktemp("runs") / "pre"
-    code, _, err = cli(
-        [
-            "pretrain",
-            "--run-dir",
-            str(run),
-            *SMALL_RUN,
-            f"data.cache_dir={cache}",
-            "model.pattern=M*-M*-",
-            "model.n_groups=2",
-            "train.steps=2",
-            "eval.every=0",
-        ]
-    )
-    assert code == 0, err
-    return run
+    return pretrained(tmp_path_factory, 2, "model.pattern=M*-M*-", "model.n_groups=2")
 
 
 def test_cli_export_hf_of_a_run(run, tmp_path):

@@ -8,8 +8,7 @@ import yaml
 
 from inkling_fp4.data.chat import encode_prompt
 from inkling_fp4.infer.from_run import load_run_sampler
-from model_helpers import SMALL_RUN
-from test_run_dir import cli, one_line
+from test_run_dir import cli, one_line, pretrained
 
 pytestmark = pytest.mark.slow
 
@@ -17,12 +16,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A pretrain run of 2 steps (data.seq_len=32: the context generation allows)."""
-    cache = tmp_path_factory.mktemp("cache")
-    run = tmp_path_factory.mktemp("runs") / "pre"
-    code, _, err = cli(["pretrain", "--run-dir", str(run), *SMALL_RUN, f"data.cache_dir={cache}",
-                        "train.steps=2", "eval.every=0"])  # fmt: skip
-    assert code == 0, err
-    return run
+    return pretrained(tmp_path_factory, 2)
 
 
 def test_generate_prints_completions_and_writes_jsonl(run, tmp_path):

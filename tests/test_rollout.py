@@ -13,8 +13,7 @@ from inkling_fp4.precision import gemm
 from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.train import rollout
 from inkling_fp4.train.sft import sft_config
-from model_helpers import SMALL_RUN
-from test_run_dir import cli, one_line, tree_hash
+from test_run_dir import cli, one_line, pretrained, tree_hash
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +30,7 @@ METRICS = ("reward_mean", "reward_std", "accuracy", "completion_len_mean", "comp
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    run = tmp_path_factory.mktemp("runs") / "pre"
-    code, _, err = cli(["pretrain", "--run-dir", str(run), *SMALL_RUN, f"data.cache_dir={cache}",
-                        "train.steps=4", "eval.every=0"])  # fmt: skip
-    assert code == 0, err
-    return run
+    return pretrained(tmp_path_factory, 4)
 
 
 def rows(run_dir):

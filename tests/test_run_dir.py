@@ -65,6 +65,16 @@ def one_line(err: str) -> str:
     return lines[0]
 
 
+def pretrained(tmp_path_factory, steps: int, *overrides: str) -> Path:
+    """A small pretrain run of ``steps`` steps (its own data cache), for a module's tests to start from."""
+    cache = tmp_path_factory.mktemp("cache")
+    run = tmp_path_factory.mktemp("runs") / "pre"
+    code, _, err = cli(["pretrain", "--run-dir", str(run), *SMALL_RUN, f"data.cache_dir={cache}",
+                        f"train.steps={steps}", "eval.every=0", *overrides])  # fmt: skip
+    assert code == 0, err
+    return run
+
+
 def copy_run(run: Path, tmp_path: Path) -> Path:
     dst = tmp_path / run.name
     shutil.copytree(run, dst)

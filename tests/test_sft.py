@@ -13,8 +13,7 @@ import torch
 from inkling_fp4.errors import UserError
 from inkling_fp4.train import sft
 from inkling_fp4.train.load_run import load_run, newest_run
-from model_helpers import SMALL_RUN
-from test_run_dir import cli, one_line, tree_hash
+from test_run_dir import cli, one_line, pretrained, tree_hash
 
 pytestmark = pytest.mark.slow
 
@@ -25,12 +24,7 @@ SFT = ["train.log_every=1", "eval.every=5", "eval.batches=2", "data.seq_len=64",
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A pretrain run of 6 steps (the model every test here fine-tunes)."""
-    cache = tmp_path_factory.mktemp("cache")
-    run = tmp_path_factory.mktemp("runs") / "pre"
-    code, _, err = cli(["pretrain", "--run-dir", str(run), *SMALL_RUN, f"data.cache_dir={cache}",
-                        "train.steps=6", "eval.every=0"])  # fmt: skip
-    assert code == 0, err
-    return run
+    return pretrained(tmp_path_factory, 6)
 
 
 def rows(run_dir):

@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from model_helpers import SMALL_RUN
-from test_run_dir import cli, copy_run, one_line, tree_hash
+from test_run_dir import cli, copy_run, one_line, pretrained, tree_hash
 
 pytestmark = pytest.mark.slow
 
@@ -19,12 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A pretrain run of 2 steps; tests copy it before anything could touch it."""
-    cache = tmp_path_factory.mktemp("cache")
-    run = tmp_path_factory.mktemp("runs") / "pre"
-    code, _, err = cli(["pretrain", "--run-dir", str(run), *SMALL_RUN, f"data.cache_dir={cache}",
-                        "train.steps=2", "eval.every=0"])  # fmt: skip
-    assert code == 0, err
-    return run
+    return pretrained(tmp_path_factory, 2)
 
 
 def refused(argv, *untouched, code=2):
