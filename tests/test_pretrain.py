@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from inkling_fp4.config import load_config
-from inkling_fp4.train import pretrain, trainer
+from inkling_fp4.train import pretrain
+from inkling_fp4.trainer import loop
 from model_helpers import SMALL_RUN
 
 pytestmark = pytest.mark.slow
@@ -331,8 +332,8 @@ def test_graphed_micro_step_nan_report_skips_the_step(train, monkeypatch):
         def reset(self):
             pass
 
-    monkeypatch.setattr(trainer, "GraphedMicroStep", EagerStandIn)
-    monkeypatch.setattr(trainer, "graph_blocker", lambda model, world_size, device: None)
+    monkeypatch.setattr(loop, "GraphedMicroStep", EagerStandIn)
+    monkeypatch.setattr(loop, "graph_blocker", lambda model, world_size, device: None)
     _, steps, events, _ = train(
         "graph_nan",
         "train.cuda_graph=true",

@@ -115,7 +115,8 @@ def info(
             continue
         backend = resolve_backend("auto", recipe, device)
         typer.echo(f"  {recipe}: {describe_backend(backend, recipe, device)}")
-    from inkling_fp4.train.load_run import RUNS_ROOT, default_from, describe, newest_run
+    from inkling_fp4.interop.load_run import describe
+    from inkling_fp4.runs.find import RUNS_ROOT, default_from, newest_run
 
     if from_run is None and newest_run(RUNS_ROOT) is not None:
         from_run = default_from(typer.echo)
@@ -142,9 +143,9 @@ def pretrain(
 
     NVFP4 forward and backward GEMMs by default, switching to BF16 before the learning-rate decay."""
     from inkling_fp4.config import load_config
-    from inkling_fp4.train.load_run import find_checkpoint
+    from inkling_fp4.interop.load_run import find_checkpoint
+    from inkling_fp4.runs.directory import TOKENIZER_FILE
     from inkling_fp4.train.pretrain import run
-    from inkling_fp4.train.run_dir import TOKENIZER_FILE
     from inkling_fp4.train.sft import sft_config
 
     overrides = list(overrides or [])
@@ -198,7 +199,7 @@ def sft(
 def _on_base(recipe, default_recipe, overrides, from_run, run_dir, resume, stage):
     """A later stage's config: the run's own on --resume, else the recipe on the model of --from
     (default: the newest run under runs/ but this one)."""
-    from inkling_fp4.train.load_run import default_from
+    from inkling_fp4.runs.find import default_from
     from inkling_fp4.train.sft import sft_config
 
     cfg = _recorded_with(run_dir, overrides) if resume and recipe is None else None
@@ -216,7 +217,7 @@ def _on_base(recipe, default_recipe, overrides, from_run, run_dir, resume, stage
 def _recorded_with(run_dir: Path, overrides: list[str]):
     """The run's recorded config (amendments applied) with ``overrides``, or None without one."""
     from inkling_fp4.config import RunConfig, apply_overrides, from_dict
-    from inkling_fp4.train.run_dir import recorded_config_data
+    from inkling_fp4.runs.directory import recorded_config_data
 
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir} is a file, not a directory; pass a directory path")
@@ -227,7 +228,7 @@ def _recorded_with(run_dir: Path, overrides: list[str]):
 def _finish(result, command: str) -> None:
     """Say where the run went and what to run next; an interrupted run exits 130 (SIGINT) or 143
     (SIGTERM)."""
-    from inkling_fp4.train.trainer import SIGNAL_EXIT_CODES
+    from inkling_fp4.trainer.loop import SIGNAL_EXIT_CODES
 
     if os.environ.get("RANK", "0") != "0":  # once under torchrun
         return
@@ -283,7 +284,7 @@ def export(
     from inkling_fp4.config import apply_overrides, from_dict
     from inkling_fp4.interop.calibration import ExportConfig
     from inkling_fp4.interop.export import run_export
-    from inkling_fp4.train.load_run import default_from
+    from inkling_fp4.runs.find import default_from
 
     data = apply_overrides({"export": {}}, list(overrides or []))
     unknown = sorted(set(data) - {"export"})
@@ -339,9 +340,9 @@ def compare_baseline(
     Trains the recipe under FP8 and under its own precision with the same seed, data order and
     schedule, and reports the loss gap (RL: the reward and accuracy gap); --run A --baseline B
     compares two existing runs."""
-    from inkling_fp4.compare.run import compare_runs, run_compare
     from inkling_fp4.config import load_config
-    from inkling_fp4.train.load_run import default_from
+    from inkling_fp4.runs.find import default_from
+    from inkling_fp4.train.compare_baseline import compare_runs, run_compare
 
     if run is not None or baseline is not None:
         if run is None or baseline is None:
@@ -365,7 +366,7 @@ def compare_baseline(
         from_run = from_run or default_from(typer.echo, exclude=Path("runs") / f"{name}-compare")
         cfg = sft_config(recipe, list(overrides or []), from_run)
     elif stage == "rollout":
-        from inkling_fp4.compare.run import RL_BASES, rollout_config
+        from inkling_fp4.train.compare_baseline import RL_BASES, rollout_config
         from inkling_fp4.train.rollout import DEFAULT_RECIPE as RL_RECIPE
 
         name = load_config(recipe or RL_RECIPE, list(overrides or [])).name

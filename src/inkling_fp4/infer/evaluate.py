@@ -25,8 +25,8 @@ from pathlib import Path
 from inkling_fp4.errors import UserError
 from inkling_fp4.infer.from_run import load_run_sampler
 from inkling_fp4.rl.tasks import held_out
-from inkling_fp4.train.metrics import METRICS_FILE
-from inkling_fp4.train.run_dir import CONFIG_FILE
+from inkling_fp4.runs.directory import CONFIG_FILE
+from inkling_fp4.runs.metrics import METRICS_FILE
 
 TASKS = ("arithmetic", "countdown")
 

@@ -29,7 +29,7 @@ from inkling_fp4.errors import UserError
 from inkling_fp4.interop.nemotron_h import MODEL_TYPE, from_hf_tensors, model_config
 from inkling_fp4.interop.nemotron_h_check import check_config, check_finite, check_weights
 from inkling_fp4.model.hybrid import HybridLM
-from inkling_fp4.train.checkpoint import CheckpointError, load_model_tensors
+from inkling_fp4.runs.checkpoint import CheckpointError, load_model_tensors
 
 CONFIG_FILE = "config.json"
 

@@ -47,15 +47,17 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from inkling_fp4 import distributed as D
+from inkling_fp4.compare.live import LiveGap
 from inkling_fp4.config import RunConfig, to_dict
 from inkling_fp4.data.batch import Batch
 from inkling_fp4.errors import ConfigError, NumericsError, UserError
 from inkling_fp4.precision import finite_guard
+from inkling_fp4.precision.autocast import autocast_for
+from inkling_fp4.precision.graph_capture import graph_blocker
 from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.precision.quant_linear import QuantLinear
-from inkling_fp4.train import determinism
-from inkling_fp4.train import distributed as D
-from inkling_fp4.train.checkpoint import (
+from inkling_fp4.runs.checkpoint import (
     STATE_FILE,
     Checkpoint,
     check_processes,
@@ -66,15 +68,16 @@ from inkling_fp4.train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from inkling_fp4.train.evaluate import all_gemms_in_bf16, evaluate
-from inkling_fp4.train.flops import mfu, peak_flops
-from inkling_fp4.train.graphed_step import GraphedMicroStep, graph_blocker
-from inkling_fp4.train.interrupt import StoppedAtOnce, StopSignal
-from inkling_fp4.train.metrics import MetricsLogger, format_duration
-from inkling_fp4.train.monitor import NoiseMonitor, Verdict
-from inkling_fp4.train.optimizer import build_optimizer, load_optimizer_tensors, optimizer_tensors, set_lr
-from inkling_fp4.train.schedule import PrecisionSchedule, WSDSchedule
-from inkling_fp4.train.sharding import full_state, is_sharded, load_full_state, local_value, shard_model
+from inkling_fp4.runs.metrics import MetricsLogger, format_duration
+from inkling_fp4.runs.schedule import PrecisionSchedule, WSDSchedule
+from inkling_fp4.trainer import determinism
+from inkling_fp4.trainer.evaluate import all_gemms_in_bf16, evaluate
+from inkling_fp4.trainer.flops import mfu, peak_flops
+from inkling_fp4.trainer.graphed_step import GraphedMicroStep
+from inkling_fp4.trainer.interrupt import StoppedAtOnce, StopSignal
+from inkling_fp4.trainer.monitor import NoiseMonitor, Verdict
+from inkling_fp4.trainer.optimizer import build_optimizer, load_optimizer_tensors, optimizer_tensors, set_lr
+from inkling_fp4.trainer.sharding import full_state, is_sharded, load_full_state, local_value, shard_model
 
 
 class Task(Protocol):
@@ -559,13 +562,6 @@ def check_memory(model: nn.Module, dist: D.DistInfo, sharded: bool) -> None:
         )
 
 
-def autocast_for(device: torch.device):
-    """BF16 autocast on CUDA; on CPU QuantLinear computes in BF16 by itself and the rest stays FP32."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 @contextlib.contextmanager
 def _gradient_sync(train_model: nn.Module, model: nn.Module, sync: bool):
     """Average gradients over ranks only on the last micro batch of a step (DDP's all-reduce, FSDP's
@@ -596,8 +592,6 @@ def _nonfinite_or_raise(e: NumericsError) -> str:
 def _live_gap(baseline: Path | None):
     if baseline is None:
         return None
-    from inkling_fp4.compare.live import LiveGap
-
     return LiveGap(baseline)
 
 

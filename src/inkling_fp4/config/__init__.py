@@ -20,14 +20,8 @@ from typing import Any, Union
 
 import yaml
 
-from inkling_fp4.data.config import DataConfig
-from inkling_fp4.data.sft_config import SFTConfig
-from inkling_fp4.errors import ConfigError
-from inkling_fp4.infer.config import SamplerConfig
-from inkling_fp4.model.config import ModelConfig
-from inkling_fp4.precision.config import PrecisionConfig
-from inkling_fp4.rl.config import RLConfig
-from inkling_fp4.train.config import (
+from inkling_fp4.config.sampler import SamplerConfig
+from inkling_fp4.config.trainer import (
     CheckpointConfig,
     EvalConfig,
     LogConfig,
@@ -35,8 +29,14 @@ from inkling_fp4.train.config import (
     OptimConfig,
     TrainConfig,
 )
+from inkling_fp4.data.config import DataConfig
+from inkling_fp4.data.sft_config import SFTConfig
+from inkling_fp4.errors import ConfigError
+from inkling_fp4.model.config import ModelConfig
+from inkling_fp4.precision.config import PrecisionConfig
+from inkling_fp4.rl.config import RLConfig
 
-RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 """The built-in recipes, package data: in the repository a link to the top-level ``recipes/`` folder,
 in an installed package (wheel, ``pip install .``) a copy of it."""
 
