@@ -36,6 +36,7 @@ from torch import nn
 
 from inkling_fp4.errors import UserError
 from inkling_fp4.model.cache import InferenceCache
+from inkling_fp4.model.compiled import glue_enabled
 from inkling_fp4.precision import finite_guard
 from inkling_fp4.precision.graph_capture import graph_blocker, quantized_graph
 
@@ -71,8 +72,6 @@ class GraphedDecoder:
         blocker = graph_blocker(model, 1, device)
         if blocker is not None:
             raise ValueError(f"the decode step cannot be captured as a CUDA graph: {blocker}")
-        from inkling_fp4.model.compiled import glue_enabled
-
         if not glue_enabled():  # the attention twin slices the cache at a host-side length (cache.longest)
             raise ValueError(
                 "the decode step's torch twins (reference_glue) cannot be captured: they read the "

@@ -59,7 +59,7 @@ def _kernel_tuning():
     ``gpu`` extra: then no kernel autotunes, and there is nothing to fix)."""
     if importlib.util.find_spec("triton") is None:
         return None
-    from inkling_fp4.model.ssd_kernels import tuning
+    from inkling_fp4.model.ssd_kernels import tuning  # needs triton
 
     return tuning
 
