@@ -30,7 +30,7 @@ from inkling_fp4.model.hybrid import HybridLM  # noqa: E402
 from inkling_fp4.train.pretrain import PretrainTask  # noqa: E402
 from inkling_fp4.train.sft import SFTTask  # noqa: E402
 from inkling_fp4.trainer.determinism import seed_everything  # noqa: E402
-from inkling_fp4.trainer.loop import Trainer  # noqa: E402
+from inkling_fp4.trainer.trainer import Trainer  # noqa: E402
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import torch
 
 from inkling_fp4.config import load_config
 from inkling_fp4.train import pretrain
-from inkling_fp4.trainer import loop
+from inkling_fp4.trainer import trainer
 from model_helpers import SMALL_RUN
 
 pytestmark = pytest.mark.slow
@@ -332,8 +332,8 @@ def test_graphed_micro_step_nan_report_skips_the_step(train, monkeypatch):
         def reset(self):
             pass
 
-    monkeypatch.setattr(loop, "GraphedMicroStep", EagerStandIn)
-    monkeypatch.setattr(loop, "graph_blocker", lambda model, world_size, device: None)
+    monkeypatch.setattr(trainer, "GraphedMicroStep", EagerStandIn)
+    monkeypatch.setattr(trainer, "graph_blocker", lambda model, world_size, device: None)
     _, steps, events, _ = train(
         "graph_nan",
         "train.cuda_graph=true",

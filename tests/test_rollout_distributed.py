@@ -22,7 +22,7 @@ from inkling_fp4.rl.rollout_batch import RolloutBatch
 from inkling_fp4.runs.checkpoint import load_model_tensors
 from inkling_fp4.train import rollout
 from inkling_fp4.train.sft import sft_config
-from inkling_fp4.trainer.loop import Trainer
+from inkling_fp4.trainer.trainer import Trainer
 from test_rollout import METRICS, rows
 from test_rollout import base as base  # the module's 4-step pretrain run (a fixture)
 

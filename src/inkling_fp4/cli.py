@@ -238,7 +238,7 @@ def _finish(result, command: str) -> None:
     """Say where the run went and what to run next; an interrupted run exits 130 (SIGINT) or 143
     (SIGTERM)."""
     # imported here: start-up time
-    from inkling_fp4.trainer.loop import SIGNAL_EXIT_CODES
+    from inkling_fp4.trainer.fit import SIGNAL_EXIT_CODES
 
     if os.environ.get("RANK", "0") != "0":  # once under torchrun
         return

@@ -22,7 +22,8 @@ from inkling_fp4 import distributed as D
 from inkling_fp4.config import RunConfig
 from inkling_fp4.runs.directory import RunStart, plan_start
 from inkling_fp4.trainer import determinism
-from inkling_fp4.trainer.loop import Trainer, fit
+from inkling_fp4.trainer.fit import fit
+from inkling_fp4.trainer.trainer import Trainer
 
 
 @dataclass

@@ -4,7 +4,7 @@ What happens, in order: the run directory's plan (config recorded or amended, th
 resume; nothing written yet); seeds; the data stream (rank-sharded) and its tokenizer; the model on
 its device (built in place: a 12B model never passes through host memory); the trainer (precision
 policy, AdamW, WSD and the BF16 switch, monitor); resume; only then, every check passed, the run
-directory is written; then :func:`~inkling_fp4.trainer.loop.fit` steps the task to the end.
+directory is written; then :func:`~inkling_fp4.trainer.fit.fit` steps the task to the end.
 
 Under torchrun the same function runs on every rank: DDP replicas or FSDP2 shards
 (``train.parallel``), each rank reading its own share of every global batch, rank 0 logging and
@@ -35,7 +35,7 @@ from inkling_fp4.runs.checkpoint import load_model_tensors
 from inkling_fp4.runs.lineage import CHAT_TEMPLATE_FILE, trained_on_chat
 from inkling_fp4.train.frame import RunResult, finish, stage_frame
 from inkling_fp4.trainer.determinism import seed_everything
-from inkling_fp4.trainer.loop import Trainer, batch_geometry
+from inkling_fp4.trainer.trainer import Trainer, batch_geometry
 
 
 class PretrainTask:

@@ -60,7 +60,7 @@ from inkling_fp4.runs.metrics import METRICS_FILE
 from inkling_fp4.train.frame import RunResult, finish, stage_frame
 from inkling_fp4.train.rollout_eval import completion_logprobs, held_out_figures, summary_line
 from inkling_fp4.trainer.determinism import seed_everything
-from inkling_fp4.trainer.loop import Trainer
+from inkling_fp4.trainer.trainer import Trainer
 
 DEFAULT_RECIPE = "rl-tiny"
 

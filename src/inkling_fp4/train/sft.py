@@ -10,7 +10,7 @@ What happens, in order: the run directory's plan (nothing written yet); the base
 tokenizer (fresh start) or this run's own (resume); the chat data, validated record by record,
 templated, masked and packed (``data/sft_data.py``); new token rows when the tokenizer outgrew the
 model; the trainer and, on resume, its checkpoint; only then the run directory is written (config,
-tokenizer, chat template); then :func:`~inkling_fp4.trainer.loop.fit`.
+tokenizer, chat template); then :func:`~inkling_fp4.trainer.fit.fit`.
 
 Packed examples cannot see each other: the document ids of a packed row restart the conv, the SSM
 state and attention at every example's first token, so a row of several examples trains each as if
@@ -37,7 +37,7 @@ from inkling_fp4.runs.checkpoint import load_model_tensors
 from inkling_fp4.runs.directory import TOKENIZER_FILE
 from inkling_fp4.train.frame import RunResult, finish, stage_frame
 from inkling_fp4.trainer.determinism import seed_everything
-from inkling_fp4.trainer.loop import Trainer, batch_geometry
+from inkling_fp4.trainer.trainer import Trainer, batch_geometry
 
 DEFAULT_RECIPE = "sft-tiny"
 
