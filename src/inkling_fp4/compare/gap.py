@@ -39,11 +39,9 @@ import numpy as np
 
 from inkling_fp4.config import RunConfig, from_dict
 from inkling_fp4.errors import ConfigError, UserError
-from inkling_fp4.runs.directory import recorded_config_data
+from inkling_fp4.runs.directory import CONFIG_FILE, recorded_config_data
+from inkling_fp4.runs.metrics import METRICS_FILE
 from inkling_fp4.runs.schedule import PrecisionSchedule, WSDSchedule
-
-METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.yaml"
 
 SMOOTH_MIN_ROWS = 5
 """The smoothing window spans at least this many logged rows ..."""

@@ -55,7 +55,6 @@ from inkling_fp4.compare.compat import (
     read_config_data,
 )
 from inkling_fp4.compare.gap import (
-    METRICS_FILE,
     boundaries_from_config,
     load_run_config,
     parse_metrics_lines,
@@ -72,7 +71,7 @@ from inkling_fp4.interop.load_run import find_checkpoint, run_config
 from inkling_fp4.output_guard import check_output
 from inkling_fp4.precision.config import RECIPES
 from inkling_fp4.runs.checkpoint import checkpoint_dirs
-from inkling_fp4.runs.metrics import truncate_metrics
+from inkling_fp4.runs.metrics import METRICS_FILE, truncate_metrics
 from inkling_fp4.train import stages
 from inkling_fp4.train.rollout import DEFAULT_RECIPE, check_config
 from inkling_fp4.train.sft import sft_config
