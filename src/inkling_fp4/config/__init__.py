@@ -1,8 +1,10 @@
 """Run configuration: typed dataclasses, YAML recipes and dotted overrides.
 
 Precedence is dataclass defaults < recipe YAML < ``key=value`` overrides. Each section of a run
-(model, precision, data, train, ...) owns its dataclass next to the code that uses it; this module
-only composes them into :class:`RunConfig` and converts plain data (YAML, overrides) into those
+(model, precision, data, rl, ...) owns its dataclass next to the code that uses it, but the sections
+of packages above this one (the trainer's, the sampler's) live here, in ``trainer.py`` and
+``sampler.py``, so that every layer that reads a run's config can import it. This module only
+composes them into :class:`RunConfig` and converts plain data (YAML, overrides) into those
 dataclasses with strict checking: an unknown key or a value of the wrong type is a
 :class:`ConfigError` that names the key and says what would be valid, never a silent default.
 """
