@@ -30,7 +30,7 @@ import triton.testing
 
 from inkling_fp4.model.conv import conv_silu, fused_conv_silu
 from inkling_fp4.model.conv_triton import _conv_silu_bwd, _conv_silu_pointwise, conv_silu_triton
-from inkling_fp4.model.ssd import segment_ids
+from inkling_fp4.model.packing import segment_ids
 from inkling_fp4.model.ssd_kernels import tuning
 
 TOLERANCE = 1e-2

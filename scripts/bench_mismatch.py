@@ -21,15 +21,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from inkling_fp4.config.sampler import SamplerConfig  # noqa: E402
 from inkling_fp4.data.chat import encode_prompt  # noqa: E402
-from inkling_fp4.infer.config import SamplerConfig  # noqa: E402
 from inkling_fp4.infer.sampler import Sampler  # noqa: E402
+from inkling_fp4.interop.load_run import load_run  # noqa: E402
+from inkling_fp4.precision.autocast import autocast_for  # noqa: E402
 from inkling_fp4.precision.policy import PrecisionPolicy  # noqa: E402
 from inkling_fp4.rl.mismatch import mismatch_stats  # noqa: E402
 from inkling_fp4.rl.rollout_batch import build_rows, token_logprobs  # noqa: E402
 from inkling_fp4.rl.tasks import arithmetic  # noqa: E402
-from inkling_fp4.train.load_run import load_run  # noqa: E402
-from inkling_fp4.train.trainer import autocast_for  # noqa: E402
 
 VARIANTS = {"bf16": ("bf16", "tensor"), "nvfp4-tensor": ("nvfp4", "tensor"), "nvfp4-row": ("nvfp4", "row")}
 

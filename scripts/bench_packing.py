@@ -22,14 +22,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from inkling_fp4 import distributed as D  # noqa: E402
 from inkling_fp4.config import load_config  # noqa: E402
 from inkling_fp4.data.pipeline import build_pretrain_data  # noqa: E402
 from inkling_fp4.data.sft_data import build_sft_data  # noqa: E402
 from inkling_fp4.model.hybrid import HybridLM  # noqa: E402
-from inkling_fp4.train import distributed as D  # noqa: E402
-from inkling_fp4.train.pretrain import PretrainTask, seed_everything  # noqa: E402
+from inkling_fp4.train.pretrain import PretrainTask  # noqa: E402
 from inkling_fp4.train.sft import SFTTask  # noqa: E402
-from inkling_fp4.train.trainer import Trainer  # noqa: E402
+from inkling_fp4.trainer.determinism import seed_everything  # noqa: E402
+from inkling_fp4.trainer.trainer import Trainer  # noqa: E402
 
 
 def main() -> None:

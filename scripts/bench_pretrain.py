@@ -51,16 +51,17 @@ from pathlib import Path
 import torch
 
 import step_profile
+from inkling_fp4 import distributed as D
 from inkling_fp4.config import RunConfig, from_dict, to_dict
+from inkling_fp4.config.trainer import OptimConfig
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision.config import PrecisionConfig
+from inkling_fp4.precision.graph_capture import graph_blocker
 from inkling_fp4.precision.policy import PrecisionPolicy
-from inkling_fp4.train import distributed as D
-from inkling_fp4.train.config import OptimConfig
-from inkling_fp4.train.flops import mfu, peak_flops
-from inkling_fp4.train.graphed_step import GraphedMicroStep, graph_blocker
-from inkling_fp4.train.optimizer import build_optimizer, set_lr
+from inkling_fp4.trainer.flops import mfu, peak_flops
+from inkling_fp4.trainer.graphed_step import GraphedMicroStep
+from inkling_fp4.trainer.optimizer import build_optimizer, set_lr
 
 CONFIGS = {"hybrid-350m": (dict(preset="hybrid-350m"), 16), "peer158m": (dict(preset="peer158m"), 8)}
 """name -> (ModelConfig fields, default global batch)"""

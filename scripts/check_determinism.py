@@ -75,14 +75,14 @@ def batch_for_step(step: int, args, vocab: int):
 def run_trial(args) -> None:
     """Train and save {losses, grad_norms, step_s, weights, precision} to args.trial_out."""
     if args.deterministic:  # first: before any GEMM on the GPU
-        from inkling_fp4.train.determinism import enable_determinism
+        from inkling_fp4.trainer.determinism import enable_determinism
 
         enable_determinism()
     from inkling_fp4.config import load_config
     from inkling_fp4.model.hybrid import HybridLM
     from inkling_fp4.precision import finite_guard
     from inkling_fp4.precision.policy import PrecisionPolicy
-    from inkling_fp4.train.optimizer import build_optimizer, set_lr
+    from inkling_fp4.trainer.optimizer import build_optimizer, set_lr
 
     cfg = load_config(args.preset, [f"train.seed={args.seed}"])
     device = torch.device("cuda")

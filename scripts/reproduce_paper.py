@@ -57,8 +57,13 @@ import sys
 import threading
 from pathlib import Path
 
-from inkling_fp4.compare.gap import METRICS_FILE, boundaries_from_config, parse_metrics_lines
-from inkling_fp4.compare.run import (
+from inkling_fp4 import distributed as D
+from inkling_fp4.compare.gap import boundaries_from_config, parse_metrics_lines
+from inkling_fp4.config import RunConfig, load_config
+from inkling_fp4.errors import UserError
+from inkling_fp4.runs.checkpoint import STATE_FILE, check_processes, checkpoint_dirs
+from inkling_fp4.runs.metrics import METRICS_FILE
+from inkling_fp4.train.compare_baseline import (
     NOISE,
     PlannedRun,
     check_same_run,
@@ -69,11 +74,7 @@ from inkling_fp4.compare.run import (
     trained_steps,
     write_comparison,
 )
-from inkling_fp4.config import RunConfig, load_config
-from inkling_fp4.errors import UserError
-from inkling_fp4.train import distributed as D
-from inkling_fp4.train.checkpoint import STATE_FILE, check_processes, checkpoint_dirs
-from inkling_fp4.train.interrupt import StopSignal
+from inkling_fp4.trainer.interrupt import StopSignal
 
 RUNS = ("fp8", "nvfp4", "bf16", "mxfp4", "nvfp4-no-switch")
 """The paper's runs; ``--noise`` adds the baseline's repeat from other initial weights."""

@@ -1,6 +1,6 @@
 """Hand-made run directories (config.yaml + metrics.jsonl) with known loss gaps, for the compare tests.
 
-The fixture schedule (steps count from 1, as in train/schedule.py): 100 steps, warmup steps 1-10,
+The fixture schedule (steps count from 1, as in runs/schedule.py): 100 steps, warmup steps 1-10,
 stable 11-80, decay over the final 20% (steps 81-100), the BF16 switch at step 81, logged at every
 step, 2 x 16 tokens per step. The baseline's loss is a falling line plus noise that both runs share
 (the same batches); the other run's loss is the baseline's times (1 + g) with a known g per phase,

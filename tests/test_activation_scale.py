@@ -10,7 +10,7 @@ from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.numerics import nvfp4
 from inkling_fp4.numerics.formats import e4m3_bytes
-from inkling_fp4.precision import gemm
+from inkling_fp4.precision import gemm, gemm_backend
 from inkling_fp4.precision.config import PrecisionConfig
 from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.precision.quant_linear import QuantLinear
@@ -51,7 +51,7 @@ def test_row_scaled_gemm_against_a_hand_made_reference():
     recipe = build_recipe(ROW)
     xq = gemm.quantize(x, recipe.fprop.a, values=True)
     wq = gemm.quantize(w, recipe.fprop.b, values=True)
-    y = gemm.matmul(xq, wq, backend="emulated", out_dtype=torch.float32, size=(20, 48))
+    y = gemm_backend.matmul(xq, wq, backend="emulated", out_dtype=torch.float32, size=(20, 48))
     wt = nvfp4.quantize_ref(w, block_2d=True)
     ref = torch.empty(20, 48, dtype=torch.float64)
     for r in range(20):  # every row quantized alone, dequantized by hand
@@ -172,10 +172,10 @@ def test_fused_row_scaled_quantizer_equals_the_reference():
     w = torch.randn(48, 96, generator=g).to(device)
     xq = gemm.quantize(x, recipe.fprop.a, codes=False, values=True)
     wq = gemm.quantize(w, recipe.fprop.b, codes=False, values=True, scale_with=xq.decode_scale)
-    y = gemm.matmul(xq, wq, backend="emulated", out_dtype=torch.float32, size=(40, 48))
+    y = gemm_backend.matmul(xq, wq, backend="emulated", out_dtype=torch.float32, size=(40, 48))
     xr = gemm.Operand(nvfp4.quantize_rows(x.cpu()), recipe.fprop.a)
     wr = gemm.Operand(nvfp4.quantize_ref(w.cpu(), block_2d=True), recipe.fprop.b)
-    want = gemm.matmul(xr, wr, backend="emulated", out_dtype=torch.float32, size=(40, 48))
+    want = gemm_backend.matmul(xr, wr, backend="emulated", out_dtype=torch.float32, size=(40, 48))
     assert torch.allclose(y.cpu(), want, rtol=1e-6, atol=1e-6 * want.abs().max().item())
 
 

@@ -128,7 +128,7 @@ def test_without_from_every_command_takes_the_newest_run_of_any_stage(work, tmp_
     assert out.splitlines()[0] == picked and "export hf: runs/rl/checkpoints/step_1" in out
 
     # compare-baseline: --stage sft may start from any run; an RL comparison from an sft or pretrain run
-    import inkling_fp4.compare.run as compare
+    import inkling_fp4.train.compare_baseline as compare
 
     started = []
     monkeypatch.setattr(compare, "run_compare", lambda cfg, *a, **k: started.append(cfg.init_from))

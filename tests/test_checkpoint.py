@@ -14,9 +14,10 @@ import pytest
 import torch
 from torch import nn
 
+from inkling_fp4.config.trainer import OptimConfig
 from inkling_fp4.errors import UserError
-from inkling_fp4.train import checkpoint as ckpt_mod
-from inkling_fp4.train.checkpoint import (
+from inkling_fp4.runs import checkpoint as ckpt_mod
+from inkling_fp4.runs.checkpoint import (
     CheckpointError,
     DiskFullError,
     check_processes,
@@ -29,8 +30,7 @@ from inkling_fp4.train.checkpoint import (
     save_checkpoint,
     to_json,
 )
-from inkling_fp4.train.config import OptimConfig
-from inkling_fp4.train.optimizer import build_optimizer, load_optimizer_tensors, optimizer_tensors
+from inkling_fp4.trainer.optimizer import build_optimizer, load_optimizer_tensors, optimizer_tensors
 
 
 def _state(step):

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from inkling_fp4.cli import main
-from inkling_fp4.compare.run import compare_runs, plan_runs, run_compare, trained_steps
 from inkling_fp4.config import load_config
 from inkling_fp4.errors import ConfigError, UserError
+from inkling_fp4.train.compare_baseline import compare_runs, plan_runs, run_compare, trained_steps
 from metrics_fixture import make_pair, write_run
 
 TINY = [
@@ -163,7 +163,7 @@ class FakeTrainer:
 
     def __call__(self, cfg, run_dir, resume=False, baseline=None):
         from inkling_fp4.config import save_config
-        from inkling_fp4.train.metrics import truncate_metrics
+        from inkling_fp4.runs.metrics import truncate_metrics
 
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")

@@ -12,10 +12,10 @@ from inkling_fp4.compare.compat import config_differences
 from inkling_fp4.compare.rl_gap import FIGURES, Figure, rl_metrics_from_rows, summarize_values, tail_window
 from inkling_fp4.compare.rl_report import write_rl_report
 from inkling_fp4.compare.rl_summary import summarize_rl
-from inkling_fp4.compare.run import compare_runs, plan_runs
 from inkling_fp4.config import RunConfig, apply_overrides, from_dict, load_config, save_config, to_dict
 from inkling_fp4.errors import ConfigError
-from inkling_fp4.train.run_dir import flatten
+from inkling_fp4.runs.directory import flatten
+from inkling_fp4.train.compare_baseline import compare_runs, plan_runs
 from test_rollout import RL, base  # noqa: F401  (the tiny pretrain run every RL test starts from)
 from test_run_dir import cli, one_line
 

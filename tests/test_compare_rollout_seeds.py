@@ -14,7 +14,7 @@ from inkling_fp4.compare.rl_seeds import BY_KEY
 from inkling_fp4.compare.rl_seeds import seed_value as read_seed_value
 from inkling_fp4.compare.rl_summary import summarize_rl
 from inkling_fp4.errors import UserError
-from inkling_fp4.train.run_dir import flatten
+from inkling_fp4.runs.directory import flatten
 from test_compare_rollout import TINY_RL, logged, step_row, write_rl_run
 from test_rollout import base  # noqa: F401  (the tiny pretrain run every RL test starts from)
 from test_run_dir import cli, one_line

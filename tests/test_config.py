@@ -107,7 +107,7 @@ def test_float_lists_refuse_nan():
 
 def test_direct_construction_checks_finiteness_too():
     """The dataclasses validate NaN themselves (a NaN slips past `x <= 0`), without from_dict."""
-    from inkling_fp4.train.config import LogConfig, MonitorConfig, OptimConfig
+    from inkling_fp4.config.trainer import LogConfig, MonitorConfig, OptimConfig
 
     nan = float("nan")
     for kwargs in (

@@ -23,7 +23,7 @@ from inkling_fp4.model.ssd_kernels import (
     state_grads,
     tuning,
 )
-from inkling_fp4.train import determinism
+from inkling_fp4.trainer import determinism
 from model_helpers import SMALL_RUN
 
 AUTOTUNED = [

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from inkling_fp4.data.chat import render
 from inkling_fp4.data.tokenizer import Tokenizer
 from inkling_fp4.interop.hf_writer import hf_tensors, write_hf
+from inkling_fp4.interop.load_run import load_run
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision.quant_linear import QuantLinear
-from inkling_fp4.train.load_run import load_run
 from model_helpers import exact_model
 from test_run_dir import cli, one_line, pretrained
 

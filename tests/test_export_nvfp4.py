@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from inkling_fp4.config import RunConfig, from_dict
 from inkling_fp4.errors import UserError
 from inkling_fp4.interop.compressed_tensors_writer import compressed_tensors
+from inkling_fp4.interop.load_run import load_run
 from inkling_fp4.interop.modelopt_writer import modelopt_tensors
 from inkling_fp4.interop.nvfp4_weights import nvfp4_recipe, quantize_weight
 from inkling_fp4.numerics import nvfp4
@@ -21,7 +22,6 @@ from inkling_fp4.precision.config import PrecisionConfig
 from inkling_fp4.precision.linear_gemms import quantized_forward
 from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.precision.quant_linear import QuantLinear
-from inkling_fp4.train.load_run import load_run
 from test_export_hf import run  # noqa: F401  (the module's pretrain run fixture)
 from test_run_dir import cli, one_line
 

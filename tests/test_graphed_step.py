@@ -14,8 +14,9 @@ from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision import finite_guard
 from inkling_fp4.precision.config import PrecisionConfig
+from inkling_fp4.precision.graph_capture import graph_blocker
 from inkling_fp4.precision.policy import PrecisionPolicy
-from inkling_fp4.train.graphed_step import GraphedMicroStep, graph_blocker
+from inkling_fp4.trainer.graphed_step import GraphedMicroStep
 
 on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CFG = dict(pattern="M*-M", d_model=64, vocab_size=96, chunk_size=16)

@@ -10,10 +10,10 @@ import torch
 from inkling_fp4.data.tokenizer import Tokenizer
 from inkling_fp4.errors import UserError
 from inkling_fp4.interop.hf_writer import hf_tensors, tokenizer_files, write_hf
+from inkling_fp4.interop.load_run import find_checkpoint, load_run, load_run_checkpoint
 from inkling_fp4.interop.nemotron_h import model_config
 from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.train import sft
-from inkling_fp4.train.load_run import find_checkpoint, load_run, load_run_checkpoint
 from test_export_hf import _fp32_forward, rel
 from test_run_dir import cli, tree_hash
 

@@ -47,6 +47,19 @@ def _seed() -> int:
     return seed
 
 
+def kernel_quantize(x: torch.Tensor, **kw) -> mxfp4.MXFP4Tensor:
+    """The kernel's codes and scale bytes as the reference's tensor type."""
+    codes, scales = mxfp4_quantize.quantize(x, **kw)
+    return mxfp4.MXFP4Tensor(codes=codes, scales=scales, shape=x.shape)
+
+
+def kernel_quantize_with_values(
+    x: torch.Tensor, **kw
+) -> tuple[mxfp4.MXFP4Tensor | None, torch.Tensor | None]:
+    codes, scales, values = mxfp4_quantize.quantize_with_values(x, **kw)
+    return (None if codes is None else mxfp4.MXFP4Tensor(codes=codes, scales=scales, shape=x.shape)), values
+
+
 def assert_same(got: mxfp4.MXFP4Tensor, ref: mxfp4.MXFP4Tensor, what: str) -> None:
     """Codes, scale bytes and shape identical."""
     assert tuple(got.shape) == tuple(ref.shape), what
@@ -58,7 +71,7 @@ def assert_same(got: mxfp4.MXFP4Tensor, ref: mxfp4.MXFP4Tensor, what: str) -> No
 
 
 def check_quantize(x: torch.Tensor, device: str) -> None:
-    got = mxfp4_quantize.quantize(x.to(device))
+    got = kernel_quantize(x.to(device))
     assert_same(got, mxfp4.quantize_ref(x), f"quantize {tuple(x.shape)} {x.dtype}")
 
 
@@ -77,13 +90,13 @@ def check_values(x: torch.Tensor, device: str) -> mxfp4.MXFP4Tensor:
     and FP32 values agree. Returns the reference quantization."""
     ref = mxfp4.quantize_ref(x)
     what = f"values {tuple(x.shape)} {x.dtype}"
-    got, values = mxfp4_quantize.quantize_with_values(x.to(device))
+    got, values = kernel_quantize_with_values(x.to(device))
     assert_same(got, ref, what)
     assert_same_bits(values, ref.block_values(torch.bfloat16), what)
-    none, values_only = mxfp4_quantize.quantize_with_values(x.to(device), keep_codes=False)
+    none, values_only = kernel_quantize_with_values(x.to(device), keep_codes=False)
     assert none is None
     assert_same_bits(values_only, ref.block_values(torch.bfloat16), f"{what}, no codes")
-    _, values32 = mxfp4_quantize.quantize_with_values(x.to(device), values_dtype=torch.float32)
+    _, values32 = kernel_quantize_with_values(x.to(device), values_dtype=torch.float32)
     assert_same_bits(values32, ref.block_values(torch.float32), f"{what}, FP32")
     return ref
 
@@ -180,7 +193,7 @@ def test_interp_strided_and_empty_inputs():
     base = normal((64, 40), torch.float32, seed)
     check_quantize(base.t(), "cpu")  # [40, 64], column-major: copied to unit-stride rows
     check_quantize(normal((4, 6, 128), torch.bfloat16, seed)[:, ::2], "cpu")  # row-strided view
-    empty = mxfp4_quantize.quantize(torch.zeros(0, 64))
+    empty = kernel_quantize(torch.zeros(0, 64))
     assert empty.codes.shape == (0, 32) and empty.scales.shape == (0, 2)
 
 
@@ -189,11 +202,11 @@ def test_interp_stochastic_rounding():
     seed = _seed()
     gen = torch.Generator().manual_seed(seed)
     x = normal((64, 64), torch.bfloat16, seed, spread=2.0)
-    check_stochastic(mxfp4_quantize.quantize(x, stochastic=True, generator=gen), x, f"seed={seed}")
+    check_stochastic(kernel_quantize(x, stochastic=True, generator=gen), x, f"seed={seed}")
     # 4 + 3/8 of a step (2) above 4 in a block of amax 4: P(round up to 6) = 96/256 exactly.
     flat = torch.full((64, 64), 4.75)
     flat[:, ::32] = 4.0
-    up = formats.unpack_nibbles(mxfp4_quantize.quantize(flat, stochastic=True, generator=gen).codes) == 7
+    up = formats.unpack_nibbles(kernel_quantize(flat, stochastic=True, generator=gen).codes) == 7
     samples = up.unflatten(1, (2, 32))[:, :, 1:]
     rate, p = samples.float().mean().item(), 96 / 256
     assert abs(rate - p) < 5 * (p * (1 - p) / samples.numel()) ** 0.5, f"round-up rate {rate}, expected {p}"
@@ -202,9 +215,9 @@ def test_interp_stochastic_rounding():
 @interpreted
 def test_interp_stochastic_is_reproducible():
     x = normal((16, 64), torch.float32, _seed())
-    a = mxfp4_quantize.quantize(x, stochastic=True, generator=torch.Generator().manual_seed(1))
-    b = mxfp4_quantize.quantize(x, stochastic=True, generator=torch.Generator().manual_seed(1))
-    c = mxfp4_quantize.quantize(x, stochastic=True, generator=torch.Generator().manual_seed(2))
+    a = kernel_quantize(x, stochastic=True, generator=torch.Generator().manual_seed(1))
+    b = kernel_quantize(x, stochastic=True, generator=torch.Generator().manual_seed(1))
+    c = kernel_quantize(x, stochastic=True, generator=torch.Generator().manual_seed(2))
     assert torch.equal(a.codes, b.codes)
     assert not torch.equal(a.codes, c.codes)
 
@@ -214,7 +227,7 @@ def test_interp_non_finite_blocks_get_the_nan_scale():
     x = normal((4, 96), torch.bfloat16, _seed())
     x[1, 40] = float("nan")
     x[2, 95] = float("-inf")
-    t = mxfp4_quantize.quantize(x)
+    t = kernel_quantize(x)
     nan_blocks = torch.zeros(4, 3, dtype=torch.bool)
     nan_blocks[1, 1] = nan_blocks[2, 2] = True
     assert torch.equal(t.scales == 255, nan_blocks)
@@ -249,12 +262,10 @@ def test_interp_block_values_with_stochastic_rounding():
     values (the draw does not depend on what is written)."""
     seed = _seed()
     x = normal((32, 128), torch.bfloat16, seed, spread=2.0)
-    t, values = mxfp4_quantize.quantize_with_values(
-        x, stochastic=True, generator=torch.Generator().manual_seed(seed)
-    )
+    t, values = kernel_quantize_with_values(x, stochastic=True, generator=torch.Generator().manual_seed(seed))
     check_stochastic(t, x, f"seed={seed}")
     assert_same_bits(values, t.block_values(torch.bfloat16), f"SR values, seed={seed}")
-    _, values_only = mxfp4_quantize.quantize_with_values(
+    _, values_only = kernel_quantize_with_values(
         x, stochastic=True, generator=torch.Generator().manual_seed(seed), keep_codes=False
     )
     assert_same_bits(values_only, values, f"SR values without codes, seed={seed}")
@@ -266,7 +277,7 @@ def test_interp_non_finite_blocks_give_nan_values():
     x[1, 40] = float("nan")
     x[2, 95] = float("inf")
     x[3, 0] = -3e38  # finite, near -FLT_MAX: its block stays finite
-    t, values = mxfp4_quantize.quantize_with_values(x)
+    t, values = kernel_quantize_with_values(x)
     nan_elements = torch.zeros(4, 96, dtype=torch.bool)
     nan_elements[1, 32:64] = nan_elements[2, 64:96] = True
     assert torch.equal(values.isnan(), nan_elements)
@@ -345,7 +356,7 @@ def test_gpu_stochastic_and_dispatch():
     seed = _seed()
     x = normal((256, 512), torch.bfloat16, seed, spread=2.0)
     gen = torch.Generator().manual_seed(seed)
-    check_stochastic(mxfp4_quantize.quantize(x.cuda(), stochastic=True, generator=gen), x, f"seed={seed}")
+    check_stochastic(kernel_quantize(x.cuda(), stochastic=True, generator=gen), x, f"seed={seed}")
     cuda_gen = torch.Generator(device="cuda").manual_seed(seed)
     check_stochastic(mxfp4.quantize(x.cuda(), stochastic=True, generator=cuda_gen), x, "dispatch SR")
     assert_same(mxfp4.quantize(x.cuda()), mxfp4.quantize_ref(x), "dispatch")

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from inkling_fp4.train.metrics import MetricsLogger, sanitize, step_line, truncate_metrics
+from inkling_fp4.runs.metrics import MetricsLogger, sanitize, step_line, truncate_metrics
 
 
 def _strict(line: str) -> dict:

@@ -27,7 +27,7 @@ from inkling_fp4.model.loss import chunked_cross_entropy
 from inkling_fp4.model.mamba2 import dt_softplus
 from inkling_fp4.model.mlp import squared_relu
 from inkling_fp4.model.norm import add_rms_norm, gated_rms_norm, rms_norm, skip_gated_rms_norm
-from inkling_fp4.model.ssd import segment_ids
+from inkling_fp4.model.packing import segment_ids
 from interpreter import interpreted, run_interpreted
 
 on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

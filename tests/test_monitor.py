@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from inkling_fp4.train.config import MonitorConfig
-from inkling_fp4.train.monitor import NoiseMonitor, robust_zscore
+from inkling_fp4.config.trainer import MonitorConfig
+from inkling_fp4.trainer.monitor import NoiseMonitor, robust_zscore
 
 
 def _feed(mon, n, start=1, loss=3.0, gnorm=1.0, noise=0.02):

@@ -14,12 +14,12 @@ import torch
 
 from inkling_fp4.compare.compat import check_comparable, config_differences
 from inkling_fp4.compare.report import wandb_summary, write_report
-from inkling_fp4.compare.run import NOISE, compare_runs, plan_runs
 from inkling_fp4.compare.summary import summarize
 from inkling_fp4.config import load_config, to_dict
 from inkling_fp4.errors import UserError
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.train.compare_baseline import NOISE, compare_runs, plan_runs
 from inkling_fp4.train.pretrain import initial_weights_rng as _initial_weights_rng
 from metrics_fixture import baseline_losses, make_pair, phase_of, write_run
 

@@ -17,7 +17,8 @@ import torch
 
 from inkling_fp4.config import load_config
 from inkling_fp4.errors import ConfigError
-from inkling_fp4.train import pretrain, trainer
+from inkling_fp4.train import pretrain
+from inkling_fp4.trainer import trainer
 from model_helpers import SMALL_RUN
 
 pytestmark = pytest.mark.slow

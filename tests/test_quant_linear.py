@@ -10,7 +10,7 @@ import torch
 
 from inkling_fp4.errors import NumericsError
 from inkling_fp4.numerics import hadamard, nvfp4
-from inkling_fp4.precision import finite_guard, gemm
+from inkling_fp4.precision import finite_guard, gemm, gemm_backend
 from inkling_fp4.precision.linear_gemms import quantized_forward
 from inkling_fp4.precision.policy import RoundingRNG
 from inkling_fp4.precision.quant_linear import QuantLinear
@@ -268,7 +268,7 @@ def test_fp8_paired_quantization_gives_the_unpaired_results(monkeypatch, tensorw
     M, K, N = (200, 96, 48) if tensorwise else (256, 256, 128)
     x, g = torch.randn(M, K) * 2.0, (torch.randn(M, N) * 1e-2).bfloat16()
     calls, wgrad_transposed = [], []
-    pair, matmul = gemm.fp8_operand_pair, gemm.matmul
+    pair, matmul = gemm.fp8_operand_pair, gemm_backend.matmul
     monkeypatch.setattr(
         gemm,
         "fp8_operand_pair",
@@ -280,7 +280,7 @@ def test_fp8_paired_quantization_gives_the_unpaired_results(monkeypatch, tensorw
             wgrad_transposed.append((a.transposed, b.transposed))
         return matmul(a, b, **kw)
 
-    monkeypatch.setattr(gemm, "matmul", recording_matmul)
+    monkeypatch.setattr(gemm_backend, "matmul", recording_matmul)
     m = _layer(K, N, fp8_tensorwise_recipe() if tensorwise else fp8_recipe())
     paired = _run(m, x, g)
     paired_operands = {name: bool(result) for name, result in calls}  # x, W in forward, dy in backward

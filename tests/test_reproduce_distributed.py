@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from inkling_fp4.compare.run import plan_runs
 from inkling_fp4.errors import UserError
+from inkling_fp4.train.compare_baseline import plan_runs
 from test_pretrain import SMALL
 from test_pretrain import data_cache as data_cache  # the session's shared data cache (a fixture)
 

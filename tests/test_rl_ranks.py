@@ -4,8 +4,8 @@ each rank's share of a step's prompts, and the step's figures from its completio
 import pytest
 import torch
 
+from inkling_fp4.distributed import DistInfo
 from inkling_fp4.rl import ranks
-from inkling_fp4.train.distributed import DistInfo
 
 
 @pytest.mark.parametrize("n", [0, 1, 5, 8, 13])

@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from inkling_fp4.distributed import DistInfo
 from inkling_fp4.errors import UserError
+from inkling_fp4.interop.load_run import load_run_checkpoint, run_config
 from inkling_fp4.rl import grpo, mismatch
 from inkling_fp4.rl.policy_loss import PolicyLossFn
 from inkling_fp4.rl.prompts import PromptStream, load_task
 from inkling_fp4.rl.rollout_batch import RolloutBatch
+from inkling_fp4.runs.checkpoint import load_model_tensors
 from inkling_fp4.train import rollout
-from inkling_fp4.train.checkpoint import load_model_tensors
-from inkling_fp4.train.distributed import DistInfo
-from inkling_fp4.train.load_run import load_run_checkpoint, run_config
 from inkling_fp4.train.sft import sft_config
-from inkling_fp4.train.trainer import Trainer
+from inkling_fp4.trainer.trainer import Trainer
 from test_rollout import METRICS, rows
 from test_rollout import base as base  # the module's 4-step pretrain run (a fixture)
 

@@ -190,7 +190,7 @@ def test_a_live_lock_refuses_a_second_process_and_a_dead_one_is_taken_over(small
     _, done = small
     run = copy_run(done, tmp_path)
     hold = (
-        "import sys, time\nfrom pathlib import Path\nfrom inkling_fp4.train.run_lock import RunLock\n"
+        "import sys, time\nfrom pathlib import Path\nfrom inkling_fp4.runs.lock import RunLock\n"
         f"RunLock(Path({str(run)!r})).acquire()\nprint('locked', flush=True)\ntime.sleep(60)\n"
     )
     holder = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
@@ -235,7 +235,7 @@ SECOND_SIGINT = """
 import hashlib, json, os, signal
 from pathlib import Path
 from inkling_fp4.model.hybrid import HybridLM
-from inkling_fp4.train import checkpoint
+from inkling_fp4.runs import checkpoint
 _loss, _write, calls = HybridLM.loss, checkpoint._write_synced, {{"loss": 0, "write": 0}}
 def saved():  # every file of the run's checkpoints now: none may change from here on
     root = Path({run!r}) / "checkpoints"
@@ -273,7 +273,7 @@ def _second_sigint(tmp_path, small, in_step=False, in_write=()):
 
 
 def test_a_second_sigint_in_the_step_stops_at_once_and_says_where_resume_starts(small, tmp_path):
-    from inkling_fp4.train.checkpoint import latest_good
+    from inkling_fp4.runs.checkpoint import latest_good
 
     run, code, out, err, saved = _second_sigint(tmp_path, small, in_step=True)
     resume = f"fp4train pretrain --resume --run-dir {run}"
@@ -287,7 +287,7 @@ def test_a_second_sigint_in_the_step_stops_at_once_and_says_where_resume_starts(
 
 
 def test_a_second_sigint_while_the_checkpoint_is_written_lets_it_finish(small, tmp_path):
-    from inkling_fp4.train.checkpoint import latest_good
+    from inkling_fp4.runs.checkpoint import latest_good
 
     run, code, out, err, saved = _second_sigint(tmp_path, small, in_write=[1])
     resume = f"fp4train pretrain --resume --run-dir {run}"
@@ -315,7 +315,7 @@ def test_a_third_sigint_while_the_checkpoint_is_written_stops_at_once_without_it
 
 KILL_AT = """
 import os, signal, shutil
-from inkling_fp4.train import checkpoint
+from inkling_fp4.runs import checkpoint
 _write, _rmtree, calls = checkpoint._write_synced, shutil.rmtree, {{"write": 0, "prune": 0}}
 def write(path, data):
     calls["write"] += 1
@@ -367,7 +367,7 @@ def test_full_disk_is_one_line_and_keeps_the_older_checkpoints(small, tmp_path):
     args, _ = small
     hook = """
 import errno
-from inkling_fp4.train import checkpoint
+from inkling_fp4.runs import checkpoint
 _write, calls = checkpoint._write_synced, {"n": 0}
 def write(path, data):
     calls["n"] += 1

@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from inkling_fp4.errors import UserError
-from inkling_fp4.train.run_lock import RunLock, RunLockedError
+from inkling_fp4.runs.lock import RunLock, RunLockedError
 
 HOLDER = """
 import sys, time
-from inkling_fp4.train.run_lock import RunLock
+from inkling_fp4.runs.lock import RunLock
 lock = RunLock(sys.argv[1])
 lock.acquire()
 print("locked", flush=True)
@@ -131,7 +131,7 @@ def test_another_hosts_lock_is_not_taken_over(tmp_path):
 
 RACER = """
 import sys
-from inkling_fp4.train.run_lock import RunLock, RunLockedError
+from inkling_fp4.runs.lock import RunLock, RunLockedError
 try:
     RunLock(sys.argv[1]).acquire()
     print("ok", flush=True)

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
+from inkling_fp4.config.sampler import SamplerConfig
 from inkling_fp4.data.tokenizer import Tokenizer
 from inkling_fp4.errors import UserError
-from inkling_fp4.infer.config import SamplerConfig
 from inkling_fp4.infer.sampler import Sampler, sampler_policy
 from inkling_fp4.infer.stopping import StopChecker
 from inkling_fp4.model.config import ModelConfig

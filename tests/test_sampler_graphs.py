@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 import torch
 
+from inkling_fp4.config.sampler import SamplerConfig
 from inkling_fp4.data.tokenizer import Tokenizer
-from inkling_fp4.infer.config import SamplerConfig
 from inkling_fp4.infer.decode_graphs import DecodeGraphs, Slot, cache_len, graph_key
 from inkling_fp4.infer.sampler import Sampler, sampler_policy
 from inkling_fp4.model.config import ModelConfig

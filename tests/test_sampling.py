@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from inkling_fp4.config.sampler import SamplerConfig
 from inkling_fp4.errors import ConfigError
-from inkling_fp4.infer.config import SamplerConfig
 from inkling_fp4.infer.sampling import filtered_probs, min_p_mask, sample, top_k_mask, top_p_mask
 
 

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from inkling_fp4.errors import ConfigError
-from inkling_fp4.train.schedule import PrecisionSchedule, WSDSchedule
+from inkling_fp4.runs.schedule import PrecisionSchedule, WSDSchedule
 
 
 @pytest.mark.parametrize("shape", ["linear", "cosine", "1-sqrt"])

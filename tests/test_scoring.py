@@ -13,7 +13,7 @@ import pytest
 from inkling_fp4.errors import ConfigError
 from inkling_fp4.rl.rewards import numeric
 from inkling_fp4.rl.scoring import RewardRunner, load_reward
-from inkling_fp4.train.interrupt import StopSignal
+from inkling_fp4.trainer.interrupt import StopSignal
 
 
 def flaky(prompt, completion, answer):

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from inkling_fp4.errors import UserError
+from inkling_fp4.interop.load_run import load_run
+from inkling_fp4.runs.find import newest_run
 from inkling_fp4.train import sft
-from inkling_fp4.train.load_run import load_run, newest_run
 from test_run_dir import cli, one_line, pretrained, tree_hash
 
 pytestmark = pytest.mark.slow

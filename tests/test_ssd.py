@@ -8,7 +8,8 @@ size, length, initial state and set of document boundaries.
 import pytest
 import torch
 
-from inkling_fp4.model.ssd import segment_ids, segsum, ssd, ssd_recurrent, ssd_reference, ssd_step
+from inkling_fp4.model.packing import segment_ids
+from inkling_fp4.model.ssd import segsum, ssd, ssd_recurrent, ssd_reference, ssd_step
 from model_helpers import random_doc_ids, ssd_inputs
 
 TOL = dict(atol=1e-10, rtol=1e-10)

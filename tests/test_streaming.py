@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from inkling_fp4.config.sampler import SamplerConfig
 from inkling_fp4.data.tokenizer import Tokenizer
-from inkling_fp4.infer.config import SamplerConfig
 from inkling_fp4.infer.sampler import Sampler
 from inkling_fp4.infer.streaming import TextStream, settled, stop_prefix_len
 from inkling_fp4.model.cache import InferenceCache

@@ -37,6 +37,7 @@ PRINT_CONFIG = typer.Option(
 
 def _version(value: bool) -> None:
     if value:
+        # imported here: start-up time
         from inkling_fp4 import __version__
 
         typer.echo(f"fp4train {__version__}")
@@ -53,6 +54,7 @@ def _root(
 
 
 def _print_config(cfg) -> None:
+    # imported here: start-up time
     import yaml
 
     from inkling_fp4.config import to_dict
@@ -65,6 +67,7 @@ def recipes() -> None:
     """List the built-in recipes (use one with --recipe NAME).
 
     One line each: the recipe's name and what it is for."""
+    # imported here: start-up time
     import shutil
     import textwrap
 
@@ -90,6 +93,7 @@ def info(
 
     Which backend and kernels each precision recipe would use on this machine, and what a run holds
     (its checkpoint, model and tokenizer)."""
+    # imported here: start-up time
     import importlib.util
 
     import torch
@@ -115,7 +119,9 @@ def info(
             continue
         backend = resolve_backend("auto", recipe, device)
         typer.echo(f"  {recipe}: {describe_backend(backend, recipe, device)}")
-    from inkling_fp4.train.load_run import RUNS_ROOT, default_from, describe, newest_run
+    # imported here: start-up time
+    from inkling_fp4.interop.load_run import describe
+    from inkling_fp4.runs.find import RUNS_ROOT, default_from, newest_run
 
     if from_run is None and newest_run(RUNS_ROOT) is not None:
         from_run = default_from(typer.echo)
@@ -141,10 +147,11 @@ def pretrain(
     """Pretrain with the WSD schedule and the precision recipe.
 
     NVFP4 forward and backward GEMMs by default, switching to BF16 before the learning-rate decay."""
+    # imported here: start-up time
     from inkling_fp4.config import load_config
-    from inkling_fp4.train.load_run import find_checkpoint
+    from inkling_fp4.interop.load_run import find_checkpoint
+    from inkling_fp4.runs.directory import TOKENIZER_FILE
     from inkling_fp4.train.pretrain import run
-    from inkling_fp4.train.run_dir import TOKENIZER_FILE
     from inkling_fp4.train.sft import sft_config
 
     overrides = list(overrides or [])
@@ -183,6 +190,7 @@ def sft(
 
     The loss is on the answers; the weights, model and tokenizer are those of the --from run, the
     optimizer starts fresh."""
+    # imported here: start-up time
     from inkling_fp4.config import load_config
     from inkling_fp4.train.sft import DEFAULT_RECIPE, run
 
@@ -198,7 +206,8 @@ def sft(
 def _on_base(recipe, default_recipe, overrides, from_run, run_dir, resume, stage):
     """A later stage's config: the run's own on --resume, else the recipe on the model of --from
     (default: the newest run under runs/ but this one)."""
-    from inkling_fp4.train.load_run import default_from
+    # imported here: start-up time
+    from inkling_fp4.runs.find import default_from
     from inkling_fp4.train.sft import sft_config
 
     cfg = _recorded_with(run_dir, overrides) if resume and recipe is None else None
@@ -215,8 +224,9 @@ def _on_base(recipe, default_recipe, overrides, from_run, run_dir, resume, stage
 
 def _recorded_with(run_dir: Path, overrides: list[str]):
     """The run's recorded config (amendments applied) with ``overrides``, or None without one."""
+    # imported here: start-up time
     from inkling_fp4.config import RunConfig, apply_overrides, from_dict
-    from inkling_fp4.train.run_dir import recorded_config_data
+    from inkling_fp4.runs.directory import recorded_config_data
 
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir} is a file, not a directory; pass a directory path")
@@ -227,7 +237,8 @@ def _recorded_with(run_dir: Path, overrides: list[str]):
 def _finish(result, command: str) -> None:
     """Say where the run went and what to run next; an interrupted run exits 130 (SIGINT) or 143
     (SIGTERM)."""
-    from inkling_fp4.train.trainer import SIGNAL_EXIT_CODES
+    # imported here: start-up time
+    from inkling_fp4.trainer.fit import SIGNAL_EXIT_CODES
 
     if os.environ.get("RANK", "0") != "0":  # once under torchrun
         return
@@ -258,6 +269,7 @@ def tokenizer(
     """Train a byte-level BPE tokenizer on a text source.
 
     Use it in a recipe or override with data.tokenizer=PATH."""
+    # imported here: start-up time
     from inkling_fp4.data.bpe_training import train_tokenizer_command
 
     typer.echo(train_tokenizer_command(source, vocab_size, out, text_field, max_documents, force=force))
@@ -280,10 +292,11 @@ def export(
 
     hf: transformers' NemotronHForCausalLM in FP32; nvfp4-modelopt and nvfp4-compressed-tensors: the
     NVFP4 weights the training forward pass uses, in the layouts of ModelOpt and compressed-tensors."""
+    # imported here: start-up time
     from inkling_fp4.config import apply_overrides, from_dict
     from inkling_fp4.interop.calibration import ExportConfig
     from inkling_fp4.interop.export import run_export
-    from inkling_fp4.train.load_run import default_from
+    from inkling_fp4.runs.find import default_from
 
     data = apply_overrides({"export": {}}, list(overrides or []))
     unknown = sorted(set(data) - {"export"})
@@ -339,9 +352,10 @@ def compare_baseline(
     Trains the recipe under FP8 and under its own precision with the same seed, data order and
     schedule, and reports the loss gap (RL: the reward and accuracy gap); --run A --baseline B
     compares two existing runs."""
-    from inkling_fp4.compare.run import compare_runs, run_compare
+    # imported here: start-up time
     from inkling_fp4.config import load_config
-    from inkling_fp4.train.load_run import default_from
+    from inkling_fp4.runs.find import default_from
+    from inkling_fp4.train.compare_baseline import compare_runs, run_compare
 
     if run is not None or baseline is not None:
         if run is None or baseline is None:
@@ -359,13 +373,15 @@ def compare_baseline(
             "--run-dir (--noise trains its noise-floor run)"
         )
     if stage == "sft":
+        # imported here: start-up time
         from inkling_fp4.train.sft import DEFAULT_RECIPE, sft_config
 
         name = load_config(recipe or DEFAULT_RECIPE, list(overrides or [])).name
         from_run = from_run or default_from(typer.echo, exclude=Path("runs") / f"{name}-compare")
         cfg = sft_config(recipe, list(overrides or []), from_run)
     elif stage == "rollout":
-        from inkling_fp4.compare.run import RL_BASES, rollout_config
+        # imported here: start-up time
+        from inkling_fp4.train.compare_baseline import RL_BASES, rollout_config
         from inkling_fp4.train.rollout import DEFAULT_RECIPE as RL_RECIPE
 
         name = load_config(recipe or RL_RECIPE, list(overrides or [])).name
@@ -410,6 +426,7 @@ def generate(
 
     The run's own precision recipe by default (sampler.precision); prompts go in the chat template
     when the run's weights were trained on it. Shows new tokens/s."""
+    # imported here: start-up time
     from inkling_fp4.infer.generate import run_generate
 
     run_generate(from_run, prompt, prompts, out, list(overrides or []), echo=typer.echo, stream=stream,
@@ -434,6 +451,7 @@ def eval_(
 
     pass@1 greedy and, with --samples K, pass@1 sampled and pass@K, appended to the run's
     metrics.jsonl."""
+    # imported here: start-up time
     from inkling_fp4.infer.evaluate import run_eval
 
     run_eval(from_run, task, samples, problems, list(overrides or []), echo=typer.echo)
@@ -460,6 +478,7 @@ def rollout(
 
     Samples with the run's own forward pass, scores with the task's verifier (or --reward) and takes
     GRPO steps."""
+    # imported here: start-up time
     from inkling_fp4.config import load_config
     from inkling_fp4.train import rollout as rl_stage
 

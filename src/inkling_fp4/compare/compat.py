@@ -22,7 +22,7 @@ from typing import Any
 
 from inkling_fp4.config import RunConfig, to_dict
 from inkling_fp4.errors import UserError
-from inkling_fp4.train.run_dir import flatten
+from inkling_fp4.runs.directory import flatten, recorded_config_data
 
 COMPARED_SECTIONS = ("model", "data", "optim", "sft")
 """Sections compared key by key (minus IGNORED_KEYS)."""
@@ -94,8 +94,6 @@ def config_differences(config_a: dict, config_b: dict) -> list[tuple[str, Any, A
 
 def read_config_data(run_dir: str | Path) -> dict:
     """The plain data of ``<run_dir>/config.yaml`` with the run's amendments (``amendments.jsonl``)."""
-    from inkling_fp4.train.run_dir import recorded_config_data
-
     data = recorded_config_data(Path(run_dir))
     if data is None:
         raise UserError(f"no config.yaml in {run_dir}: pass a run directory written by `fp4train pretrain`")

@@ -25,7 +25,7 @@ Runs with the same data, seed and schedule (compare/compat.py checks) see the sa
 step, so aligning by step is aligning by tokens; plots use the baseline's token counts.
 
 Phases (warmup, stable, decay, and after the switch to BF16) come from the run's own config through
-the training schedules (train/schedule.py), so that the boundaries here are the ones the run used.
+the training schedules (runs/schedule.py), so that the boundaries here are the ones the run used.
 """
 
 from __future__ import annotations
@@ -39,10 +39,9 @@ import numpy as np
 
 from inkling_fp4.config import RunConfig, from_dict
 from inkling_fp4.errors import ConfigError, UserError
-from inkling_fp4.train.schedule import PrecisionSchedule, WSDSchedule
-
-METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.yaml"
+from inkling_fp4.runs.directory import CONFIG_FILE, recorded_config_data
+from inkling_fp4.runs.metrics import METRICS_FILE
+from inkling_fp4.runs.schedule import PrecisionSchedule, WSDSchedule
 
 SMOOTH_MIN_ROWS = 5
 """The smoothing window spans at least this many logged rows ..."""
@@ -219,8 +218,6 @@ def load_run_config(run_dir: str | Path) -> RunConfig:
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise UserError(f"no {CONFIG_FILE} in {run_dir}: pass a run directory written by `fp4train pretrain`")
-    from inkling_fp4.train.run_dir import recorded_config_data
-
     try:
         return from_dict(RunConfig, recorded_config_data(Path(run_dir)))
     except ConfigError as e:
@@ -302,7 +299,7 @@ def val_gap(run: RunMetrics, baseline: RunMetrics, bf16: bool = False) -> GapSer
 
 @dataclass(frozen=True)
 class PhaseBoundaries:
-    """Where a run's phases start, in the 1-based steps of train/schedule.py."""
+    """Where a run's phases start, in the 1-based steps of runs/schedule.py."""
 
     total_steps: int
     warmup_end: int

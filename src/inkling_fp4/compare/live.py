@@ -19,8 +19,6 @@ import math
 from pathlib import Path
 
 from inkling_fp4.compare.gap import (
-    CONFIG_FILE,
-    METRICS_FILE,
     SMOOTH_MIN_ROWS,
     default_window,
     load_run_config,
@@ -29,6 +27,8 @@ from inkling_fp4.compare.gap import (
     row_value,
 )
 from inkling_fp4.errors import UserError
+from inkling_fp4.runs.directory import CONFIG_FILE
+from inkling_fp4.runs.metrics import METRICS_FILE
 
 
 def _window_mean(steps: list[int], values: dict[int, float], step: int, window: int) -> float:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from inkling_fp4.data.batch import Batch
+from inkling_fp4.data.builtin_tasks import BuiltinTasks
 from inkling_fp4.data.chat import Chat, EncodedChat, assemble, parse_record
 from inkling_fp4.data.config import DataConfig
 from inkling_fp4.data.packing import PackedLoader, PackedRows, fit, pack
@@ -121,8 +122,6 @@ def _encode(tokenizer: Tokenizer, chats: list[Chat], loss_on: str) -> list[Encod
 
 def _open(cfg: DataConfig, sft: SFTConfig, seed: int):
     if cfg.source == "builtin":
-        from inkling_fp4.data.builtin_tasks import BuiltinTasks  # the task generators load on demand
-
         return BuiltinTasks(sft.builtin_examples, seed, levels=sft.builtin_levels)
     return open_records(cfg.source, cfg)
 

@@ -24,9 +24,11 @@ from pathlib import Path
 
 from inkling_fp4.errors import UserError
 from inkling_fp4.infer.from_run import load_run_sampler
+from inkling_fp4.rl import rewards
+from inkling_fp4.rl.prompts import read_jsonl
 from inkling_fp4.rl.tasks import held_out
-from inkling_fp4.train.metrics import METRICS_FILE
-from inkling_fp4.train.run_dir import CONFIG_FILE
+from inkling_fp4.runs.directory import CONFIG_FILE
+from inkling_fp4.runs.metrics import METRICS_FILE
 
 TASKS = ("arithmetic", "countdown")
 
@@ -59,14 +61,10 @@ class EvalResult:
 
 def task_problems(task: str, n: int) -> tuple[str, list[EvalProblem], Callable]:
     """(task name, held-out problems, reward) for a built-in task name or a jsonl file."""
-    from inkling_fp4.rl import rewards
-
     if task in TASKS:
         module = importlib.import_module(f"inkling_fp4.rl.tasks.{task}")
         problems = [EvalProblem(p.prompt, p.answer) for p in held_out(module.problems, n, module.LEVELS)]
         return task, problems, module.reward
-    from inkling_fp4.rl.prompts import read_jsonl
-
     path = Path(task)
     problems = [EvalProblem(p.text, p.answer) for p in read_jsonl(path, "--task")]
     return path.name, problems[:n], rewards.numeric

@@ -1,9 +1,9 @@
 """A sampler for a run directory: what ``fp4train generate`` and ``eval`` start from.
 
-The run's model and tokenizer come from its newest good checkpoint (``train.load_run``); the
+The run's model and tokenizer come from its newest good checkpoint (``interop.load_run``); the
 overrides may change only the ``sampler`` and ``precision`` sections (the model, its data and its
 weights are the run's). Prompts are encoded as the run's weights saw text: a run trained on the chat
-template (sft, rollout, or a run started from one: ``train.run_lineage``) gets it with one user turn
+template (sft, rollout, or a run started from one: ``runs.lineage``) gets it with one user turn
 (``data.chat.encode_prompt``) ending in ``<|assistant|>``; any other run's documents open with the
 document token.
 
@@ -22,7 +22,10 @@ from inkling_fp4.data.chat import encode_prompt
 from inkling_fp4.data.tokenizer import Tokenizer
 from inkling_fp4.errors import ConfigError, UserError
 from inkling_fp4.infer.sampler import Sampler, resolve_device, sampler_policy
-from inkling_fp4.train.checkpoint import Checkpoint
+from inkling_fp4.interop.load_run import load_run_checkpoint
+from inkling_fp4.runs.checkpoint import Checkpoint
+from inkling_fp4.runs.find import default_from
+from inkling_fp4.runs.lineage import trained_on_chat
 
 OVERRIDABLE = ("sampler", "precision")
 
@@ -65,9 +68,6 @@ class RunSampler:
 
 def load_run_sampler(from_run: Path | None, overrides: list[str] | None = None, echo=print) -> RunSampler:
     """The sampler of ``from_run`` (default: the newest run under runs/)."""
-    from inkling_fp4.train.load_run import default_from, load_run_checkpoint
-    from inkling_fp4.train.run_lineage import trained_on_chat
-
     overrides = list(overrides or [])
     for text in overrides:
         path, _ = parse_override(text)

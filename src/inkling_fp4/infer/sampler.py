@@ -40,13 +40,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from inkling_fp4.config.sampler import SamplerConfig
 from inkling_fp4.data.tokenizer import Tokenizer
 from inkling_fp4.errors import UserError
-from inkling_fp4.infer.config import SamplerConfig
 from inkling_fp4.infer.decode_graphs import DecodeGraphs, log_to_stderr
 from inkling_fp4.infer.sampling import sample
 from inkling_fp4.infer.stopping import End, StopChecker
+from inkling_fp4.precision.autocast import autocast_for
 from inkling_fp4.precision.config import PrecisionConfig
+from inkling_fp4.precision.graph_capture import graph_blocker
 from inkling_fp4.precision.policy import PrecisionPolicy
 
 
@@ -190,8 +192,6 @@ class Sampler:
         if graphs is None or (graphs.capture and not use):
             return None
         if graphs.capture:
-            from inkling_fp4.train.graphed_step import graph_blocker
-
             blocker = graph_blocker(self.model, 1, self.device)
             if blocker is not None:
                 if blocker != self._eager_reason:
@@ -252,8 +252,6 @@ class Sampler:
         first: int = 0,
         on_tokens: OnTokens | None = None,
     ) -> list[Completion]:
-        from inkling_fp4.train.trainer import autocast_for
-
         cfg, model, device = self.cfg, self.model, self.device
         t0 = time.perf_counter()
         B = len(prompts)

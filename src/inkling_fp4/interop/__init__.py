@@ -2,6 +2,7 @@
 
 - :mod:`~.nemotron_h`: the config and tensor-name mapping to and from transformers' ``NemotronH``;
 - :mod:`~.hf_writer`: the ``hf`` export (a directory ``AutoModelForCausalLM`` loads);
+- :mod:`~.load_run`: a run, checkpoint or Nemotron-H directory as (RunConfig, model, tokenizer);
 - :mod:`~.importer`: a Nemotron-H directory as (RunConfig, model, tokenizer);
 - :mod:`~.nvfp4_weights`: the NVFP4 weight values the training forward uses, per linear layer;
 - :mod:`~.calibration`: input scales from a few batches of the run's data;

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 
 from inkling_fp4.config import RunConfig
+from inkling_fp4.data.pipeline import build_pretrain_data
+from inkling_fp4.data.sft_data import build_sft_data
 from inkling_fp4.data.tokenizer import Tokenizer
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision.policy import PrecisionPolicy
@@ -71,11 +73,7 @@ def calibration_batches(
     for an sft run)."""
     n, b = export.calibration_batches, export.calibration_batch_size
     if cfg.stage == "sft":
-        from inkling_fp4.data.sft_data import build_sft_data
-
         data = build_sft_data(cfg.data, cfg.sft, tokenizer, cfg.train.seed)
         return [batch.input_ids for batch in data.val_batches(n, b)]
-    from inkling_fp4.data.pipeline import build_pretrain_data
-
     data = build_pretrain_data(cfg.data, run_dir, cfg.train.seed)
     return [batch.input_ids for batch in data.val_batches(n, b)]

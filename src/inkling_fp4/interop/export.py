@@ -20,6 +20,7 @@ from inkling_fp4.errors import UserError
 from inkling_fp4.interop.calibration import ExportConfig, calibration_batches, input_amaxes
 from inkling_fp4.interop.compressed_tensors_writer import compressed_tensors, compressed_tensors_config
 from inkling_fp4.interop.hf_writer import check_export_target, hf_tensors, write_hf
+from inkling_fp4.interop.load_run import load_run_checkpoint
 from inkling_fp4.interop.modelopt_writer import modelopt_metadata, modelopt_tensors
 from inkling_fp4.interop.nvfp4_weights import nvfp4_recipe, quantized_modules
 
@@ -48,8 +49,6 @@ def run_export(
     echo: Callable[[str], None] = print,
 ) -> list[Path]:
     """Export ``source`` as ``fmt`` into ``out``; returns the files written."""
-    from inkling_fp4.train.load_run import load_run_checkpoint
-
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
     options = options or ExportConfig()

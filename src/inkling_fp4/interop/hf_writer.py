@@ -32,7 +32,7 @@ from inkling_fp4.interop.nemotron_h import hf_config, to_hf_tensors
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.output_guard import check_output
-from inkling_fp4.train.checkpoint import model_tensors
+from inkling_fp4.runs.checkpoint import model_tensors
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"

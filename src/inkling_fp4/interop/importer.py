@@ -24,12 +24,13 @@ from safetensors.torch import load_file
 
 from inkling_fp4.config import RunConfig
 from inkling_fp4.data.config import DataConfig
+from inkling_fp4.data.hub import require_hub
 from inkling_fp4.data.tokenizer import Tokenizer, check_vocab
 from inkling_fp4.errors import UserError
 from inkling_fp4.interop.nemotron_h import MODEL_TYPE, from_hf_tensors, model_config
 from inkling_fp4.interop.nemotron_h_check import check_config, check_finite, check_weights
 from inkling_fp4.model.hybrid import HybridLM
-from inkling_fp4.train.checkpoint import CheckpointError, load_model_tensors
+from inkling_fp4.runs.checkpoint import CheckpointError, load_model_tensors
 
 CONFIG_FILE = "config.json"
 
@@ -64,8 +65,6 @@ def resolve(spec: str | Path) -> Path:
     """A local Nemotron-H directory for ``spec``: the path itself, or a hub id's cached snapshot."""
     if not looks_like_hub_id(spec):
         return Path(spec)
-    from inkling_fp4.data.hub import require_hub
-
     require_hub(f"--from {spec}", "pass a local Nemotron-H directory")
     from huggingface_hub import snapshot_download
 

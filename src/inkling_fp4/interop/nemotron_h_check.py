@@ -25,7 +25,7 @@ from inkling_fp4.errors import UserError
 from inkling_fp4.interop.nemotron_h import layer_pattern, to_hf_tensors
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
-from inkling_fp4.train.checkpoint import model_tensors
+from inkling_fp4.runs.checkpoint import model_tensors
 
 CONFIG_FILE = "config.json"
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from inkling_fp4.model.compiled import fast_forms_on
 from inkling_fp4.model.norm import at_least_fp32
 
 
@@ -62,10 +63,8 @@ def gqa_decode(
 ) -> torch.Tensor:
     """:func:`gqa_decode_ref`'s function, as the Triton kernel on CUDA (where ``span`` is not needed:
     it reads each sequence's own positions) and the twin elsewhere."""
-    from inkling_fp4.model.compiled import fast_forms_on
-
     if fast_forms_on(q) and k_cache.dtype in (torch.float32, torch.bfloat16, torch.float16):
-        from inkling_fp4.model.decode_kernels import gqa_decode_triton
+        from inkling_fp4.model.decode_kernels import gqa_decode_triton  # needs triton
 
         return gqa_decode_triton(q, k_new, v_new, k_cache, v_cache, lengths)
     return gqa_decode_ref(q, k_new, v_new, k_cache, v_cache, lengths, span)

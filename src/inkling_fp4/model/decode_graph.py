@@ -36,8 +36,9 @@ from torch import nn
 
 from inkling_fp4.errors import UserError
 from inkling_fp4.model.cache import InferenceCache
+from inkling_fp4.model.compiled import glue_enabled
 from inkling_fp4.precision import finite_guard
-from inkling_fp4.precision.graph_capture import quantized_graph
+from inkling_fp4.precision.graph_capture import graph_blocker, quantized_graph
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 """Batch sizes a decode graph is captured for (a larger batch is its own bucket)."""
@@ -68,13 +69,9 @@ class GraphedDecoder:
         device = cache.lengths.device
         if device.type != "cuda":
             raise ValueError(f"GraphedDecoder needs a CUDA cache, got one on {device}")
-        from inkling_fp4.train.graphed_step import graph_blocker
-
         blocker = graph_blocker(model, 1, device)
         if blocker is not None:
             raise ValueError(f"the decode step cannot be captured as a CUDA graph: {blocker}")
-        from inkling_fp4.model.compiled import glue_enabled
-
         if not glue_enabled():  # the attention twin slices the cache at a host-side length (cache.longest)
             raise ValueError(
                 "the decode step's torch twins (reference_glue) cannot be captured: they read the "

@@ -84,7 +84,7 @@ def conv_silu_for(impl: str, x: torch.Tensor, k: int):
     if torch.compiler.is_compiling():  # inside a compiled model the enclosing torch.compile fuses it
         return _split_output(conv_silu)
     if impl == "triton" or (impl == "auto" and x.is_cuda and k <= 4):
-        from inkling_fp4.model.conv_triton import conv_silu_triton
+        from inkling_fp4.model.conv_triton import conv_silu_triton  # needs triton
 
         return conv_silu_triton  # the blocks' gradients reach its backward without a concatenation
     if impl == "compiled" or (impl == "auto" and x.is_cuda):  # auto: kernels wider than the Triton one's

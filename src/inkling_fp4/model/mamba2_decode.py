@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from inkling_fp4.model.compiled import fast_forms_on
 from inkling_fp4.model.norm import at_least_fp32
 
 
@@ -101,7 +102,7 @@ def mamba_decode(
     :func:`mamba_decode_ref`, and ``done`` [B, G] int32, the kernel's count of finished heads per
     group (a multiple of H/G; ``MambaState.done``; None: a zeroed one per call). Needs CUDA tensors (or
     the interpreter), k <= 4, contiguous states and an FP32 state."""
-    from inkling_fp4.model.decode_kernels import mamba_decode_triton
+    from inkling_fp4.model.decode_kernels import mamba_decode_triton  # needs triton
 
     return mamba_decode_triton(
         zxbcdt, conv_state, ssm_state, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight,
@@ -112,8 +113,6 @@ def mamba_decode(
 def fused_decode_applies(zxbcdt: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor) -> bool:
     """Whether :func:`mamba_decode` takes these inputs (else the twin runs): CUDA, an FP32 state, conv
     width <= 4, dtypes the kernel reads."""
-    from inkling_fp4.model.compiled import fast_forms_on
-
     ok_dtypes = (torch.float32, torch.bfloat16, torch.float16)
     return (
         fast_forms_on(zxbcdt)

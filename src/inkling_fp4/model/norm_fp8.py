@@ -73,7 +73,7 @@ class _NormFP8Fn(torch.autograd.Function):
         dtype = torch.float8_e5m2 if specs[0].format == "e5m2" else torch.float8_e4m3fn
         h_dtype = x.dtype if y is None else torch.promote_types(x.dtype, y.dtype)
         if compiled.fast_forms_on(x):  # the kernel stores the bytes [M, D], scaled by the delayed amax
-            from inkling_fp4.model.glue_kernels.norm_kernels import norm_forward
+            from inkling_fp4.model.glue_kernels.norm_kernels import norm_forward  # needs triton
 
             h = None if y is None else torch.empty(x.shape, device=x.device, dtype=h_dtype)
             scaling = FP8Scaling(used.reshape(1), record.reshape(1), specs[0].format == "e5m2")
@@ -105,7 +105,7 @@ class _NormFP8Fn(torch.autograd.Function):
         if dnormed is None:  # only h was used: its gradient passes straight through the add
             return (None, None, None, *rest) if dh is None else (dh.to(x_dtype), dh.to(y_dtype), None, *rest)
         if not ctx.reference:
-            from inkling_fp4.model.glue_kernels.norm_kernels import norm_backward
+            from inkling_fp4.model.glue_kernels.norm_kernels import norm_backward  # needs triton
 
             h, weight, rstd = ctx.saved_tensors  # h: x itself without the add
             dy_into = ctx.dy_into if ctx.add else None

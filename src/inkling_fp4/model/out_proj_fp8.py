@@ -76,7 +76,7 @@ class _NormOutProjFn(torch.autograd.Function):
         used, record = gemms.delayed.x_used.reshape(1), gemms.delayed.x_record.reshape(1)
         saved = {"y": y, "x": x, "D": D, "z": z, "norm_weight": norm_weight}
         if fast_forms_on(z):  # the kernel stores h's bytes [M, E], scaled by the delayed amax
-            from inkling_fp4.model.glue_kernels.gated_norm_kernels import gated_forward
+            from inkling_fp4.model.glue_kernels.gated_norm_kernels import gated_forward  # needs triton
 
             scaling = FP8Scaling(used, record, spec.format == "e5m2")
             h_bytes, saved["rstd"] = gated_forward(
@@ -103,7 +103,7 @@ class _NormOutProjFn(torch.autograd.Function):
         y, x, D, z, norm_weight = (saved[k] for k in ("y", "x", "D", "z", "norm_weight"))
         dh = dh.view(z.shape)
         if "rstd" in saved:
-            from inkling_fp4.model.glue_kernels.gated_norm_kernels import gated_backward
+            from inkling_fp4.model.glue_kernels.gated_norm_kernels import gated_backward  # needs triton
 
             dy, dx, dD, dz, dnorm = gated_backward(y, x, D, z, norm_weight, saved["rstd"], dh, ctx.dz_into)
         else:  # through the reference (dz as values: a slab's split quantizes them into its block)

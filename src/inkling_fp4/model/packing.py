@@ -20,9 +20,17 @@ from dataclasses import dataclass
 
 import torch
 
-from inkling_fp4.model.ssd import segment_ids
-
 _ALWAYS_MASKED = [False]
+
+
+def segment_ids(doc_ids: torch.Tensor) -> torch.Tensor:
+    """[b, l] document ids -> [b, l] int64 segment index 0, 1, ... that steps where ``doc_ids`` changes.
+
+    Only changes matter, so ids may repeat across non-adjacent documents.
+    """
+    step = torch.zeros_like(doc_ids, dtype=torch.long)
+    step[:, 1:] = (doc_ids[:, 1:] != doc_ids[:, :-1]).long()
+    return step.cumsum(-1)
 
 
 @contextlib.contextmanager

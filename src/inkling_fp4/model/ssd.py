@@ -29,16 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from inkling_fp4.errors import UserError
-
-
-def segment_ids(doc_ids: torch.Tensor) -> torch.Tensor:
-    """[b, l] document ids -> [b, l] int64 segment index 0, 1, ... that steps where ``doc_ids`` changes.
-
-    Only changes matter, so ids may repeat across non-adjacent documents.
-    """
-    step = torch.zeros_like(doc_ids, dtype=torch.long)
-    step[:, 1:] = (doc_ids[:, 1:] != doc_ids[:, :-1]).long()
-    return step.cumsum(-1)
+from inkling_fp4.model.packing import segment_ids
 
 
 def segsum(a: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -184,7 +175,7 @@ def ssd_recurrent(
 def load_triton_ssd():
     """The Triton SSD kernel, or None when it cannot be imported here."""
     try:
-        from inkling_fp4.model.ssd_triton import ssd_triton
+        from inkling_fp4.model.ssd_triton import ssd_triton  # needs triton
     except ImportError:
         return None
     return ssd_triton

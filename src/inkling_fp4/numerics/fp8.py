@@ -163,7 +163,7 @@ def _kernels() -> ModuleType | None:
     """The Triton FP8 kernel module, or None without Triton."""
     if importlib.util.find_spec("triton") is None:
         return None
-    from inkling_fp4.numerics.kernels import fp8_quantize
+    from inkling_fp4.numerics.kernels import fp8_quantize  # needs triton
 
     return fp8_quantize
 
@@ -200,7 +200,7 @@ def quantize_tensorwise(
 def _tensorwise_kernel(x, dtype, op: str, name, check: bool, amax, record, *, cols: bool) -> dict:
     """The Triton tensorwise quantizer on x (rows, and xᵀ if ``cols``): the scale from x's own amax
     (an amax pass first) or from the given delayed ``amax``; x's finiteness checked if ``check``."""
-    from inkling_fp4.numerics.kernels.amax import abs_max
+    from inkling_fp4.numerics.kernels.amax import abs_max  # needs triton
 
     _fp8_max(dtype, op)
     x2 = _rows_2d(x)
@@ -252,7 +252,7 @@ def transpose_fp8(data: torch.Tensor) -> torch.Tensor:
     if data.dim() != 2:
         raise NumericsError(f"{op}: 2-D data expected, got shape {tuple(data.shape)}")
     if data.is_cuda and _kernels() is not None:
-        from inkling_fp4.numerics.kernels.fp8_epilogue import transpose_bytes
+        from inkling_fp4.numerics.kernels.fp8_epilogue import transpose_bytes  # needs triton
 
         return transpose_bytes(data.contiguous())[0]
     return data.t().contiguous()
@@ -267,7 +267,7 @@ def tensorwise_pair_from_rows(rows: torch.Tensor, amax: torch.Tensor) -> tuple[F
     if rows.dim() != 2:
         raise NumericsError(f"{op}: 2-D data expected, got shape {tuple(rows.shape)}")
     if rows.is_cuda and _kernels() is not None:
-        from inkling_fp4.numerics.kernels.fp8_epilogue import transpose_bytes
+        from inkling_fp4.numerics.kernels.fp8_epilogue import transpose_bytes  # needs triton
 
         cols, scale_inv = transpose_bytes(rows.contiguous(), amax.reshape(1).float(), fp8_max)
     else:
@@ -325,7 +325,7 @@ def quantize_squared_relu_pair(
         act=act, dout=dout,
     )  # fmt: skip
     if check:  # the debugging path: the BF16 tensor after all, for its amax
-        from inkling_fp4.numerics.kernels.amax import abs_max
+        from inkling_fp4.numerics.kernels.amax import abs_max  # needs triton
 
         checks.check_finite(h, op=op, name=name, amax=abs_max(squared_relu_ref(h, dout)))
     rows, cols = (FP8Tensor(data=out[k], scale_inv=out["scale_inv"]) for k in ("data", "data_t"))

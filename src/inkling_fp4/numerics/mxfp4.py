@@ -114,13 +114,14 @@ def quantize_with_values(
     if not (x.is_cuda and kernels.available()):
         t = quantize_ref(x, stochastic=stochastic, generator=generator, name=name)
         return (t if keep_codes else None), (None if dtype is None else t.block_values(dtype))
-    from inkling_fp4.numerics.kernels import mxfp4_quantize
+    from inkling_fp4.numerics.kernels import mxfp4_quantize  # needs triton
 
     op = "mxfp4.quantize"
     checks.check_input(x, op=op, block=BLOCK, name=name)
-    t, values = mxfp4_quantize.quantize_with_values(
+    codes, scales, values = mxfp4_quantize.quantize_with_values(
         x, stochastic=stochastic, generator=generator, keep_codes=keep_codes, values_dtype=dtype
     )
+    t = None if codes is None else MXFP4Tensor(codes=codes, scales=scales, shape=x.shape)
     # values are NaN exactly in the blocks with the NaN scale byte (finite blocks decode to finite values)
     if check and bool((t.scales == E8M0_NAN).any() if t is not None else values.isnan().any()):
         checks.check_finite(x, op=op, name=name)

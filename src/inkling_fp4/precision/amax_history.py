@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 import torch
 
+from inkling_fp4.errors import ConfigError
 from inkling_fp4.precision import finite_guard
 
 USED, CURRENT, HISTORY = 0, 1, 2
@@ -105,8 +106,6 @@ class AmaxHistory:
     def load_state_dict(self, d: dict) -> None:
         shape = tuple(d["shape"])
         if shape != tuple(self.state.shape):
-            from inkling_fp4.errors import ConfigError
-
             raise ConfigError(
                 f"the checkpoint's FP8 amax history has shape {list(shape)}, this run's is "
                 f"{list(self.state.shape)} (layers, operands x / dy / W, 2 + precision.amax_history); "

@@ -25,6 +25,7 @@ import importlib.util
 import torch
 
 from inkling_fp4.errors import UserError
+from inkling_fp4.precision import native_fp8
 
 FP8_RECIPES = ("fp8", "fp8-tensorwise")
 TE_RECIPES = ("nvfp4", "fp8", "fp8-tensorwise")
@@ -124,8 +125,6 @@ def native_fp8_blockwise_out_dtypes(device: torch.device) -> frozenset:
         return frozenset()
     key = (device.type, device.index if device.index is not None else torch.cuda.current_device())
     if key not in _BLOCKWISE_PROBE:
-        from inkling_fp4.precision import native_fp8
-
         _BLOCKWISE_PROBE[key] = native_fp8.probe_native_fp8_blockwise(torch.device("cuda", key[1]))
     return _BLOCKWISE_PROBE[key]
 

@@ -34,7 +34,7 @@ def _applies(x2d: torch.Tensor, wq: gemm.Operand | None, spec: OperandQuant) -> 
         return False
     if gemm._fused_for(x2d) is None:  # no Triton for this device (the kernels module imports it)
         return False
-    from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import MAX_ROWS
+    from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import MAX_ROWS  # needs triton
 
     m, k = x2d.shape
     return (
@@ -55,7 +55,7 @@ def decode_fprop(
     deferred NaN/Inf check."""
     if not _applies(x2d, wq, spec):
         return None
-    from inkling_fp4.numerics.kernels import nvfp4_decode_gemm as kernels
+    from inkling_fp4.numerics.kernels import nvfp4_decode_gemm as kernels  # needs triton
 
     x = x2d if x2d.stride(1) == 1 else x2d.contiguous()
     if spec.row_scaled:  # xv [M, K] BF16, out_scale [M]; amax [1]: the largest row amax
@@ -70,6 +70,6 @@ def decode_fprop(
     w = wq.values[:n]  # [n, K] (the held tiles pad N to 16)
     if GEMM == "triton" or (GEMM == "auto" and (x.shape[0] <= 64 or n <= 2048)):
         return kernels.scaled_gemm(xv, w, out_scale)
-    from inkling_fp4.numerics.kernels.scale_output import scale_to_bf16
+    from inkling_fp4.numerics.kernels.scale_output import scale_to_bf16  # needs triton
 
     return scale_to_bf16(gemm.mm_fp32_out(xv, w.t()), out_scale)

@@ -27,7 +27,8 @@ Emulated FP8: dequantize to FP32 (exact: an FP8 value times an FP32 scale is one
 multiply in IEEE FP32 (TF32 is switched off around the call, since TF32 would round the operands).
 
 Native FP8 on Hopper (``torch._scaled_mm``, its layouts and the probe that decides whether to trust
-it): :mod:`inkling_fp4.precision.native_fp8`.
+it): :mod:`inkling_fp4.precision.native_fp8`; :mod:`inkling_fp4.precision.gemm_backend` picks one or the
+other per GEMM.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from inkling_fp4.precision import finite_guard, native_fp8
+from inkling_fp4.numerics import fp8, mxfp4, nvfp4
+from inkling_fp4.precision import finite_guard
 from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant
 
 
@@ -90,7 +92,7 @@ def _fused_nvfp4():
     """The fused 'quantize to BF16 block values' kernels, or None without Triton."""
     if importlib.util.find_spec("triton") is None:
         return None
-    from inkling_fp4.numerics.kernels import triton_nvfp4
+    from inkling_fp4.numerics.kernels import triton_nvfp4  # needs triton
 
     return triton_nvfp4
 
@@ -138,8 +140,6 @@ def quantize(
     On the fused (Triton) path the NaN/Inf check of an NVFP4 operand is deferred to
     ``finite_guard.raise_if_non_finite`` (no host sync per operand) unless eager checks are on.
     """
-    from inkling_fp4.numerics import fp8, mxfp4, nvfp4
-
     if scale_with is not None and scale_with.dim():  # a row-scaled partner: no one output scale to fold
         scale_with = None
     mr, mc = spec.multiple
@@ -269,8 +269,6 @@ def fp8_operand_pair(
 
     No finiteness check on CUDA (as :func:`quantize`): NaN/Inf shows as an Inf scale_inv and output.
     """
-    from inkling_fp4.numerics import fp8
-
     pair = (
         row_spec is not None and row_spec == token_spec and row_spec.format in ("e4m3", "e5m2")
         and row_spec.block in ((1, 128), TENSORWISE) and not row_spec.rht and t.dim() == 2
@@ -377,7 +375,7 @@ def emulated_matmul(
     if out_dtype == torch.float32:
         return acc.mul_(scale)
     if out_dtype == torch.bfloat16 and _fused_for(acc) is not None and not scale.dim():
-        from inkling_fp4.numerics.kernels.scale_output import scale_to_bf16
+        from inkling_fp4.numerics.kernels.scale_output import scale_to_bf16  # needs triton
 
         return scale_to_bf16(acc, scale)  # bitwise the torch.mul below, in one vectorized pass
     out = torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
@@ -392,23 +390,6 @@ def _output_scale(a: Operand, sa: torch.Tensor, b: Operand, sb: torch.Tensor) ->
         if op.output_scale is not None and op.output_scale[0] is other:
             return op.output_scale[1]
     return sa * sb
-
-
-def matmul(
-    a: Operand, b: Operand, *, backend: str, out_dtype: torch.dtype, size: tuple[int, int]
-) -> torch.Tensor:
-    """out [size] = a · bᵀ on ``backend``: native FP8 where it runs, exact emulation otherwise."""
-    if backend == "native-fp8" and a.spec.format in ("e4m3", "e5m2"):
-        if a.spec.block == TENSORWISE:
-            return native_fp8.native_fp8_matmul(a, b, out_dtype)[: size[0], : size[1]]
-        from inkling_fp4.precision.backends import native_fp8_blockwise_out_dtypes
-
-        dtypes = native_fp8_blockwise_out_dtypes(a.q.data.device)
-        if out_dtype in dtypes:
-            return native_fp8.native_fp8_matmul(a, b, out_dtype)[: size[0], : size[1]]
-        if torch.bfloat16 in dtypes:  # e.g. no FP32 output for blockwise scaling in this cuBLAS
-            return native_fp8.native_fp8_matmul(a, b, torch.bfloat16)[: size[0], : size[1]].to(out_dtype)
-    return emulated_matmul(a, b, out_dtype, size)
 
 
 def bf16_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

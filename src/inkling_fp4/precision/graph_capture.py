@@ -1,7 +1,7 @@
 """A CUDA graph capture of forwards (and backwards) whose GEMMs are quantized.
 
 Two things in the quantizers must be arranged for a capture, for the training step's graph
-(``train/graphed_step.py``) and the decode step's (``model/decode_graph.py``) alike:
+(``trainer/graphed_step.py``) and the decode step's (``model/decode_graph.py``) alike:
 
 - the NVFP4 amax words: the amax pass reduces into a word with an atomic max, taken from a pool
   zeroed once (``numerics/kernels/amax.py``). A graph replays into the same words, so the capture
@@ -19,8 +19,10 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch import nn
 
 from inkling_fp4.precision import finite_guard
+from inkling_fp4.precision.quant_linear import QuantLinear
 
 
 @contextlib.contextmanager
@@ -35,3 +37,18 @@ def quantized_graph(graph: torch.cuda.CUDAGraph, device: torch.device) -> Iterat
             yield records
     finally:
         start_new_pool(device)  # ... and never handed to eager code
+
+
+def graph_blocker(model: nn.Module, world_size: int, device: torch.device) -> str | None:
+    """Why a training step of ``model`` as its layers' recipes stand now cannot be replayed as a CUDA
+    graph, or None when it can. Ask again after every precision change."""
+    if device.type != "cuda":
+        return "CUDA graphs need a CUDA device"
+    if world_size > 1:
+        return "CUDA graphs are single-process here (DDP all-reduces from hooks inside the backward)"
+    if finite_guard.eager():
+        return "eager finite checks (FP4TRAIN_EAGER_FINITE_CHECKS) read the device at every quantization"
+    for m in model.modules():
+        if isinstance(m, QuantLinear) and m.recipe is not None and m.recipe.backend == "te":
+            return "the Transformer Engine backend is not captured as a CUDA graph here"
+    return None

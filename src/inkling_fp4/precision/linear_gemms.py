@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from inkling_fp4.precision import gemm
+from inkling_fp4.precision import gemm, gemm_backend
 from inkling_fp4.precision.decode_fprop import decode_fprop
 from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant, Recipe
 
@@ -101,7 +101,7 @@ def _fprop(
             weight, recipe.fprop.b, codes=keep_w, values=True, name=f"{name} W", scale_with=xq.decode_scale,
             amax=amax_w, record=record_w,
         )  # fmt: skip
-    y = gemm.matmul(xq, wq, backend=recipe.backend, out_dtype=out_dtype, size=(M, N))  # y: [M, N]
+    y = gemm_backend.matmul(xq, wq, backend=recipe.backend, out_dtype=out_dtype, size=(M, N))  # y: [M, N]
     return y, xq, wq
 
 
@@ -269,7 +269,7 @@ class LinearGEMMs:
                             name=f"{name} dy", amax=amax_dy, scale_with=saved["w"].decode_scale,
                             record=dy_rec if recipe.dgrad.a.delayed else None,
                         )  # fmt: skip
-                    dx = gemm.matmul(dyq, saved["w"], backend=backend, out_dtype=x_dtype, size=(M, K))
+                    dx = gemm_backend.matmul(dyq, saved["w"], backend=backend, out_dtype=x_dtype, size=(M, K))
             if "x" in saved:
                 if recipe.wgrad is None:
                     dw = gemm.bf16_matmul(dy.t(), saved["x"].t())  # dW: [N, K] = dyᵀ · x
@@ -284,7 +284,9 @@ class LinearGEMMs:
                             dy, a, recipe, generator, f"{name} dy", keep=False, amax=amax_dyt,
                             scale_with=saved["x"].decode_scale, record=dy_rec if a.delayed else None,
                         )  # fmt: skip
-                    dw = gemm.matmul(dy_t, saved["x"], backend=backend, out_dtype=torch.float32, size=(N, K))
+                    dw = gemm_backend.matmul(
+                        dy_t, saved["x"], backend=backend, out_dtype=torch.float32, size=(N, K)
+                    )
         return dx, dw
 
 

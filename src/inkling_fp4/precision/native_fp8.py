@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from inkling_fp4.numerics import fp8
+from inkling_fp4.precision.gemm import Operand, emulated_matmul, quantize
 from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant
-
-if TYPE_CHECKING:
-    from inkling_fp4.precision.gemm import Operand
 
 
 def _row_major(op: Operand) -> torch.Tensor:
@@ -160,8 +157,6 @@ def probe_native_fp8_blockwise(device: torch.device) -> frozenset:
     the wrong layout cannot agree by accident; the 128×128 ``scale_b`` layout that agrees is kept
     for this device (:data:`TILE_SCALE_LAYOUTS`).
     """
-    from inkling_fp4.precision.gemm import emulated_matmul, quantize
-
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(256, 512, device=device, generator=g) * torch.rand(256, 512, device=device, generator=g)
     w = torch.randn(384, 512, device=device, generator=g) * 8 ** torch.rand(

@@ -23,6 +23,7 @@ import weakref
 import torch
 from torch import nn
 
+from inkling_fp4.errors import ConfigError
 from inkling_fp4.precision.amax_history import AmaxHistory
 from inkling_fp4.precision.backends import describe_backend, resolve_backend
 from inkling_fp4.precision.config import PrecisionConfig
@@ -132,7 +133,7 @@ class PrecisionPolicy:
             if self.recipe.backend != self.backend:
                 self.recipe = _with_backend(self.recipe, self.backend)
             if self.backend == "te":
-                from inkling_fp4.precision.te_linear import te_recipe
+                from inkling_fp4.precision.te_linear import te_recipe  # transformer_engine
 
                 te_recipe(self.recipe)  # fail now, not at the first forward, if TE cannot run it
         layers = list(_quant_linears(model))
@@ -242,8 +243,6 @@ class PrecisionPolicy:
     def load_state_dict(self, d: dict) -> None:
         """Restore a checkpoint's policy state and re-apply it to the models this policy was applied to."""
         if d.get("recipe") != self.cfg.recipe:
-            from inkling_fp4.errors import ConfigError
-
             raise ConfigError(
                 f"the checkpoint was trained with precision.recipe={d.get('recipe')}, this run asks for "
                 f"{self.cfg.recipe}; resume with the same recipe or start a new run"

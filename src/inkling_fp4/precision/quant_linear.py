@@ -92,7 +92,7 @@ class QuantLinear(nn.Module):
         if recipe is None or not recipe.quantizes_anything:
             return _bf16_linear(x, self.weight)
         if recipe.backend == "te" and recipe.fprop is not None:
-            from inkling_fp4.precision.te_linear import te_linear
+            from inkling_fp4.precision.te_linear import te_linear  # the te backend only (transformer_engine)
 
             return te_linear(self, x)
         lead = x.shape[:-1]

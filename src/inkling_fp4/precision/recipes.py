@@ -38,6 +38,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from inkling_fp4.numerics import hadamard
+
 TENSORWISE = (0, 0)
 """Block shape meaning one scale for the whole tensor."""
 
@@ -214,8 +216,6 @@ def build_recipe(cfg) -> Recipe | None:
 
 def rht_sign_vector(kind: str, seed: int) -> tuple[float, ...]:
     """The RHT's 16 signs: 'fixed' (the numerics default) or 'random' (seeded)."""
-    from inkling_fp4.numerics import hadamard
-
     return tuple(float(s) for s in hadamard.rht_signs(kind, seed=seed).tolist())
 
 

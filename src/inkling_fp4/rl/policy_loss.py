@@ -34,7 +34,7 @@ class PolicyLossFn:
 
     fits_data = False
     """The clipped surrogate measures no fit to data (near zero, of either sign): the noise monitor
-    tests it for finiteness only (``train/monitor.py``)."""
+    tests it for finiteness only (``trainer/monitor.py``)."""
 
     def __init__(self, cfg: RLConfig, temperature: float = 1.0, on_policy: bool = False):
         self.cfg, self.temperature, self.on_policy = cfg, temperature, on_policy

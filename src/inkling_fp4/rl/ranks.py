@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from inkling_fp4 import distributed as D
 from inkling_fp4.rl import mismatch
-from inkling_fp4.train import distributed as D
 
 
 def rank_share(items, dist: D.DistInfo):

@@ -4,7 +4,7 @@ What happens, in order: the run directory's plan (config recorded or amended, th
 resume; nothing written yet); seeds; the data stream (rank-sharded) and its tokenizer; the model on
 its device (built in place: a 12B model never passes through host memory); the trainer (precision
 policy, AdamW, WSD and the BF16 switch, monitor); resume; only then, every check passed, the run
-directory is written; then :func:`~inkling_fp4.train.trainer.fit` steps the task to the end.
+directory is written; then :func:`~inkling_fp4.trainer.fit.fit` steps the task to the end.
 
 Under torchrun the same function runs on every rank: DDP replicas or FSDP2 shards
 (``train.parallel``), each rank reading its own share of every global batch, rank 0 logging and
@@ -18,25 +18,24 @@ Legend: B micro-batch sequences, L sequence length.
 from __future__ import annotations
 
 import contextlib
-import random
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from inkling_fp4 import distributed as D
 from inkling_fp4.config import RunConfig
 from inkling_fp4.data.batch import Batch
 from inkling_fp4.data.chat import CHAT_TEMPLATE_JINJA
 from inkling_fp4.data.pipeline import PretrainData, build_pretrain_data
 from inkling_fp4.data.tokenizer import check_vocab
+from inkling_fp4.interop.load_run import load_run_checkpoint
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.model.vocab import fit_tokenizer
-from inkling_fp4.train import distributed as D
-from inkling_fp4.train.checkpoint import load_model_tensors
-from inkling_fp4.train.load_run import load_run_checkpoint
-from inkling_fp4.train.run_lineage import CHAT_TEMPLATE_FILE, trained_on_chat
-from inkling_fp4.train.stages import RunResult, finish, stage_frame
-from inkling_fp4.train.trainer import Trainer, batch_geometry
+from inkling_fp4.runs.checkpoint import load_model_tensors
+from inkling_fp4.runs.lineage import CHAT_TEMPLATE_FILE, trained_on_chat
+from inkling_fp4.train.frame import RunResult, finish, stage_frame
+from inkling_fp4.trainer.determinism import seed_everything
+from inkling_fp4.trainer.trainer import Trainer, batch_geometry
 
 
 class PretrainTask:
@@ -107,12 +106,6 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
             load_model_tensors(model, base_tensors, dist.device)
         trainer = Trainer(cfg, run_dir, dist, model, baseline)
         return finish(trainer, task, start, data.tokenizer, describe, chat_files)
-
-
-def seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)
 
 
 @contextlib.contextmanager

@@ -39,27 +39,28 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from inkling_fp4 import distributed as D
 from inkling_fp4.config import RunConfig
 from inkling_fp4.data.chat import CHAT_TEMPLATE_JINJA, encode_prompt
 from inkling_fp4.data.tokenizer import Tokenizer, check_vocab
 from inkling_fp4.errors import ConfigError, UserError
 from inkling_fp4.infer.sampler import Sampler
+from inkling_fp4.interop.load_run import load_run_checkpoint
 from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.precision.autocast import autocast_for
 from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.rl import grpo, mismatch, ranks
 from inkling_fp4.rl.policy_loss import PolicyLossFn
 from inkling_fp4.rl.prompts import Prompt, PromptStream, TaskData, load_task
 from inkling_fp4.rl.rollout_batch import RolloutBatch, build_rows
 from inkling_fp4.rl.scoring import RewardRunner, Scores
-from inkling_fp4.train import distributed as D
-from inkling_fp4.train.checkpoint import load_model_tensors
-from inkling_fp4.train.load_run import load_run_checkpoint
-from inkling_fp4.train.metrics import METRICS_FILE
-from inkling_fp4.train.pretrain import seed_everything
+from inkling_fp4.runs.checkpoint import load_model_tensors
+from inkling_fp4.runs.directory import TOKENIZER_FILE
+from inkling_fp4.runs.metrics import METRICS_FILE
+from inkling_fp4.train.frame import RunResult, finish, stage_frame
 from inkling_fp4.train.rollout_eval import completion_logprobs, held_out_figures, summary_line
-from inkling_fp4.train.run_dir import TOKENIZER_FILE
-from inkling_fp4.train.stages import RunResult, finish, stage_frame
-from inkling_fp4.train.trainer import Trainer, autocast_for
+from inkling_fp4.trainer.determinism import seed_everything
+from inkling_fp4.trainer.trainer import Trainer
 
 DEFAULT_RECIPE = "rl-tiny"
 

@@ -22,12 +22,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from inkling_fp4 import distributed as D
 from inkling_fp4.infer.sampler import Sampler
 from inkling_fp4.rl import ranks
 from inkling_fp4.rl.prompts import Prompt
 from inkling_fp4.rl.rollout_batch import build_rows, token_logprobs
 from inkling_fp4.rl.scoring import RewardRunner
-from inkling_fp4.train import distributed as D
 
 EVAL_SEED = 7_777_777
 """The sampling seed of every evaluation (common random numbers along the curve)."""

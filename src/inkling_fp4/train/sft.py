@@ -10,7 +10,7 @@ What happens, in order: the run directory's plan (nothing written yet); the base
 tokenizer (fresh start) or this run's own (resume); the chat data, validated record by record,
 templated, masked and packed (``data/sft_data.py``); new token rows when the tokenizer outgrew the
 model; the trainer and, on resume, its checkpoint; only then the run directory is written (config,
-tokenizer, chat template); then :func:`~inkling_fp4.train.trainer.fit`.
+tokenizer, chat template); then :func:`~inkling_fp4.trainer.fit.fit`.
 
 Packed examples cannot see each other: the document ids of a packed row restart the conv, the SSM
 state and attention at every example's first token, so a row of several examples trains each as if
@@ -29,15 +29,15 @@ from inkling_fp4.data.chat import CHAT_TEMPLATE_JINJA
 from inkling_fp4.data.sft_data import SFTData, build_sft_data
 from inkling_fp4.data.tokenizer import Tokenizer, check_vocab
 from inkling_fp4.errors import ConfigError, UserError
+from inkling_fp4.interop.load_run import find_checkpoint, load_run_checkpoint, run_config
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.model.vocab import fit_tokenizer
-from inkling_fp4.train.checkpoint import load_model_tensors
-from inkling_fp4.train.load_run import find_checkpoint, load_run_checkpoint, run_config
-from inkling_fp4.train.pretrain import seed_everything
-from inkling_fp4.train.run_dir import TOKENIZER_FILE
-from inkling_fp4.train.stages import RunResult, finish, stage_frame
-from inkling_fp4.train.trainer import Trainer, batch_geometry
+from inkling_fp4.runs.checkpoint import load_model_tensors
+from inkling_fp4.runs.directory import TOKENIZER_FILE
+from inkling_fp4.train.frame import RunResult, finish, stage_frame
+from inkling_fp4.trainer.determinism import seed_everything
+from inkling_fp4.trainer.trainer import Trainer, batch_geometry
 
 DEFAULT_RECIPE = "sft-tiny"
 

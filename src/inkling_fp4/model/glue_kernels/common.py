@@ -48,6 +48,7 @@ import triton.language as tl
 
 from inkling_fp4.model.grad_slab import FP8GradBlock, FP8Scaling
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
+from inkling_fp4.numerics.kernels.fp8_quantize import conversion_instruction
 
 CHUNK_ROWS = 64  # rows per backward program: one row of the parameter-gradient partial sums
 TILE_FWD = 4096  # elements of a forward program's [BLOCK_R, BLOCK_W] tile (BLOCK_R = TILE // BLOCK_W)
@@ -180,8 +181,6 @@ def fp8_epilogue_kwargs(scaling: FP8Scaling | None, out: torch.Tensor) -> dict:
     ``scaling``, FP8=False (``out`` fills the unused pointer slots)."""
     if scaling is None:
         return dict(amax_ptr=out, record_ptr=out, FP8=False, E5M2=False, HW=False)
-    from inkling_fp4.numerics.kernels.fp8_quantize import conversion_instruction
-
     hw = conversion_instruction(out.device)
     return dict(amax_ptr=scaling.amax, record_ptr=scaling.record, FP8=True, E5M2=scaling.e5m2, HW=hw)
 

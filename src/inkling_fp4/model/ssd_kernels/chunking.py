@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from inkling_fp4.model.ssd import segment_ids
+from inkling_fp4.model.packing import segment_ids
 
 
 def num_chunks(length: int, chunk_size: int) -> int:

@@ -37,7 +37,6 @@ import torch
 import triton
 import triton.language as tl
 
-from inkling_fp4.numerics import mxfp4
 from inkling_fp4.numerics.kernels import seeds
 from inkling_fp4.numerics.kernels.common import (
     PHILOX_ROUNDS,
@@ -178,10 +177,10 @@ def quantize_with_values(
     *,
     keep_codes: bool = True,
     values_dtype: torch.dtype | None = torch.bfloat16,
-) -> tuple[mxfp4.MXFP4Tensor | None, torch.Tensor | None]:
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """MXFP4-quantize x [..., N] (N % 32 == 0; FP32/BF16/FP16) along its last dim in one pass, no
-    host sync: (the packed tensor if ``keep_codes``, else None; the block values [..., N] in
-    ``values_dtype`` (BF16 or FP32), or None when it is None).
+    host sync: (codes uint8 [..., N/2] and E8M0 scale bytes [..., N/32] if ``keep_codes``, else None
+    and None; the block values [..., N] in ``values_dtype`` (BF16 or FP32), or None when it is None).
 
     Round to nearest gives ``mxfp4.quantize_ref``'s codes and scale bytes bit for bit, and values
     equal to its ``block_values``; stochastic rounding the same distribution, with values that are
@@ -205,21 +204,19 @@ def quantize_with_values(
         seed = draw_seed(generator) if stochastic else None
         quantize_rows(x2, codes, scales, seed=seed, values=values)
     lead = x.shape[:-1]
-    quantized = None
     if keep_codes:
-        quantized = mxfp4.MXFP4Tensor(
-            codes=codes.reshape(*lead, n // 2), scales=scales.reshape(*lead, n // BLOCK), shape=x.shape
-        )
-    return quantized, None if values is None else values.reshape(x.shape)
+        codes, scales = codes.reshape(*lead, n // 2), scales.reshape(*lead, n // BLOCK)
+    return codes, scales, None if values is None else values.reshape(x.shape)
 
 
 def quantize(
     x: torch.Tensor, stochastic: bool = False, generator: torch.Generator | None = None
-) -> mxfp4.MXFP4Tensor:
-    """MXFP4-quantize x [..., N] (N % 32 == 0; FP32/BF16/FP16) along its last dim, no host sync.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4-quantize x [..., N] (N % 32 == 0; FP32/BF16/FP16) along its last dim, no host sync:
+    (codes uint8 [..., N/2], E8M0 scale bytes [..., N/32]).
 
     Round to nearest gives ``mxfp4.quantize_ref``'s codes and scale bytes bit for bit; stochastic
     rounding the same distribution. Blocks holding NaN/Inf get scale byte 255 (the caller checks).
     """
-    quantized, _ = quantize_with_values(x, stochastic, generator, keep_codes=True, values_dtype=None)
-    return quantized
+    codes, scales, _ = quantize_with_values(x, stochastic, generator, keep_codes=True, values_dtype=None)
+    return codes, scales

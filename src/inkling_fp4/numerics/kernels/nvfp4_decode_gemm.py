@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inkling_fp4.numerics.kernels.amax import zeroed_words
 from inkling_fp4.numerics.kernels.common import bf16_round, block_values, encode_blocks, tensor_scales
 
 MAX_ROWS = 256
@@ -91,8 +92,6 @@ def quantize_rows_whole(
     """x [M, K] (unit column stride, K % 16 == 0), one FP32 scale per row, in one launch ->
     (BF16 block values [M, K], output scales ``1/S_enc(row) · w_decode`` FP32 [M], the largest row
     amax [1]: +Inf where x holds NaN or Inf, for the deferred check without another launch)."""
-    from inkling_fp4.numerics.kernels.amax import zeroed_words
-
     m, k = x.shape
     values = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)
     out_scale = torch.empty(m, dtype=torch.float32, device=x.device)

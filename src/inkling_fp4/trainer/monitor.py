@@ -35,7 +35,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-from inkling_fp4.train.config import MonitorConfig
+from inkling_fp4.config.trainer import MonitorConfig
 
 MAD_TO_STD = 1.4826
 

@@ -25,7 +25,7 @@ Nothing half-written is ever left under a ``step_<N>`` name:
   temporary, never a ``step_<N>`` without its state.json;
 - every hidden temporary a kill or a full disk left behind is removed by
   :func:`clean_stale_temporaries`, which the run calls while it holds the run directory's lock
-  (train/run_lock.py), so no other process can be writing one.
+  (runs/lock.py), so no other process can be writing one.
 """
 
 from __future__ import annotations

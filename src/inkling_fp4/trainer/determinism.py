@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
@@ -57,7 +59,7 @@ def _kernel_tuning():
     ``gpu`` extra: then no kernel autotunes, and there is nothing to fix)."""
     if importlib.util.find_spec("triton") is None:
         return None
-    from inkling_fp4.model.ssd_kernels import tuning
+    from inkling_fp4.model.ssd_kernels import tuning  # needs triton
 
     return tuning
 
@@ -103,3 +105,10 @@ def describe() -> str:
         "determinism: on (torch deterministic algorithms, strict; CUBLAS_WORKSPACE_CONFIG="
         f"{os.environ.get('CUBLAS_WORKSPACE_CONFIG')}; SSD kernels on their first autotune config)"
     )
+
+
+def seed_everything(seed: int) -> None:
+    """Seed the global generators (torch, Python, NumPy): the first thing every stage does."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)

@@ -32,7 +32,7 @@ class TrainConfig:
     compile: bool = False
     """torch.compile the model."""
     cuda_graph: bool | str = "auto"
-    """Replay each micro-batch's forward + backward as a CUDA graph (train/graphed_step.py): the host
+    """Replay each micro-batch's forward + backward as a CUDA graph (trainer/graphed_step.py): the host
     cost of a step no longer grows with its ~1,500 kernel launches, which sets the step time of small
     models. Every recipe (stochastic rounding replays the eager seeds); one GPU; captured anew after
     each precision change. auto: on wherever it applies (one CUDA device, no train.compile), else
@@ -59,7 +59,7 @@ class TrainConfig:
     deterministic: bool = False
     """Bit-reproducible runs on GPU (same config, seed and data -> the same losses and weights), for
     A/B comparisons at the 1% level: deterministic torch kernels, a fixed cuBLAS workspace and fixed
-    SSD kernel configs (train/determinism.py). Slower; process-wide once on."""
+    SSD kernel configs (trainer/determinism.py). Slower; process-wide once on."""
 
     def __post_init__(self):
         if self.steps < 1:

@@ -28,7 +28,7 @@ What a replay may and may not do, and how this keeps to it:
   graph (``precision/graph_capture.py``). And the deferred NaN/Inf record of the quantized operands
   (``precision/finite_guard.py``) holds the graph's amax buffers, so each replay's amaxes are copied
   out for the step's check. Debug mode's eager finite checks read the device at every operand and
-  are refused (:func:`graph_blocker`).
+  are refused (``precision.graph_capture.graph_blocker``).
 - Nothing may compile or autotune during capture: the first ``warmup`` calls run eagerly (real
   micro-steps, which also autotune every Triton kernel at these shapes) and only then is the graph
   captured. Packed batches take the masked path in both (``packing.always_masked``): a capture may
@@ -52,22 +52,6 @@ from inkling_fp4.model.packing import always_masked
 from inkling_fp4.numerics.kernels import seeds
 from inkling_fp4.precision import finite_guard
 from inkling_fp4.precision.graph_capture import quantized_graph
-from inkling_fp4.precision.quant_linear import QuantLinear
-
-
-def graph_blocker(model: nn.Module, world_size: int, device: torch.device) -> str | None:
-    """Why a training step of ``model`` as its layers' recipes stand now cannot be replayed as a CUDA
-    graph, or None when it can. Ask again after every precision change."""
-    if device.type != "cuda":
-        return "CUDA graphs need a CUDA device"
-    if world_size > 1:
-        return "CUDA graphs are single-process here (DDP all-reduces from hooks inside the backward)"
-    if finite_guard.eager():
-        return "eager finite checks (FP4TRAIN_EAGER_FINITE_CHECKS) read the device at every quantization"
-    for m in model.modules():
-        if isinstance(m, QuantLinear) and m.recipe is not None and m.recipe.backend == "te":
-            return "the Transformer Engine backend is not captured as a CUDA graph here"
-    return None
 
 
 class GraphedMicroStep:

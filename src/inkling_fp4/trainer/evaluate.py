@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inkling_fp4 import distributed as D
 from inkling_fp4.precision.quant_linear import QuantLinear
-from inkling_fp4.train import distributed as D
 
 
 def masked_cross_entropy(

@@ -1,8 +1,10 @@
 """Run configuration: typed dataclasses, YAML recipes and dotted overrides.
 
 Precedence is dataclass defaults < recipe YAML < ``key=value`` overrides. Each section of a run
-(model, precision, data, train, ...) owns its dataclass next to the code that uses it; this module
-only composes them into :class:`RunConfig` and converts plain data (YAML, overrides) into those
+(model, precision, data, rl, ...) owns its dataclass next to the code that uses it, but the sections
+of packages above this one (the trainer's, the sampler's) live here, in ``trainer.py`` and
+``sampler.py``, so that every layer that reads a run's config can import it. This module only
+composes them into :class:`RunConfig` and converts plain data (YAML, overrides) into those
 dataclasses with strict checking: an unknown key or a value of the wrong type is a
 :class:`ConfigError` that names the key and says what would be valid, never a silent default.
 """
@@ -20,14 +22,8 @@ from typing import Any, Union
 
 import yaml
 
-from inkling_fp4.data.config import DataConfig
-from inkling_fp4.data.sft_config import SFTConfig
-from inkling_fp4.errors import ConfigError
-from inkling_fp4.infer.config import SamplerConfig
-from inkling_fp4.model.config import ModelConfig
-from inkling_fp4.precision.config import PrecisionConfig
-from inkling_fp4.rl.config import RLConfig
-from inkling_fp4.train.config import (
+from inkling_fp4.config.sampler import SamplerConfig
+from inkling_fp4.config.trainer import (
     CheckpointConfig,
     EvalConfig,
     LogConfig,
@@ -35,8 +31,14 @@ from inkling_fp4.train.config import (
     OptimConfig,
     TrainConfig,
 )
+from inkling_fp4.data.config import DataConfig
+from inkling_fp4.data.sft_config import SFTConfig
+from inkling_fp4.errors import ConfigError
+from inkling_fp4.model.config import ModelConfig
+from inkling_fp4.precision.config import PrecisionConfig
+from inkling_fp4.rl.config import RLConfig
 
-RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 """The built-in recipes, package data: in the repository a link to the top-level ``recipes/`` folder,
 in an installed package (wheel, ``pip install .``) a copy of it."""
 

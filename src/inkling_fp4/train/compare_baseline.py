@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inkling_fp4 import distributed as D
 from inkling_fp4.compare.compat import (
     check_comparable,
     config_differences,
@@ -54,7 +55,6 @@ from inkling_fp4.compare.compat import (
     read_config_data,
 )
 from inkling_fp4.compare.gap import (
-    METRICS_FILE,
     boundaries_from_config,
     load_run_config,
     parse_metrics_lines,
@@ -67,12 +67,14 @@ from inkling_fp4.compare.rl_summary import summarize_rl
 from inkling_fp4.compare.summary import summarize
 from inkling_fp4.config import RunConfig, from_dict, to_dict
 from inkling_fp4.errors import ConfigError, UserError
+from inkling_fp4.interop.load_run import find_checkpoint, run_config
 from inkling_fp4.output_guard import check_output
 from inkling_fp4.precision.config import RECIPES
-from inkling_fp4.train import distributed as D
+from inkling_fp4.runs.checkpoint import checkpoint_dirs
+from inkling_fp4.runs.metrics import METRICS_FILE, truncate_metrics
 from inkling_fp4.train import stages
-from inkling_fp4.train.checkpoint import checkpoint_dirs
-from inkling_fp4.train.metrics import truncate_metrics
+from inkling_fp4.train.rollout import DEFAULT_RECIPE, check_config
+from inkling_fp4.train.sft import sft_config
 
 BASELINE = "fp8"
 BASELINE_CHANGES = {
@@ -149,8 +151,6 @@ def plan_runs(cfg: RunConfig, with_recipes=(), ablate=(), noise: bool = False) -
             "its own precision; set precision.recipe to nvfp4 (or mxfp4, bf16, fp8-tensorwise)"
         )
     if cfg.stage == "rollout":
-        from inkling_fp4.train.rollout import check_config
-
         check_config(cfg)  # before any run directory is made
     if cfg.train.stop_after is not None:
         raise ConfigError(
@@ -349,10 +349,6 @@ def rollout_config(recipe: str | None, overrides: list[str], base: str | Path) -
     """The RL recipe on the model of ``base``, which must be an sft or pretrain run (or one of its
     checkpoints, or a Nemotron-H directory): every run of the comparison starts from the policy
     before any RL, and an RL run's checkpoint is the end of another RL run, not such a start."""
-    from inkling_fp4.train.load_run import find_checkpoint, run_config
-    from inkling_fp4.train.rollout import DEFAULT_RECIPE
-    from inkling_fp4.train.sft import sft_config
-
     base_dir, _ = find_checkpoint(base)
     base_cfg = run_config(base_dir)
     if base_cfg is not None and base_cfg.stage not in RL_BASES:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from inkling_fp4.errors import UserError
-from inkling_fp4.train.run_dir import CONFIG_FILE, recorded_config
+from inkling_fp4.runs.directory import CONFIG_FILE, recorded_config
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 CHAT_STAGES = ("sft", "rollout")

@@ -30,7 +30,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from inkling_fp4.train.distributed import DistInfo
+from inkling_fp4.distributed import DistInfo
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -56,8 +56,8 @@ def local_value(t: torch.Tensor) -> torch.Tensor:
 
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
     """(model tensors, optimizer tensors) gathered to full tensors on the CPU of rank 0 (empty elsewhere),
-    named as :func:`~inkling_fp4.train.checkpoint.model_tensors` and
-    :func:`~inkling_fp4.train.optimizer.optimizer_tensors` name them. A collective: call on every rank."""
+    named as :func:`~inkling_fp4.runs.checkpoint.model_tensors` and
+    :func:`~inkling_fp4.trainer.optimizer.optimizer_tensors` name them. A collective: call on every rank."""
     params = get_model_state_dict(model, options=_FULL)
     osd = get_optimizer_state_dict(model, optimizer, options=_FULL)
     opt = {

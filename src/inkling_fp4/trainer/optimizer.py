@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inkling_fp4.train.config import OptimConfig
+from inkling_fp4.config.trainer import OptimConfig
 
 
 def decays(param: nn.Parameter) -> bool:

@@ -37,8 +37,9 @@ import yaml
 from inkling_fp4.config import RunConfig, from_dict, save_config, to_dict
 from inkling_fp4.errors import ConfigError, UserError
 from inkling_fp4.output_guard import RUN_FILES, check_location
-from inkling_fp4.train.checkpoint import Checkpoint, checkpoint_dirs, latest_good
-from inkling_fp4.train.schedule import WSDSchedule
+from inkling_fp4.runs.checkpoint import Checkpoint, checkpoint_dirs, clean_stale_temporaries, latest_good
+from inkling_fp4.runs.lock import RunLock
+from inkling_fp4.runs.schedule import WSDSchedule
 
 CONFIG_FILE = "config.yaml"
 AMENDMENTS_FILE = "amendments.jsonl"
@@ -295,8 +296,6 @@ def _schedule_notes(recorded: RunConfig, cfg: RunConfig, step: int) -> list[str]
 
 
 def _acquire_lock(run_dir: Path, notes: list[str]):
-    from inkling_fp4.train.run_lock import RunLock
-
     lock = RunLock(run_dir)
     took_over = lock.acquire()
     if took_over:
@@ -305,6 +304,4 @@ def _acquire_lock(run_dir: Path, notes: list[str]):
 
 
 def _clean_temporaries(run_dir: Path) -> list[Path]:
-    from inkling_fp4.train.checkpoint import clean_stale_temporaries
-
     return clean_stale_temporaries(run_dir)
