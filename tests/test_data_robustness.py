@@ -135,8 +135,9 @@ def test_ten_megabyte_token_trains_a_tokenizer_in_seconds(tmp_path):
 
 
 TRAINER = """
-import sys, time
+import signal, sys, time
 import numpy as np
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, also under a background CI job
 from inkling_fp4.data.tokenizer import Tokenizer
 rng = np.random.default_rng(0)
 texts = [rng.integers(97, 123, 200, dtype=np.uint8).tobytes().decode() for _ in range(60_000)]  # ~20 s
