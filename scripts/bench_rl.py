@@ -380,8 +380,9 @@ def _curves_section(runs: dict[str, dict], k: int) -> list[str]:
     lines += ["", "## Reward per step", ""] + _table(["step", *runs], rows)
     lines += ["", "## Held-out pass@k over the steps (k = rl.eval_samples)", ""]
     lines += _table(["step", *runs], _by_step(runs, "eval_pass_at_k", ".3f"))
-    note = ("Each cell: all groups without signal (none right / all right): a model that learns moves "
-            "groups from the first kind to the second.")  # fmt: skip
+    note = ("Each cell: groups without signal (groups with no completion right / with all right; a "
+            "group of rewards 0 and 0.1 has none right but a signal): a model that learns moves groups "
+            "from the first kind to the second.")  # fmt: skip
     signal = []
     for a, b in _windows(runs):
         cells = []

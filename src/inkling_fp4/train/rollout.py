@@ -230,7 +230,7 @@ class RolloutTask:
             "truncated_frac": float(truncated.float().mean()),
             "entropy": ranks.token_mean(entropy, completion_mask, self.dist),
             "zero_var_frac": float(zero_var_P.float().mean()),
-            # groups without signal split by cause: none right (too hard) or all right (learnt)
+            # the two ends of learning: groups with no completion right (reward < 1), and all right
             "unsolved_frac": float((rewards_PG < 1.0).all(dim=1).float().mean()),
             "solved_frac": float((rewards_PG >= 1.0).all(dim=1).float().mean()),
             "adv_abs_mean": float(adv_PG.abs().mean()),

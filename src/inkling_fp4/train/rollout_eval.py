@@ -133,7 +133,7 @@ def summary_line(rows: list[dict], window: int = 3) -> str | None:
         return f"{mean(key, steps[:n]):.0%} -> {mean(key, steps[-n:]):.0%}"
 
     signal = f"groups without signal {change('zero_var_frac')}"
-    if all("unsolved_frac" in r for r in steps):  # split by cause: none right, or all right
+    if all("unsolved_frac" in r for r in steps):  # groups with none right, and with all right
         signal += f" (none right {change('unsolved_frac')}, all right {change('solved_frac')})"
     parts.append(signal)
     return "rl: " + "; ".join(parts)
