@@ -101,11 +101,15 @@ def test_rewards_that_raise_or_return_nan_score_zero_and_the_run_goes_on(base, t
         "    return math.nan if calls['n'] % 3 == 1 else 1.0\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    got = train_rl(base, tmp_path / "r", "train.steps=2", "eval.every=0", "rl.reward=bad_rewards:reward")
+    got = train_rl(base, tmp_path / "r", "train.steps=2", "eval.every=2", "rl.reward=bad_rewards:reward")
     steps = [r for r in got if "reward_mean" in r]
     assert len(steps) == 2 and all(math.isfinite(r["reward_mean"]) for r in steps)
     failures = steps[0]["reward_failures"]
     assert failures["raised"] > 0 and failures["invalid"] > 0
+    evals = [r for r in got if "eval_accuracy" in r]  # held-out scoring counts its failures too
+    assert [r["step"] for r in evals] == [0, 2] and all(
+        r["eval_reward_failures"]["raised"] > 0 and r["eval_reward_failures"]["invalid"] > 0 for r in evals
+    )
     assert any(r.get("event") == "reward_failure" and "bad reward" in r["message"] for r in got)
 
 

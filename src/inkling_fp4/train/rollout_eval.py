@@ -7,6 +7,7 @@ On the task's held-out problems, with the policy as it stands:
     eval_pass_at_k      the share of problems with at least one right answer among those k
     eval_kl_to_start    k3 estimate of KL(policy || starting policy) per completion token, over the
                         sampled completions (draws of the policy, which the estimate needs)
+    eval_reward_failures  reward calls that failed and scored 0, by kind (only when some did)
 
 Before RL, pass@k well above pass@1 says there is something to sharpen; pass@1 rising towards pass@k
 with a moderate KL says RL sharpens; greedy accuracy falling while the KL grows says the updates are
@@ -17,6 +18,7 @@ policies on the same random numbers. Each rank answers its share; the figures ar
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -70,22 +72,31 @@ def held_out_figures(
         greedy = sampler.generate(prompts) if prompts else []
     finally:
         sampler.cfg = saved
-    right = runner.score(texts, [c.text for c in greedy], answers).rewards
-    rewards = np.array([r for part in D.gather_objects(right, dist) for r in part])
+    outcomes = Counter()  # how the reward calls ended, greedy and sampled (failures score 0)
+    greedy_scores = runner.score(texts, [c.text for c in greedy], answers)
+    outcomes.update(greedy_scores.outcomes)
+    rewards = np.array([r for part in D.gather_objects(greedy_scores.rewards, dist) for r in part])
     figures = {"eval_accuracy": float((rewards >= 1.0).mean()), "eval_reward": float(rewards.mean()),
                "eval_problems": len(rewards)}  # fmt: skip
-    if k < 1:
-        return figures
-    repeated = [p for p in prompts for _ in range(k)]
-    sampled = sampler.generate(repeated, seed=EVAL_SEED) if repeated else []
-    scores = runner.score([t for t in texts for _ in range(k)], [c.text for c in sampled],
-                          [a for a in answers for _ in range(k)]).rewards  # fmt: skip
-    per_problem = np.array([r for part in D.gather_objects(scores, dist) for r in part]).reshape(-1, k) >= 1.0
-    figures["eval_pass1_sampled"] = float(per_problem.mean())
-    figures["eval_pass_at_k"], figures["eval_k"] = float(per_problem.any(1).mean()), k
-    if kl_models is not None:
-        kl = _kl_to_start(sampled, repeated, kl_models, sampler, dist, micro, autocast)
-        figures["eval_kl_to_start"] = kl
+    if k >= 1:
+        repeated = [p for p in prompts for _ in range(k)]
+        sampled = sampler.generate(repeated, seed=EVAL_SEED) if repeated else []
+        scores = runner.score([t for t in texts for _ in range(k)], [c.text for c in sampled],
+                              [a for a in answers for _ in range(k)])  # fmt: skip
+        outcomes.update(scores.outcomes)
+        parts = D.gather_objects(scores.rewards, dist)
+        per_problem = np.array([r for part in parts for r in part]).reshape(-1, k) >= 1.0
+        figures["eval_pass1_sampled"] = float(per_problem.mean())
+        figures["eval_pass_at_k"], figures["eval_k"] = float(per_problem.any(1).mean()), k
+        if kl_models is not None:
+            kl = _kl_to_start(sampled, repeated, kl_models, sampler, dist, micro, autocast)
+            figures["eval_kl_to_start"] = kl
+    total = Counter()
+    for part in D.gather_objects(dict(outcomes), dist):
+        total.update(part)
+    failed = {kind: n for kind, n in sorted(total.items()) if kind != "ok" and n}
+    if failed:
+        figures["eval_reward_failures"] = failed
     return figures
 
 
