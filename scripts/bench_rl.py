@@ -1,6 +1,6 @@
 """RL under NVFP4 on one GPU end to end, in one command: the measurement behind docs/RL.md.
 
-    python scripts/bench_rl.py --out runs/rl-bench [--pretrain-steps 40] [--sft-steps 500] [--rl-steps 100]
+    python scripts/bench_rl.py --out runs/rl-bench [--pretrain-steps 40] [--sft-steps 500] [--rl-steps 120]
                                [--rl-seconds S] [--until sft]
     python scripts/bench_rl.py --tiny --out /tmp/rl-bench      # the same pipeline on CPU, tiny sizes
 
@@ -59,7 +59,7 @@ class Profile:
 
 H200 = Profile(
     recipes=("hybrid-125m", "sft-hybrid-125m", "rl-hybrid-125m"),
-    steps=(40, 500, 100),
+    steps=(40, 500, 120),
     extra=(
         (
             "data.vocab_size=8192",
@@ -74,7 +74,7 @@ H200 = Profile(
 )
 """The docs/RL.md measurement: pretraining and SFT take about 4 minutes on one H200, the eight RL
 runs side by side about 5.5 s a step each with their evaluations (80 steps: 440 s), so the whole is
-about 13 minutes in two calls (``--rl-seconds``, then the same command again). The stages keep their
+about 15 minutes in two calls (``--rl-seconds``, then the same command again). The stages keep their
 recipes' warmups: shorter ones gave a far weaker base."""
 TINY = Profile(
     recipes=("tiny", "sft-tiny", "rl-tiny"),
@@ -459,7 +459,7 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="tiny recipes and sizes on CPU: checks the pipeline")
     p.add_argument("--pretrain-steps", type=int, help="pretraining steps (default 40; --tiny 4)")
     p.add_argument("--sft-steps", type=int, help="SFT steps (default 500; --tiny 2)")
-    p.add_argument("--rl-steps", type=int, help="RL steps of each run (default 100; --tiny 3)")
+    p.add_argument("--rl-steps", type=int, help="RL steps of each run (default 120; --tiny 3)")
     p.add_argument("--device", help="train.device of every stage (default cuda; --tiny cpu)")
     p.add_argument("--until", choices=("pretrain", "sft"), help="stop after this stage")
     p.add_argument(
