@@ -143,3 +143,15 @@ def test_rl_seconds_stops_the_runs_still_going_and_says_they_resume(tmp_path, mo
     bench_rl.run_jobs(jobs, echo=lambda _: None, seconds=0.5)
     assert [j.status() for j in jobs] == ["ok", "stopped by --rl-seconds (run again to resume)"]
     assert [j.ok for j in jobs] == [True, False]  # the report waits for the stopped run
+
+
+def test_until_stops_after_a_stage_and_the_next_call_reuses_it(tmp_path):
+    done, out = bench(tmp_path, "--until", "pretrain")
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((out / "summary.json").read_text())
+    assert [j["name"] for j in data["jobs"]] == ["pretrain"] and not (out / "sft").exists()
+    done, out = bench(tmp_path, "--until", "sft")
+    assert done.returncode == 0, done.stderr[-2000:]
+    status = {j["name"]: j["status"] for j in json.loads((out / "summary.json").read_text())["jobs"]}
+    assert status["pretrain"].startswith("skipped: done") and status["sft"] == "ok"
+    assert not (out / "rl-compare").exists()
