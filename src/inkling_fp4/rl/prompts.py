@@ -21,6 +21,7 @@ import numpy as np
 from inkling_fp4.errors import DataError
 from inkling_fp4.rl import rewards
 from inkling_fp4.rl.config import TASKS, RLConfig
+from inkling_fp4.rl.scoring import load_reward
 from inkling_fp4.rl.tasks import held_out
 
 POOL = 20_000
@@ -49,8 +50,6 @@ def load_task(cfg: RLConfig, seed: int) -> TaskData:
     """The task of ``cfg.task`` (a built-in name or a jsonl path), scored by ``cfg.reward`` if set."""
     data = _task(cfg, seed)
     if cfg.reward is not None:
-        from inkling_fp4.rl.scoring import load_reward
-
         data.reward, data.builtin = load_reward(cfg.reward), False
     return data
 
