@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from inkling_fp4.data.chat import encode_prompt
+from inkling_fp4.infer.evaluate import pass_rates
 from inkling_fp4.infer.from_run import load_run_sampler
 from test_run_dir import cli, one_line, pretrained
 
@@ -143,3 +144,9 @@ def test_eval_refuses_bad_input_in_one_line(run, tmp_path):
         ["eval", "--from", str(run), "--task", "arithmetic", "--samples", "3", "sampler.temperature=0"]
     )
     assert code == 2 and "sampler.temperature > 0" in one_line(err)
+
+
+def test_pass_rates_count_only_right_answers():
+    """Countdown's 0.1 for a well-formed wrong equation is not a pass; pass@K is any right of K."""
+    assert pass_rates([[0.1, 0.1], [1.0, 0.0], [0.0, 0.1]]) == (0.5 / 3, 1 / 3)
+    assert pass_rates([[1.0], [0.1]]) == (0.5, 0.5)

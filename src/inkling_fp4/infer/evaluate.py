@@ -70,6 +70,14 @@ def task_problems(task: str, n: int) -> tuple[str, list[EvalProblem], Callable]:
     return path.name, problems[:n], rewards.numeric
 
 
+def pass_rates(rewards_PK: list[list[float]]) -> tuple[float, float]:
+    """(pass@1, pass@K) of K rewards per problem. Right means a reward of 1 or more: a task's partial
+    credit (countdown's 0.1 for a well-formed wrong equation) is not a pass."""
+    right = [[r >= 1.0 for r in row] for row in rewards_PK]
+    pass1 = sum(sum(row) / len(row) for row in right) / len(right)
+    return pass1, sum(any(row) for row in right) / len(right)
+
+
 def run_eval(
     from_run: Path | None, task: str, samples: int, n_problems: int, overrides: list[str] | None, echo=print
 ) -> EvalResult:
@@ -96,17 +104,15 @@ def run_eval(
     sampled_cfg = sampler.cfg
     try:
         sampler.cfg = dataclasses.replace(sampled_cfg, temperature=0.0)
-        greedy = scores(sampler.generate(prompts), 1)
+        greedy, _ = pass_rates(scores(sampler.generate(prompts), 1))
         pass1_sampled = pass_k = None
         if samples > 1:
             sampler.cfg = sampled_cfg
             drawn = scores(sampler.generate([p for p in prompts for _ in range(samples)]), samples)
-            pass1_sampled = sum(sum(s) / samples for s in drawn) / len(problems)
-            pass_k = sum(1.0 if max(s) > 0 else 0.0 for s in drawn) / len(problems)
+            pass1_sampled, pass_k = pass_rates(drawn)
     finally:
         sampler.cfg = sampled_cfg
-    result = EvalResult(name, len(problems), samples, sum(s[0] for s in greedy) / len(problems),
-                        pass1_sampled, pass_k)  # fmt: skip
+    result = EvalResult(name, len(problems), samples, greedy, pass1_sampled, pass_k)
     echo(result.table())
     stats = sampler.stats
     echo(f"{stats.new_tokens} new tokens in {stats.seconds:.2f} s: {stats.tokens_per_s:,.1f} new tokens/s")
