@@ -6,6 +6,7 @@ graphed greedy generation equal to eager token for token, before and after a wei
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -241,3 +242,23 @@ def test_graphed_generation_equals_eager_before_and_after_a_weight_update(tok, p
     assert [c.tokens for c in eager.generate(distinct)] != before  # the update shows: stale weights would
     assert same_tokens()
     assert graphed.graphs.slots[4] is slot  # replayed, not captured again
+
+
+def test_the_one_off_bucket_set_up_is_counted_apart_from_the_tokens_per_second(tok, monkeypatch):
+    """A bucket's cache (and, on CUDA, its capture) is made on the first call only: its time goes to
+    setup_seconds, which tokens/s leaves out; the second call adds none."""
+    sampler = bucketed(make(tok, ROW)[0])
+    allocate = sampler.model.allocate_cache
+
+    def slow_allocate(*args, **kwargs):  # a set-up long enough to tell apart from decoding
+        time.sleep(0.05)
+        return allocate(*args, **kwargs)
+
+    monkeypatch.setattr(sampler.model, "allocate_cache", slow_allocate)
+    sampler.generate(PROMPTS)
+    first = dataclasses.replace(sampler.stats)
+    assert 0.05 <= first.setup_seconds < first.seconds
+    assert first.tokens_per_s == pytest.approx(first.new_tokens / (first.seconds - first.setup_seconds))
+    sampler.generate(PROMPTS)
+    assert sampler.stats.setup_seconds == first.setup_seconds and sampler.stats.seconds > first.seconds
+    assert f"not counting {first.setup_seconds:.2f} s of one-off decode-graph set-up" in first.describe()

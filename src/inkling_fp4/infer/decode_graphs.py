@@ -32,6 +32,7 @@ changes the key, and every graph is dropped and captured again when next needed.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -88,6 +89,9 @@ class DecodeGraphs:
         self.failed: set[int] = set()
         """Buckets whose capture failed: they decode eagerly, without padding, from then on."""
         self.key: tuple | None = None
+        self.setup_s = 0.0
+        """Seconds spent allocating the buckets' caches and capturing their graphs: paid once per
+        bucket (and again after :meth:`check` drops them), not per generation."""
 
     def check(self) -> None:
         """Drop every graph if what they captured changed (:func:`graph_key`); call it per generate."""
@@ -106,8 +110,10 @@ class DecodeGraphs:
         if slot is not None and slot.cache.max_len >= needed:
             return slot
         self.slots.pop(bucket, None)  # a longer cache replaces it: free the old one first
+        t0 = time.perf_counter()
         cache = self.model.allocate_cache(bucket, cache_len(needed, bound))
         decoder = self._capture(cache) if self.capture else None
+        self.setup_s += time.perf_counter() - t0
         if self.capture and decoder is None:
             self.failed.add(bucket)
             return None

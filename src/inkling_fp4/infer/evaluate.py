@@ -114,8 +114,7 @@ def run_eval(
         sampler.cfg = sampled_cfg
     result = EvalResult(name, len(problems), samples, greedy, pass1_sampled, pass_k)
     echo(result.table())
-    stats = sampler.stats
-    echo(f"{stats.new_tokens} new tokens in {stats.seconds:.2f} s: {stats.tokens_per_s:,.1f} new tokens/s")
+    echo(sampler.stats.describe())
     summary = result.table().splitlines()[1]
     row = {"step": rs.checkpoint.step, "event": "eval", "message": f"eval {name}: {summary}",
            "task": name, "problems": result.problems, "samples": samples, "pass@1": result.pass1_greedy,

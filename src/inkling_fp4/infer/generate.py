@@ -136,8 +136,7 @@ def run_generate(
             echo(f"[{i}] {text}")
             echo(f"  -> {c.text}")
             echo(f"     ({len(c.tokens)} tokens, {c.finish_reason})")
-    stats = rs.sampler.stats
-    echo(f"{stats.new_tokens} new tokens in {stats.seconds:.2f} s: {stats.tokens_per_s:,.1f} new tokens/s")
+    echo(rs.sampler.stats.describe())
     if out is not None:
         write_completions(out, texts, completions)
         if replacing:

@@ -78,10 +78,20 @@ class GenerationStats:
     new_tokens: int = 0
     seconds: float = 0.0
     decode_steps: int = 0
+    setup_seconds: float = 0.0
+    """Of ``seconds``, the one-off part: the decode graphs' caches and captures (the first calls)."""
 
     @property
     def tokens_per_s(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+        """New tokens per second of generation, the one-off set-up left out."""
+        working = self.seconds - self.setup_seconds
+        return self.new_tokens / working if working > 0 else 0.0
+
+    def describe(self) -> str:
+        line = f"{self.new_tokens} new tokens in {self.seconds:.2f} s: {self.tokens_per_s:,.1f} new tokens/s"
+        if self.setup_seconds >= 0.005:
+            line += f" (not counting {self.setup_seconds:.2f} s of one-off decode-graph set-up)"
+        return line
 
 
 def sampler_policy(
@@ -275,7 +285,10 @@ class Sampler:
         steps = 0
         try:
             with autocast_for(device):  # a capture (in graphs.slot) runs under the same autocast
+                setup_before = graphs.setup_s if graphs is not None else 0.0
                 logits, step = self._prefill(prompts, L, T, graphs)  # [B, V]
+                if graphs is not None:
+                    self.stats.setup_seconds += graphs.setup_s - setup_before
                 for t in range(T):
                     tok_B, lp_B = sample(
                         logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
