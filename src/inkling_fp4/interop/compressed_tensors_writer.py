@@ -17,9 +17,7 @@ the embeddings and the LM head. Unquantized tensors are BF16 (A_log, D, dt_bias 
 
 from __future__ import annotations
 
-import torch
-
-from inkling_fp4.interop.nvfp4_weights import E2M1_E4M3_MAX, NVFP4Weight, replace_quantized
+from inkling_fp4.interop.nvfp4_weights import NVFP4Layout
 
 FORMAT = "nvfp4-pack-quantized"
 
@@ -36,24 +34,8 @@ def _fp4_args(dynamic) -> dict:
     }
 
 
-def compressed_tensors(
-    base: dict[str, torch.Tensor], quantized: dict[str, NVFP4Weight], input_amax: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """The export's tensors: ``base`` (transformers' names, FP32) with the quantized modules replaced."""
-
-    def tensors_of(module: str, w: NVFP4Weight, amax: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {
-            f"{module}.weight_packed": w.codes,
-            f"{module}.weight_scale": w.scales,
-            f"{module}.weight_global_scale": w.encode_scale.reshape(1),
-            f"{module}.input_global_scale": (torch.full_like(amax, E2M1_E4M3_MAX) / amax).reshape(1),
-        }
-
-    return replace_quantized(base, quantized, input_amax, tensors_of)
-
-
-def compressed_tensors_config(ignored: list[str]) -> dict:
-    """config.json's ``quantization_config``."""
+def compressed_tensors_metadata(ignored: list[str], version: str) -> tuple[dict, dict[str, str]]:
+    """(config.json's ``quantization_config``, no extra files); ``version`` is not recorded."""
     scheme = {
         "targets": ["Linear"],
         "weights": _fp4_args(False),
@@ -61,7 +43,7 @@ def compressed_tensors_config(ignored: list[str]) -> dict:
         "output_activations": None,
         "format": FORMAT,
     }
-    return {
+    config = {
         "quant_method": "compressed-tensors",
         "format": FORMAT,
         "quantization_status": "compressed",
@@ -69,3 +51,16 @@ def compressed_tensors_config(ignored: list[str]) -> dict:
         "ignore": sorted(ignored),
         "kv_cache_scheme": None,
     }
+    return config, {}
+
+
+LAYOUT = NVFP4Layout(
+    codes="weight_packed",
+    scales="weight_scale",
+    weight_global="weight_global_scale",
+    input_global="input_global_scale",
+    decode=False,
+    scale_shape=(1,),
+    metadata=compressed_tensors_metadata,
+)
+compressed_tensors = LAYOUT.tensors  # the export's tensors in this layout

@@ -17,14 +17,17 @@ from pathlib import Path
 
 from inkling_fp4 import __version__
 from inkling_fp4.errors import UserError
+from inkling_fp4.interop import compressed_tensors_writer, modelopt_writer
 from inkling_fp4.interop.calibration import ExportConfig, calibration_batches, input_amaxes
-from inkling_fp4.interop.compressed_tensors_writer import compressed_tensors, compressed_tensors_config
 from inkling_fp4.interop.hf_writer import check_export_target, hf_tensors, write_hf
 from inkling_fp4.interop.load_run import load_run_checkpoint
-from inkling_fp4.interop.modelopt_writer import modelopt_metadata, modelopt_tensors
 from inkling_fp4.interop.nvfp4_weights import nvfp4_recipe, quantized_modules
 
-FORMATS = ("hf", "nvfp4-modelopt", "nvfp4-compressed-tensors")
+NVFP4_LAYOUTS = {
+    "nvfp4-modelopt": modelopt_writer.LAYOUT,
+    "nvfp4-compressed-tensors": compressed_tensors_writer.LAYOUT,
+}
+FORMATS = ("hf", *NVFP4_LAYOUTS)
 ALWAYS_EXCLUDED = ["backbone.embeddings", "lm_head"]
 """Kept in high precision by every recipe (paper: embeddings and the LM head are never quantized)."""
 
@@ -74,12 +77,9 @@ def run_export(
     by_layer = input_amaxes(model, policy, batches)
     input_amax = {module: by_layer[layer] for module, (_, layer) in quantized.items()}
     weights = {module: w for module, (w, _) in quantized.items()}
-    if fmt == "nvfp4-modelopt":
-        tensors = modelopt_tensors(base, weights, input_amax)
-        quant_config, extra = modelopt_metadata(excluded, __version__)
-    else:
-        tensors = compressed_tensors(base, weights, input_amax)
-        quant_config, extra = compressed_tensors_config(excluded), {}
+    layout = NVFP4_LAYOUTS[fmt]
+    tensors = layout.tensors(base, weights, input_amax)
+    quant_config, extra = layout.metadata(excluded, __version__)
     files = write_hf(
         out,
         model.cfg,

@@ -30,7 +30,7 @@ from inkling_fp4.errors import UserError
 from inkling_fp4.interop.nemotron_h import MODEL_TYPE, from_hf_tensors, model_config
 from inkling_fp4.interop.nemotron_h_check import check_config, check_finite, check_weights
 from inkling_fp4.model.hybrid import HybridLM
-from inkling_fp4.runs.checkpoint import CheckpointError, load_model_tensors
+from inkling_fp4.runs.checkpoint import build_model
 
 CONFIG_FILE = "config.json"
 
@@ -140,12 +140,4 @@ def load_nemotron_h(
     """(config, model with the directory's weights on ``device``, tokenizer) of a Nemotron-H directory."""
     path = resolve(path)
     cfg, tokenizer = imported_config(path)
-    tensors = imported_tensors(path, cfg)
-    device = torch.device(device)
-    with torch.device(device):
-        model = HybridLM(cfg.model)
-    try:
-        load_model_tensors(model, tensors, device)
-    except CheckpointError as e:
-        raise UserError(f"--from {path}: {e}") from None
-    return cfg, model, tokenizer
+    return cfg, build_model(cfg.model, device, imported_tensors(path, cfg), source=path), tokenizer

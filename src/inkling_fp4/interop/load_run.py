@@ -25,6 +25,7 @@ from inkling_fp4.interop.importer import (
     resolve,
 )
 from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.model.vocab import fit_tokenizer
 from inkling_fp4.runs.checkpoint import Checkpoint
 from inkling_fp4.runs.directory import CONFIG_FILE, TOKENIZER_FILE, recorded_config
 from inkling_fp4.runs.find import find_run_checkpoint, read_run
@@ -69,6 +70,16 @@ def load_run_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
     else:
         cfg, model, tokenizer = read_run(run_dir, ckpt, device, path)
     return cfg, model, tokenizer, ckpt
+
+
+def base_weights(
+    model: HybridLM, tokenizer: Tokenizer | None = None
+) -> tuple[dict[str, torch.Tensor], str | None]:
+    """(copies of the tensors of the model ``--from`` loaded, the vocabulary log line or None): what a
+    stage builds its own model from (:func:`~inkling_fp4.runs.checkpoint.build_model`), the
+    vocabulary first fitted to ``tokenizer`` when given (:func:`~inkling_fp4.model.vocab.fit_tokenizer`)."""
+    grown = None if tokenizer is None else fit_tokenizer(model, tokenizer)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, grown
 
 
 def describe(path: str | Path) -> list[str]:

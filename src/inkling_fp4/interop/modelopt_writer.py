@@ -17,28 +17,10 @@ from __future__ import annotations
 
 import json
 
-import torch
-
-from inkling_fp4.interop.nvfp4_weights import E2M1_E4M3_MAX, NVFP4Weight, replace_quantized
+from inkling_fp4.interop.nvfp4_weights import NVFP4Layout
 
 QUANT_ALGO = "NVFP4"
 GROUP_SIZE = 16
-
-
-def modelopt_tensors(
-    base: dict[str, torch.Tensor], quantized: dict[str, NVFP4Weight], input_amax: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """The export's tensors: ``base`` (transformers' names, FP32) with the quantized modules replaced."""
-
-    def tensors_of(module: str, w: NVFP4Weight, amax: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {
-            f"{module}.weight": w.codes,
-            f"{module}.weight_scale": w.scales,
-            f"{module}.weight_scale_2": w.decode_scale.reshape(()),
-            f"{module}.input_scale": (amax / E2M1_E4M3_MAX).reshape(()),
-        }
-
-    return replace_quantized(base, quantized, input_amax, tensors_of)
 
 
 def modelopt_metadata(excluded: list[str], version: str) -> tuple[dict, dict[str, str]]:
@@ -52,3 +34,15 @@ def modelopt_metadata(excluded: list[str], version: str) -> tuple[dict, dict[str
     hf_quant = {"producer": {"name": "fp4train", "version": version}, "quantization": quant}
     text = json.dumps(hf_quant, indent=2, sort_keys=True) + "\n"
     return {"quant_method": "modelopt", **quant}, {"hf_quant_config.json": text}
+
+
+LAYOUT = NVFP4Layout(
+    codes="weight",
+    scales="weight_scale",
+    weight_global="weight_scale_2",
+    input_global="input_scale",
+    decode=True,
+    scale_shape=(),
+    metadata=modelopt_metadata,
+)
+modelopt_tensors = LAYOUT.tensors  # the export's tensors in this layout

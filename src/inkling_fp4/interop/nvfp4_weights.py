@@ -144,20 +144,47 @@ def keep_dtype(name: str, t: torch.Tensor) -> torch.Tensor:
     return t.float() if name.rpartition(".")[2] in ("A_log", "D", "dt_bias") else t.to(torch.bfloat16)
 
 
-def replace_quantized(
-    base: dict[str, torch.Tensor],
-    quantized: dict[str, NVFP4Weight],
-    input_amax: dict[str, torch.Tensor],
-    tensors_of: Callable[[str, NVFP4Weight, torch.Tensor], dict[str, torch.Tensor]],
-) -> dict[str, torch.Tensor]:
-    """An NVFP4 export's tensors: ``base`` (transformers' names, FP32) with each quantized module's
-    weight replaced by ``tensors_of(module, weight, input amax)`` (each format names its own), the
-    rest in :func:`keep_dtype`."""
-    out = {}
-    for name, t in base.items():
-        module = name.rpartition(".")[0]
-        if module in quantized and name.endswith(".weight"):
-            out.update(tensors_of(module, quantized[module], input_amax[module].float()))
+@dataclass(frozen=True)
+class NVFP4Layout:
+    """Where an NVFP4 export format puts a quantized module ``<m>``'s tensors: ``<m>.<codes>`` uint8
+    [N, K/2], ``<m>.<scales>`` E4M3 [N, K/16] and the FP32 global scales of W and of the input, of
+    shape ``scale_shape``; ``decode``: they are decode scales amax / (6·448), else encode scales
+    6·448 / amax. One row per format (``modelopt_writer.py``, ``compressed_tensors_writer.py``)."""
+
+    codes: str
+    scales: str
+    weight_global: str
+    input_global: str
+    decode: bool
+    scale_shape: tuple[int, ...]
+    metadata: Callable[[list[str], str], tuple[dict, dict[str, str]]]
+    """(excluded modules, fp4train's version) -> (config.json's quantization_config, {file: text})."""
+
+    def tensors(
+        self,
+        base: dict[str, torch.Tensor],
+        quantized: dict[str, NVFP4Weight],
+        input_amax: dict[str, torch.Tensor],
+    ) -> dict[str, torch.Tensor]:
+        """The export's tensors: ``base`` (transformers' names, FP32) with each quantized module's
+        weight replaced by its NVFP4 tensors, the rest in :func:`keep_dtype`."""
+        out = {}
+        for name, t in base.items():
+            module = name.rpartition(".")[0]
+            if module in quantized and name.endswith(".weight"):
+                out.update(self._module_tensors(module, quantized[module], input_amax[module].float()))
+            else:
+                out[name] = keep_dtype(name, t)
+        return out
+
+    def _module_tensors(self, m: str, w: NVFP4Weight, amax: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.decode:
+            w_global, in_global = w.decode_scale, amax / E2M1_E4M3_MAX
         else:
-            out[name] = keep_dtype(name, t)
-    return out
+            w_global, in_global = w.encode_scale, torch.full_like(amax, E2M1_E4M3_MAX) / amax
+        return {
+            f"{m}.{self.codes}": w.codes,
+            f"{m}.{self.scales}": w.scales,
+            f"{m}.{self.weight_global}": w_global.reshape(self.scale_shape),
+            f"{m}.{self.input_global}": in_global.reshape(self.scale_shape),
+        }

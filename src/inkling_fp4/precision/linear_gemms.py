@@ -1,11 +1,8 @@
 """The three GEMMs of a quantized linear layer, forward and backward, and the autograd function
 that joins them (:class:`~inkling_fp4.precision.quant_linear.QuantLinear` is the module around them).
+Which operand each GEMM quantizes how is the table of :mod:`inkling_fp4.precision.recipes`.
 
 Legend: M tokens, K = in_features, N = out_features.
-
-    fprop   y  [M, N] = Q(x) [M, K] · Q(W)ᵀ          Q(W): 16×16 tiles (NVFP4), shared with dgrad
-    dgrad   dx [M, K] = Q_sr(dy) [M, N] · Q(W)        contraction over N, W's tiles transposed
-    wgrad   dW [N, K] = Q_sr(RHT(dyᵀ)) · Q(RHT(xᵀ))ᵀ  both blocked along tokens M; RHT cancels
 
 What is saved for backward is the *quantized* operands the backward GEMMs consume (packed codes +
 scales): the dgrad weight operand and the wgrad activation operand ``Q(RHT(xᵀ))`` are produced in

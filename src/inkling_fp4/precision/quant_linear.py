@@ -5,16 +5,12 @@ per-layer policy) applies without touching model code. ``recipe`` is set by the 
 ``None`` means BF16 (BF16 operands, FP32 accumulation). The master weight is FP32; the layer casts
 its operands itself and does not rely on autocast (on CPU there is none), returning BF16.
 
-Legend: M tokens (all leading dims of x flattened), K = in_features, N = out_features.
-
-    fprop   y  [M, N] = Q(x) [M, K] · Q(W)ᵀ          Q(W): 16×16 tiles (NVFP4), shared with dgrad
-    dgrad   dx [M, K] = Q_sr(dy) [M, N] · Q(W)        contraction over N, W's tiles transposed
-    wgrad   dW [N, K] = Q_sr(RHT(dyᵀ)) · Q(RHT(xᵀ))ᵀ  both blocked along tokens M; RHT cancels
-
-(see :mod:`inkling_fp4.precision.recipes` for the per-recipe table; the GEMMs themselves and their
-autograd function are in :mod:`inkling_fp4.precision.linear_gemms`). What is saved for backward is
-the *quantized* operands the backward GEMMs consume (packed codes + scales), so an NVFP4 layer
-keeps ~0.56 bytes per element of x and W alive instead of BF16's 2, emulated or not.
+Legend: M tokens (all leading dims of x flattened), K = in_features, N = out_features. The three
+GEMMs (fprop y = x·Wᵀ, dgrad dx = dy·W, wgrad dW = dyᵀ·x) and which operand each quantizes how are
+the table of :mod:`inkling_fp4.precision.recipes`; the GEMMs themselves and their autograd function
+are in :mod:`inkling_fp4.precision.linear_gemms`. What is saved for backward is the *quantized*
+operands the backward GEMMs consume (packed codes + scales), so an NVFP4 layer keeps ~0.56 bytes
+per element of x and W alive instead of BF16's 2, emulated or not.
 
 Forwards without autograd (sampling) may use W's fprop operand held quantized once per policy
 version (:meth:`QuantLinear.freeze_weights`, driven by ``PrecisionPolicy.freeze_weights``) instead of

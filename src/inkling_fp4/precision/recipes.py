@@ -101,10 +101,8 @@ class GemmQuant:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A precision recipe for a linear layer: per GEMM, its operands' quantization (None = BF16).
-
-    fprop: a = x, b = W.  dgrad: a = dy, b = Wᵀ.  wgrad: a = dyᵀ, b = xᵀ (both along tokens).
-    """
+    """A precision recipe for a linear layer: per GEMM of the module's table, its operands'
+    quantization (None = BF16); built by :func:`_linear_recipe`."""
 
     name: str
     """bf16 | fp8 | fp8-tensorwise | nvfp4 | mxfp4 (for logs and checkpoints)."""
@@ -132,38 +130,46 @@ class Recipe:
         return f"{self.name} ({self.backend}): " + "; ".join(parts)
 
 
+def _linear_recipe(name, *, x, w, dy, x_t, dy_t, rht_signs=None) -> Recipe:
+    """The GEMM table in code: which operand of which GEMM each quantization is for.
+
+    fprop = (x, W), dgrad = (dy, Wᵀ) with W's quantization, wgrad = (dyᵀ, xᵀ) along the tokens.
+    """
+    return Recipe(
+        name=name,
+        fprop=GemmQuant(x, w),
+        dgrad=GemmQuant(dy, w),
+        wgrad=GemmQuant(dy_t, x_t),
+        rht_signs=rht_signs,
+    )
+
+
 def nvfp4_recipe(
     *, rht: bool = True, stochastic_rounding: bool = True, weight_2d: bool = True, rht_signs=None,
     activation_scale: str = "tensor",
 ) -> Recipe:  # fmt: skip
     """The paper's NVFP4 recipe, with its three techniques switchable for ablations; with
     ``activation_scale="row"`` fprop's x has one FP32 scale per token row (``PrecisionConfig``)."""
-    w = OperandQuant("nvfp4", (16, 16) if weight_2d else (1, 16))
-    x = OperandQuant("nvfp4", (1, 16), row_scaled=activation_scale == "row")
-    dy = OperandQuant("nvfp4", (1, 16), stochastic=stochastic_rounding)
-    dy_t = OperandQuant("nvfp4", (1, 16), stochastic=stochastic_rounding, rht=rht)
-    x_t = OperandQuant("nvfp4", (1, 16), rht=rht)
-    return Recipe(
-        name="nvfp4",
-        fprop=GemmQuant(x, w),
-        dgrad=GemmQuant(dy, w),
-        wgrad=GemmQuant(dy_t, x_t),
+    return _linear_recipe(
+        "nvfp4",
+        x=OperandQuant("nvfp4", (1, 16), row_scaled=activation_scale == "row"),
+        w=OperandQuant("nvfp4", (16, 16) if weight_2d else (1, 16)),
+        dy=OperandQuant("nvfp4", (1, 16), stochastic=stochastic_rounding),
+        x_t=OperandQuant("nvfp4", (1, 16), rht=rht),
+        dy_t=OperandQuant("nvfp4", (1, 16), stochastic=stochastic_rounding, rht=rht),
         rht_signs=_signs(rht_signs) if rht else None,
     )
 
 
 def mxfp4_recipe(*, rht: bool = True, stochastic_rounding: bool = True, rht_signs=None) -> Recipe:
     """MXFP4 (OCP MX: E2M1 elements, one E8M0 scale per 1×32 block) with the NVFP4 recipe's RHT/SR."""
-    x = OperandQuant("mxfp4", (1, 32))
-    w = OperandQuant("mxfp4", (1, 32))
-    dy = OperandQuant("mxfp4", (1, 32), stochastic=stochastic_rounding)
-    dy_t = OperandQuant("mxfp4", (1, 32), stochastic=stochastic_rounding, rht=rht)
-    x_t = OperandQuant("mxfp4", (1, 32), rht=rht)
-    return Recipe(
-        name="mxfp4",
-        fprop=GemmQuant(x, w),
-        dgrad=GemmQuant(dy, w),
-        wgrad=GemmQuant(dy_t, x_t),
+    return _linear_recipe(
+        "mxfp4",
+        x=OperandQuant("mxfp4", (1, 32)),
+        w=OperandQuant("mxfp4", (1, 32)),
+        dy=OperandQuant("mxfp4", (1, 32), stochastic=stochastic_rounding),
+        x_t=OperandQuant("mxfp4", (1, 32), rht=rht),
+        dy_t=OperandQuant("mxfp4", (1, 32), stochastic=stochastic_rounding, rht=rht),
         rht_signs=_signs(rht_signs) if rht else None,
     )
 
@@ -171,22 +177,16 @@ def mxfp4_recipe(*, rht: bool = True, stochastic_rounding: bool = True, rht_sign
 def fp8_recipe() -> Recipe:
     """The paper's FP8 baseline: E4M3 everywhere, 1×128 activations/gradients, 128×128 weights."""
     act = OperandQuant("e4m3", (1, 128))
-    w = OperandQuant("e4m3", (128, 128))
-    return Recipe(name="fp8", fprop=GemmQuant(act, w), dgrad=GemmQuant(act, w), wgrad=GemmQuant(act, act))
+    return _linear_recipe("fp8", x=act, w=OperandQuant("e4m3", (128, 128)), dy=act, x_t=act, dy_t=act)
 
 
 def fp8_tensorwise_recipe(*, delayed: bool = False) -> Recipe:
     """Per-tensor scaling: E4M3 for x and W, E5M2 for the gradient dy (wider range). Current scaling,
     or with ``delayed`` x, dy and W scaled from an amax history (``precision/amax_history.py``)."""
     x = OperandQuant("e4m3", TENSORWISE, delayed=delayed)
-    w = OperandQuant("e4m3", TENSORWISE, delayed=delayed)
     grad = OperandQuant("e5m2", TENSORWISE, delayed=delayed)
-    return Recipe(
-        name="fp8-tensorwise",
-        fprop=GemmQuant(x, w),
-        dgrad=GemmQuant(grad, w),
-        wgrad=GemmQuant(grad, x),
-    )
+    w = OperandQuant("e4m3", TENSORWISE, delayed=delayed)
+    return _linear_recipe("fp8-tensorwise", x=x, w=w, dy=grad, x_t=x, dy_t=grad)
 
 
 def build_recipe(cfg) -> Recipe | None:

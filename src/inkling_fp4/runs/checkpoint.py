@@ -48,6 +48,8 @@ from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from inkling_fp4.errors import DISK_FULL_ERRNOS, DiskFullError, UserError
+from inkling_fp4.model.config import ModelConfig
+from inkling_fp4.model.hybrid import HybridLM
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -392,6 +394,27 @@ def load_model_tensors(model: nn.Module, tensors: dict[str, torch.Tensor], devic
     with torch.no_grad():
         for name, t in model_tensors(model):
             t.copy_(tensors[name].to(device))
+
+
+def build_model(
+    model_cfg: ModelConfig, device: str | torch.device, tensors: dict[str, torch.Tensor] | None = None,
+    source: str | Path | None = None,
+) -> HybridLM:  # fmt: skip
+    """A HybridLM built on ``device`` (its initial weights drawn from the global generator, as every
+    build does) with ``tensors`` copied in unless None. ``source``: what ``--from`` named; a tensor
+    mismatch is then a UserError naming it, else the CheckpointError."""
+    device = torch.device(device)
+    with torch.device(device):
+        model = HybridLM(model_cfg)
+    if tensors is None:
+        return model
+    try:
+        load_model_tensors(model, tensors, device)
+    except CheckpointError as e:
+        if source is None:
+            raise
+        raise UserError(f"--from {source}: {e}") from None
+    return model
 
 
 def rng_state(device: torch.device) -> dict:

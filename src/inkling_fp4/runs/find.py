@@ -25,10 +25,10 @@ from inkling_fp4.runs.checkpoint import (
     STATE_FILE,
     Checkpoint,
     CheckpointError,
+    build_model,
     checkpoint_dirs,
     latest_good,
     load_checkpoint,
-    load_model_tensors,
 )
 from inkling_fp4.runs.directory import CONFIG_FILE, TOKENIZER_FILE, recorded_config
 
@@ -74,14 +74,7 @@ def read_run(
     if not tokenizer_file.is_file():
         raise UserError(f"--from {path}: {run_dir} has no {TOKENIZER_FILE}; pass a complete run directory")
     tokenizer = Tokenizer.from_file(tokenizer_file)
-    device = torch.device(device)
-    with torch.device(device):
-        model = HybridLM(cfg.model)
-    try:
-        load_model_tensors(model, ckpt.model, device)
-    except CheckpointError as e:
-        raise UserError(f"--from {path}: {e}") from None
-    return cfg, model, tokenizer
+    return cfg, build_model(cfg.model, device, ckpt.model, source=path), tokenizer
 
 
 def newest_run(

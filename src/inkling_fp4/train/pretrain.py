@@ -28,10 +28,8 @@ from inkling_fp4.data.batch import Batch
 from inkling_fp4.data.chat import CHAT_TEMPLATE_JINJA
 from inkling_fp4.data.pipeline import PretrainData, build_pretrain_data
 from inkling_fp4.data.tokenizer import check_vocab
-from inkling_fp4.interop.load_run import load_run_checkpoint
-from inkling_fp4.model.hybrid import HybridLM
-from inkling_fp4.model.vocab import fit_tokenizer
-from inkling_fp4.runs.checkpoint import load_model_tensors
+from inkling_fp4.interop.load_run import base_weights, load_run_checkpoint
+from inkling_fp4.runs.checkpoint import build_model
 from inkling_fp4.runs.lineage import CHAT_TEMPLATE_FILE, trained_on_chat
 from inkling_fp4.train.frame import RunResult, finish, stage_frame
 from inkling_fp4.trainer.determinism import seed_everything
@@ -90,20 +88,17 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                                "fresh AdamW; schedule: this recipe's WSD")  # fmt: skip
             if trained_on_chat(ckpt.path):  # the weights keep what they learnt of the template
                 chat_files = {CHAT_TEMPLATE_FILE: CHAT_TEMPLATE_JINJA}
-            grown = fit_tokenizer(base_model, data.tokenizer)
+            base_tensors, grown = base_weights(base_model, data.tokenizer)
             if grown:
                 describe.append(grown)
                 cfg.model.vocab_size = base_model.cfg.vocab_size
-            base_tensors = {k: v.detach().clone() for k, v in base_model.state_dict().items()}
             del base_model
         check_vocab(data.tokenizer, cfg.model.vocab_size)
         # each rank evaluates its share of eval.batches x micro x ranks windows: with the default micro
         # batch (batch_size / ranks) the validation set is the same whatever the number of processes
         task = PretrainTask(data, data.val_batches(cfg.eval.batches, micro, rank_shard=True))
-        with torch.device(dist.device), initial_weights_rng(cfg.train.init_seed, dist.device):
-            model = HybridLM(cfg.model)
-        if base_tensors is not None:
-            load_model_tensors(model, base_tensors, dist.device)
+        with initial_weights_rng(cfg.train.init_seed, dist.device):
+            model = build_model(cfg.model, dist.device, base_tensors)
         trainer = Trainer(cfg, run_dir, dist, model, baseline)
         return finish(trainer, task, start, data.tokenizer, describe, chat_files)
 

@@ -45,7 +45,7 @@ from inkling_fp4.data.chat import CHAT_TEMPLATE_JINJA, encode_prompt
 from inkling_fp4.data.tokenizer import Tokenizer, check_vocab
 from inkling_fp4.errors import ConfigError, UserError
 from inkling_fp4.infer.sampler import Sampler
-from inkling_fp4.interop.load_run import load_run_checkpoint
+from inkling_fp4.interop.load_run import base_weights, load_run_checkpoint
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision.autocast import autocast_for
 from inkling_fp4.precision.policy import PrecisionPolicy
@@ -54,7 +54,7 @@ from inkling_fp4.rl.policy_loss import PolicyLossFn
 from inkling_fp4.rl.prompts import Prompt, PromptStream, TaskData, load_task
 from inkling_fp4.rl.rollout_batch import RolloutBatch, build_rows
 from inkling_fp4.rl.scoring import RewardRunner, Scores
-from inkling_fp4.runs.checkpoint import load_model_tensors
+from inkling_fp4.runs.checkpoint import build_model
 from inkling_fp4.runs.directory import TOKENIZER_FILE
 from inkling_fp4.runs.metrics import METRICS_FILE
 from inkling_fp4.train.frame import RunResult, finish, stage_frame
@@ -288,9 +288,7 @@ class RolloutTask:
 
 def frozen_policy(cfg: RunConfig, tensors: dict, device: torch.device) -> HybridLM:
     """A frozen model of ``tensors`` in the run's precision: the starting policy (KL penalty, KL to start)."""
-    with torch.device(device):
-        model = HybridLM(cfg.model)
-    load_model_tensors(model, tensors, device)
+    model = build_model(cfg.model, device, tensors)
     PrecisionPolicy(cfg.precision, cfg.model.n_layers).apply(model)
     return model.requires_grad_(False)
 
@@ -354,10 +352,8 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
         tokenizer = base_tokenizer if start.fresh else Tokenizer.from_file(Path(run_dir) / TOKENIZER_FILE)
         check_vocab(tokenizer, cfg.model.vocab_size)
         data = load_task(cfg.rl, cfg.train.seed)
-        base_tensors = {k: v.detach().clone() for k, v in base_model.state_dict().items()}
-        with torch.device(dist.device):
-            model = HybridLM(cfg.model)
-        load_model_tensors(model, base_tensors, dist.device)
+        base_tensors, _ = base_weights(base_model)
+        model = build_model(cfg.model, dist.device, base_tensors)
         ref = frozen_policy(cfg, base_tensors, dist.device) if cfg.rl.kl_coef > 0 else None
         start_tensors = base_tensors if ref is None and cfg.rl.eval_samples > 0 else None
         del base_model, base_tensors

@@ -21,19 +21,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from inkling_fp4.config import RunConfig, apply_overrides, from_dict, load_yaml, resolve_recipe_path, to_dict
 from inkling_fp4.data.batch import Batch
 from inkling_fp4.data.chat import CHAT_TEMPLATE_JINJA
 from inkling_fp4.data.sft_data import SFTData, build_sft_data
 from inkling_fp4.data.tokenizer import Tokenizer, check_vocab
 from inkling_fp4.errors import ConfigError, UserError
-from inkling_fp4.interop.load_run import find_checkpoint, load_run_checkpoint, run_config
+from inkling_fp4.interop.load_run import base_weights, find_checkpoint, load_run_checkpoint, run_config
 from inkling_fp4.model.config import ModelConfig
-from inkling_fp4.model.hybrid import HybridLM
-from inkling_fp4.model.vocab import fit_tokenizer
-from inkling_fp4.runs.checkpoint import load_model_tensors
+from inkling_fp4.runs.checkpoint import build_model
 from inkling_fp4.runs.directory import TOKENIZER_FILE
 from inkling_fp4.train.frame import RunResult, finish, stage_frame
 from inkling_fp4.trainer.determinism import seed_everything
@@ -142,11 +138,10 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
                 f"{base_cfg.stage} run {ckpt.path.parent.parent.name}); optimizer: fresh AdamW; schedule: "
                 f"this recipe's WSD over {cfg.train.steps} steps"
             )
-            grown = fit_tokenizer(base_model, tokenizer)
+            base_tensors, grown = base_weights(base_model, tokenizer)
             if grown:
                 describe.append(grown)
                 cfg.model.vocab_size = base_model.cfg.vocab_size
-            base_tensors = {k: v.detach().clone() for k, v in base_model.state_dict().items()}
             del base_model
         else:
             tokenizer = Tokenizer.from_file(Path(run_dir) / TOKENIZER_FILE)
@@ -155,10 +150,7 @@ def run(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | No
         data = build_sft_data(cfg.data, cfg.sft, tokenizer, cfg.train.seed, dist.rank, dist.world_size)
         val = data.val_batches(cfg.eval.batches, micro) if data.has_validation else None
         task = SFTTask(data, val, tokenizer.pad)
-        with torch.device(dist.device):
-            model = HybridLM(cfg.model)
-        if base_tensors is not None:
-            load_model_tensors(model, base_tensors, dist.device)
+        model = build_model(cfg.model, dist.device, base_tensors)
         trainer = Trainer(cfg, run_dir, dist, model, baseline)
         describe.append(f"data: {data.describe()}")
         return finish(trainer, task, start, tokenizer, describe, _chat_files())
