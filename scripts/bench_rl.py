@@ -72,10 +72,10 @@ H200 = Profile(
     ),
     device="cuda",
 )
-"""The docs/RL.md measurement: pretraining and SFT take about 4 minutes on one H200, the eight RL
-runs side by side about 5.5 s a step each with their evaluations (80 steps: 440 s), so the whole is
-about 15 minutes in two calls (``--rl-seconds``, then the same command again). The stages keep their
-recipes' warmups: shorter ones gave a far weaker base."""
+"""The docs/RL.md measurement: pretraining and SFT take about 5.5 minutes on one H200, the eight RL
+runs side by side about 5.5 s a step each with their evaluations (120 steps: about 11 minutes), so
+the whole is about 17 minutes in two or three calls (``--rl-seconds``, then the same command again).
+The stages keep their recipes' warmups: shorter ones gave a far weaker base."""
 TINY = Profile(
     recipes=("tiny", "sft-tiny", "rl-tiny"),
     steps=(4, 2, 3),
@@ -157,8 +157,11 @@ class Job:
 def child_env(threads: int) -> dict[str, str]:
     """The environment of a command: this checkout's package first, and ``threads`` CPU threads
     (unless the caller chose): processes that share the cores must not each start one thread per
-    core, or they spend their time waiting for each other."""
+    core, or they spend their time waiting for each other. The CUDA allocator grows its segments
+    (unless the caller chose): eight runs resuming at once on one GPU ran out of memory to
+    fragmentation with fixed-size segments."""
     env = dict(os.environ)
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [env.get("PYTHONPATH")])])
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(name, str(threads))

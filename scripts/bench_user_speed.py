@@ -35,7 +35,7 @@ SAMPLERS = {"bf16": ["sampler.precision=bf16"],
 """Label -> the sampler overrides of a generate command."""
 SPEED = re.compile(
     r"(?P<tokens>\d+) new tokens in (?P<seconds>[\d.]+) s: (?P<rate>[\d,.]+) new tokens/s"
-    r"(?: \(not counting (?P<setup>[\d.]+) s of one-off decode-graph set-up\))?"
+    r"(?: \(not counting (?P<setup>[\d.]+) s of one-off graph capture and compilation\))?"
 )
 """The line generate and eval print at their end (GenerationStats.describe)."""
 

@@ -21,7 +21,7 @@ def test_parse_speed_reads_the_last_line_with_and_without_the_set_up():
 
     out = ("12 new tokens in 0.50 s: 24.0 new tokens/s\n"
            "3,000 ignored\n1204 new tokens in 2.00 s: 1,003.3 new tokens/s "
-           "(not counting 0.80 s of one-off decode-graph set-up)\n")  # fmt: skip
+           "(not counting 0.80 s of one-off graph capture and compilation)\n")  # fmt: skip
     assert b.parse_speed(out) == {"new_tokens": 1204, "seconds": 2.0, "tokens_per_s": 1003.3, "setup_s": 0.8}
     assert b.parse_speed("12 new tokens in 0.50 s: 24.0 new tokens/s")["setup_s"] == 0.0
     assert b.parse_speed("no speed here") is None

@@ -81,6 +81,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("completion_len_mean", "completion length"),
     Figure("truncated_frac", "truncated"),
     Figure("zero_var_frac", "zero-variance groups"),
+    Figure("unsolved_frac", "groups with none right"),
+    Figure("solved_frac", "groups with all right"),
     Figure("adv_abs_mean", "mean |advantage|"),
     Figure("clip_low", "clipped low"),
     Figure("clip_high", "clipped high"),

@@ -27,8 +27,12 @@ class SamplerConfig:
     """Stop strings, matched on the decoded text across token boundaries; the text ends before the match."""
     seed: int = 0
     """Seed of the sampling generator: the same seed, prompts and settings give the same completions."""
-    batch_size: int = 64
-    """Prompts decoded together (a longer list runs in batches of this many)."""
+    batch_size: int = 0
+    """Sequences decoded together (the rows of the decode cache); 0: auto, 64 on the CPU and on CUDA
+    up to 256 as free memory allows."""
+    continuous_batching: bool = True
+    """A row whose sequence ends takes the next prompt at once (``infer/continuous.py``); false
+    decodes a batch at a time, each until its longest member ends. Completions are the same."""
     max_context: int | None = None
     """Prompt plus completion in tokens; None: the run's data.seq_len. The hybrid has no positional
     embedding to bound it, but it never trained on longer sequences: a longer prompt is refused
@@ -59,8 +63,8 @@ class SamplerConfig:
             raise ValueError(f"sampler.min_p must lie in [0, 1), got {self.min_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"sampler.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.batch_size < 1:
-            raise ValueError(f"sampler.batch_size must be >= 1, got {self.batch_size}")
+        if self.batch_size < 0:
+            raise ValueError(f"sampler.batch_size must be >= 1, or 0 for auto, got {self.batch_size}")
         if self.max_context is not None and self.max_context < 2:
             raise ValueError(f"sampler.max_context must be >= 2 or null, got {self.max_context}")
         if self.check_every < 1:

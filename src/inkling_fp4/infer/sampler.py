@@ -1,10 +1,15 @@
-"""Batched generation with the hybrid model's cache, under the run's own forward pass.
+"""Generation with the hybrid model's cache, under the run's own forward pass.
 
     prompts (token lists, any lengths)  ->  right-padded [B, L] + lengths [B]
     logits = model.prefill(tokens, lengths, cache)                  [B, V]
-    repeat:  token, logprob = sample(logits)                        [B], [B]   (infer/sampling.py)
+    repeat:  token, logprob = sample(logits, draws)                 [B], [B]   (infer/sampling.py)
              logits = model.decode_step(token, cache)               [B, V]
-    every ``check_every`` steps: which sequences have ended (infer/stopping.py); stop when all have
+    every ``check_every`` steps: which sequences have ended (infer/stopping.py)
+
+Two schedules run that loop. By default the rows are continuously batched (``infer/continuous.py``):
+a row whose sequence ends takes the next prompt at the next check. ``sampler.continuous_batching=
+false`` (and streaming) decodes ``batch_size`` prompts at a time until all of them end; it is the
+reference the continuous schedule is tested against, completion for completion.
 
 Precision. The model runs a :class:`PrecisionPolicy`: the trainer's own (a rollout hands it over) or
 one built from the run's precision config (:func:`sampler_policy`). Weights are quantized once per
@@ -14,9 +19,10 @@ each optimizer step), activations per GEMM as the recipe says. Under ``precision
 decode batch (and on the padding of the prefill); ``row`` removes that dependence.
 
 Finished sequences keep decoding until the next check (their tokens are dropped afterwards), so a
-sequence's tokens never depend on ``check_every`` or on when its neighbours ended. Sampling draws
-from one ``torch.Generator`` seeded with ``sampler.seed`` per :meth:`Sampler.generate` call: the
-same prompts and config give the same completions.
+sequence's tokens never depend on ``check_every`` or on when its neighbours ended. The random draws
+are a function of (``sampler.seed``, the prompt's index in the call, the step, the token id)
+(``infer/sequence_noise.py``): the same prompts and config give the same completions, under
+either schedule and any number of rows.
 
 CUDA graphs (``sampler.cuda_graph``, on CUDA): the prefill and decode steps run on a cache kept per
 batch bucket and the step replays as that bucket's graph, the batch padded with copies of its first
@@ -43,30 +49,20 @@ from torch import nn
 from inkling_fp4.config.sampler import SamplerConfig
 from inkling_fp4.data.tokenizer import Tokenizer
 from inkling_fp4.errors import UserError
+from inkling_fp4.infer.completion import Completion
+from inkling_fp4.infer.continuous import ContinuousDecoder
 from inkling_fp4.infer.decode_graphs import DecodeGraphs, log_to_stderr
 from inkling_fp4.infer.sampling import sample
+from inkling_fp4.infer.sequence_noise import exponential_noise
 from inkling_fp4.infer.stopping import End, StopChecker
+from inkling_fp4.model.decode_graph import cache_tensors
 from inkling_fp4.precision.autocast import autocast_for
 from inkling_fp4.precision.config import PrecisionConfig
 from inkling_fp4.precision.graph_capture import graph_blocker
 from inkling_fp4.precision.policy import PrecisionPolicy
 
-
-@dataclass
-class Completion:
-    """One generated continuation of one prompt."""
-
-    prompt_tokens: list[int]
-    tokens: list[int]
-    """The new tokens, up to and including the end token or the token that completed a stop string."""
-    text: str
-    """The new tokens' text, without the end token and without the stop string."""
-    logprobs: list[float]
-    """log p of each new token under the distribution it was drawn from (after the temperature,
-    before top-k / top-p / min-p; see ``infer/sampling.py``), one per token."""
-    finish_reason: str
-    """eos | stop | length (``infer/stopping.py``)."""
-
+AUTO_ROWS = 256
+"""The most rows ``sampler.batch_size=0`` (auto) gives on CUDA."""
 
 OnTokens = Callable[[int, list[list[int]], list[End | None]], None]
 """``on_tokens(first, tokens, ends)``: the index of the batch's first prompt, each sequence's new
@@ -79,7 +75,8 @@ class GenerationStats:
     seconds: float = 0.0
     decode_steps: int = 0
     setup_seconds: float = 0.0
-    """Of ``seconds``, the one-off part: the decode graphs' caches and captures (the first calls)."""
+    """Of ``seconds``, the one-off part: the decode graphs' caches and captures, and on CUDA the first
+    prefill of each (rows, length) shape, where Triton compiles and autotunes its kernels."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -90,7 +87,7 @@ class GenerationStats:
     def describe(self) -> str:
         line = f"{self.new_tokens} new tokens in {self.seconds:.2f} s: {self.tokens_per_s:,.1f} new tokens/s"
         if self.setup_seconds >= 0.005:
-            line += f" (not counting {self.setup_seconds:.2f} s of one-off decode-graph set-up)"
+            line += f" (not counting {self.setup_seconds:.2f} s of one-off graph capture and compilation)"
         return line
 
 
@@ -149,6 +146,9 @@ class Sampler:
         self.graphs: DecodeGraphs | None = None
         """The bucketed caches and decode graphs, made on the first generation on CUDA."""
         self._eager_reason: str | None = None
+        self.prefill_shapes: set[tuple[int, int]] = set()
+        """(rows, length) prefill shapes run on CUDA so far: the first of each is set-up (compiles)."""
+        self._eos: StopChecker | None = None
         if policy is not None:
             policy.freeze_weights(model)
 
@@ -176,21 +176,79 @@ class Sampler:
     def generate(
         self, prompts: Sequence[Sequence[int]], seed: int | None = None, on_tokens: OnTokens | None = None
     ) -> list[Completion]:
-        """One completion per prompt (token lists), in batches of ``sampler.batch_size``;
-        ``on_tokens`` streams them (see :data:`OnTokens`)."""
+        """One completion per prompt (token lists): continuously batched over the sampler's rows
+        (``infer/continuous.py``), or a batch at a time under ``sampler.continuous_batching=false``
+        and when streaming (``on_tokens``, see :data:`OnTokens`)."""
         for i, p in enumerate(prompts):
             self.check_prompt(p, f"prompt {i}")
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(self.cfg.seed if seed is None else seed)
+        seed = self.cfg.seed if seed is None else seed
         if self.policy is not None:
             self.policy.freeze_weights(self.model)  # a no-op unless the weights changed; in place if so
         graphs = self._decode_graphs()
+        batch = [list(p) for p in prompts]
+        if not batch:
+            return []
+        if self.cfg.continuous_batching and on_tokens is None:
+            return self._generate_continuous(batch, seed, graphs)
         out: list[Completion] = []
-        bs = self.cfg.batch_size
-        for start in range(0, len(prompts), bs):
-            batch = [list(p) for p in prompts[start : start + bs]]
-            out += self._generate_batch(batch, generator, graphs, start, on_tokens)
+        bs = self.rows_for(max(len(p) for p in batch) + self.cfg.max_new_tokens)
+        for start in range(0, len(batch), bs):
+            out += self._generate_batch(batch[start : start + bs], seed, graphs, start, on_tokens)
         return out
+
+    def rows_for(self, max_len: int) -> int:
+        """Sequences decoded together: ``sampler.batch_size``, or where it is 0 (auto) 64 on the CPU
+        and on CUDA up to 256, as many as a quarter of the free memory holds in caches of ``max_len``
+        tokens (with the step's [rows, V] logits, draws and filters beside them)."""
+        if self.cfg.batch_size > 0:
+            return self.cfg.batch_size
+        if self.device.type != "cuda":
+            return 64
+        one = self.model.allocate_cache(1, max_len)
+        per_row = sum(t.numel() * t.element_size() for t in cache_tensors(one))
+        per_row += 16 * self.model.embed.weight.shape[0] * 4  # logits, noise, probabilities: FP32 [V] each
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return max(1, min(AUTO_ROWS, free // 4 // per_row))
+
+    def budget(self, prompt_len: int) -> int:
+        """The most new tokens a prompt of ``prompt_len`` tokens may get (the context bounds it)."""
+        n = self.cfg.max_new_tokens
+        return n if self.context is None else min(n, self.context - prompt_len)
+
+    @torch.no_grad()
+    def _generate_continuous(self, prompts: list[list[int]], seed: int, graphs: DecodeGraphs | None):
+        budgets = [self.budget(len(p)) for p in prompts]
+        T, L = max(budgets), max(len(p) for p in prompts)
+        rows = min(self.rows_for(L + T), len(prompts))
+        model, t0 = self.model, time.perf_counter()
+        was_training = model.training
+        model.eval()
+        try:
+            with autocast_for(self.device):  # a capture (in graphs.slot) runs under the same autocast
+                slot = None
+                if graphs is not None and T > 1:
+                    before = graphs.setup_s
+                    slot = graphs.slot(rows, L + T, self._longest_sequence())
+                    self.stats.setup_seconds += graphs.setup_s - before
+                cache = slot.cache if slot is not None else model.allocate_cache(rows, L + T)
+                decode = slot.decoder if slot is not None and slot.decoder is not None else None
+                decode = decode or (lambda tok_R: model.decode_step(tok_R, cache))
+                decoder = ContinuousDecoder(self, cache, decode, seed)
+                out = decoder.run(prompts, budgets)
+        finally:
+            model.train(was_training)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.stats.new_tokens += sum(len(c.tokens) for c in out)
+        self.stats.seconds += time.perf_counter() - t0
+        self.stats.decode_steps += decoder.steps
+        return out
+
+    def _eos_mask(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[...] bool: which of ``tokens`` are end tokens (on their device, no sync)."""
+        if self._eos is None or self._eos.eos_ids != sorted(set(self.eos_ids)):
+            self._eos = StopChecker(self.tokenizer, self.eos_ids, [], [])
+        return self._eos.eos_mask(tokens)
 
     def _decode_graphs(self) -> DecodeGraphs | None:
         """The bucketed caches this generation decodes in (graphs under ``sampler.cuda_graph`` on
@@ -257,7 +315,7 @@ class Sampler:
     def _generate_batch(
         self,
         prompts: list[list[int]],
-        generator: torch.Generator,
+        seed: int,
         graphs: DecodeGraphs | None = None,
         first: int = 0,
         on_tokens: OnTokens | None = None,
@@ -266,10 +324,7 @@ class Sampler:
         t0 = time.perf_counter()
         B = len(prompts)
         lengths = [len(p) for p in prompts]
-        budgets = [
-            cfg.max_new_tokens if self.context is None else min(cfg.max_new_tokens, self.context - n)
-            for n in lengths
-        ]
+        budgets = [self.budget(n) for n in lengths]
         T = max(budgets)
         L = max(lengths)
         new_BT = torch.zeros(B, T, dtype=torch.long, device=device)
@@ -289,10 +344,16 @@ class Sampler:
                 logits, step = self._prefill(prompts, L, T, graphs)  # [B, V]
                 if graphs is not None:
                     self.stats.setup_seconds += graphs.setup_s - setup_before
+                sequence_B = torch.arange(first, first + B, device=device)
                 for t in range(T):
+                    noise = None
+                    if cfg.temperature > 0:
+                        noise = exponential_noise(
+                            seed, sequence_B, torch.full_like(sequence_B, t), logits.shape[-1]
+                        )
                     tok_B, lp_B = sample(
                         logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                        min_p=cfg.min_p, generator=generator,
+                        min_p=cfg.min_p, noise=noise,
                     )  # fmt: skip
                     new_BT[:, t] = tok_B
                     logp_BT[:, t] = lp_B

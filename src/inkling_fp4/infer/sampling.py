@@ -16,7 +16,8 @@ equal logits) and reports ``log_softmax(z)[token]``, the T = 1 distribution.
 
 Sampling uses the exponential race: with E_i ~ Exp(1) i.i.d., ``argmax_i p_i / E_i`` is distributed
 as p (the Gumbel-max trick written with exponentials), which needs no cumulative sum and no host
-sync; its random draws come from a ``torch.Generator``, so a seed gives the same tokens.
+sync. Its draws E are given (``noise``: the sampler's per-sequence draws, ``infer/sequence_noise.py``)
+or come from a ``torch.Generator``; either way a seed gives the same tokens.
 
 Shape letters: B batch, V vocabulary.
 """
@@ -84,16 +85,21 @@ def sample(
     top_p: float = 1.0,
     min_p: float = 0.0,
     generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [B] int64, their log-probabilities [B] FP32) for next-token logits [B, V]."""
+    """(tokens [B] int64, their log-probabilities [B] FP32) for next-token logits [B, V]; ``noise``
+    [B, V] holds positive Exp(1) draws for the race (else they are drawn from ``generator``)."""
     if temperature == 0:
         logp = torch.log_softmax(logits_BV.float(), dim=-1)
         tokens = logp.argmax(dim=-1)
         return tokens, logp.gather(-1, tokens[:, None])[:, 0]
     logp, probs = filtered_probs(logits_BV, temperature, top_k, top_p, min_p)
-    race = torch.empty_like(probs).exponential_(1.0, generator=generator)  # E ~ Exp(1), [B, V]
-    # NOTE: an FP32 draw of E is exactly 0 about once in 2^24 elements (-log(1 - u) at u = 0): 0/0
-    # would be NaN, which argmax takes for the largest. The smallest normal in its place keeps p/E finite.
-    race.clamp_(min=torch.finfo(torch.float32).tiny)
+    if noise is not None:
+        race = noise
+    else:
+        race = torch.empty_like(probs).exponential_(1.0, generator=generator)  # E ~ Exp(1), [B, V]
+        # NOTE: an FP32 draw of E is exactly 0 about once in 2^24 elements (-log(1 - u) at u = 0): 0/0
+        # would be NaN, which argmax takes for the largest. The smallest normal in its place keeps p/E finite.
+        race.clamp_(min=torch.finfo(torch.float32).tiny)
     tokens = (probs / race).argmax(dim=-1)  # removed tokens have p = 0 and never win
     return tokens, logp.gather(-1, tokens[:, None])[:, 0]

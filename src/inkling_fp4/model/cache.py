@@ -74,3 +74,23 @@ class InferenceCache:
     def valid_mask(self, length: int) -> torch.Tensor:
         """[B, length] bool: True at the real (not padded) positions 0 .. lengths[b]-1."""
         return torch.arange(length, device=self.lengths.device)[None, :] < self.lengths[:, None]
+
+    def write_rows(self, rows: torch.Tensor, src: InferenceCache, src_rows: torch.Tensor) -> None:
+        """Rows ``rows`` [r] of this cache become rows ``src_rows`` [r] of ``src`` (which may be this
+        cache): every layer's state and the lengths, KV positions past ``src.max_len`` zeroed.
+        Continuous batching moves a prefilled prompt into a free decode row with it. ``longest``
+        is a host value and stays the caller's to set."""
+        if src.max_len > self.max_len:
+            raise ValueError(f"write_rows: a cache of max_len {src.max_len} into one of {self.max_len}")
+        for mine, theirs in zip(self.layers, src.layers, strict=True):
+            if isinstance(mine, AttentionState):
+                for dst_t, src_t in ((mine.k, theirs.k), (mine.v, theirs.v)):
+                    block = src_t[src_rows]  # [r, src.max_len, H_kv, hd], a copy (src may be self)
+                    dst_t.index_fill_(0, rows, 0)
+                    dst_t[rows, : block.shape[1]] = block
+            elif isinstance(mine, MambaState):
+                mine.conv[rows] = theirs.conv[src_rows]
+                mine.ssm[rows] = theirs.ssm[src_rows]
+                if mine.done is not None:
+                    mine.done[rows] = theirs.done[src_rows] if theirs.done is not None else 0
+        self.lengths[rows] = src.lengths[src_rows]

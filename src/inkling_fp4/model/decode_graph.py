@@ -51,7 +51,8 @@ def batch_bucket(n: int) -> int:
     return next((b for b in BUCKETS if b >= n), n)
 
 
-def _cache_tensors(cache: InferenceCache) -> list[torch.Tensor]:
+def cache_tensors(cache: InferenceCache) -> list[torch.Tensor]:
+    """Every tensor of ``cache``: the lengths and each layer's state."""
     tensors = [cache.lengths]
     for state in cache.layers:
         if state is not None:
@@ -88,9 +89,9 @@ class GraphedDecoder:
             enabled=torch.is_autocast_enabled("cuda"),
             cache_enabled=False,
         )
-        saved = [t.clone() for t in _cache_tensors(cache)]
+        saved = [t.clone() for t in cache_tensors(cache)]
         longest = cache.longest
-        for t in _cache_tensors(cache):
+        for t in cache_tensors(cache):
             t.zero_()
         cache.longest = 0
         side = torch.cuda.Stream(device)
@@ -103,7 +104,7 @@ class GraphedDecoder:
         cache.longest = 0
         with quantized_graph(self.graph, device) as self.records, torch.autocast(**autocast):
             self.logits = model.decode_step(self.tokens, cache)  # [B, V], the graph's output buffer
-        for t, s in zip(_cache_tensors(cache), saved, strict=True):
+        for t, s in zip(cache_tensors(cache), saved, strict=True):
             t.copy_(s)
         cache.longest = longest
 

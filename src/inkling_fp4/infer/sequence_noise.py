@@ -1,0 +1,60 @@
+"""The sampler's random draws as a function of (seed, sequence, step, token id), not of a stream.
+
+A ``torch.Generator`` hands out its numbers in batch order, so a sequence's draws would depend on
+which sequences share its decode steps and in which row it sits. Under continuous batching those
+change with every arrival and departure. A counter-based generator removes the dependence: the
+Exp(1) variable of token v at step t of sequence i is a hash of (seed, i, t, v), the same whatever
+decodes beside it, so a prompt's completion depends only on the prompt, its index in the call and
+the seed.
+
+Hash: splitmix64's finaliser (Steele, Lea and Flood; the one Java's SplittableRandom uses) applied
+to the key in three rounds, in int64 tensor arithmetic, which wraps modulo 2^64 as the finaliser
+needs. The top 24 bits give u in (0, 1) with no endpoint (u = (k + 1/2) / 2^24), exact in FP32,
+and E = -log u is positive and finite.
+
+Shape letters: B batch, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MASK64 = (1 << 64) - 1
+
+
+def _signed(c: int) -> int:
+    """The int64 whose bits are ``c mod 2^64``."""
+    c &= MASK64
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+GOLDEN = _signed(0x9E3779B97F4A7C15)
+MIX1 = _signed(0xBF58476D1CE4E5B9)
+MIX2 = _signed(0x94D049BB133111EB)
+SEED_SALT = _signed(0xD1B54A32D192ED03)
+
+
+def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's ``>>`` is arithmetic)."""
+    return (x >> n) & ((1 << (64 - n)) - 1)
+
+
+def mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors (wrapping arithmetic)."""
+    x = (x ^ _shr(x, 30)) * MIX1
+    x = (x ^ _shr(x, 27)) * MIX2
+    return x ^ _shr(x, 31)
+
+
+def uniform_bits(seed: int, sequence_B: torch.Tensor, step_B: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, V] int64 in [0, 2^24): the 24-bit draw of every token id of each row's (sequence, step)."""
+    seed_key = _signed(seed * SEED_SALT + GOLDEN)
+    row_B = mix(mix(sequence_B.long() * GOLDEN + seed_key) + step_B.long() * GOLDEN)  # [B]
+    ids_V = torch.arange(vocab, device=row_B.device, dtype=torch.long) * GOLDEN  # [V]
+    return _shr(mix(row_B[:, None] + ids_V[None, :]), 40)  # [B, V]
+
+
+def exponential_noise(seed: int, sequence_B: torch.Tensor, step_B: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, V] FP32 Exp(1) draws, one per (row's sequence, row's step, token id), for the exponential race."""
+    u = (uniform_bits(seed, sequence_B, step_B, vocab).float() + 0.5) * 2.0**-24  # (0, 1), [B, V]
+    return -torch.log(u)
