@@ -378,7 +378,7 @@ def test_captured_records_are_checked_after_each_replay():
 _FUSED_CHECK = """
 import torch
 from inkling_fp4.errors import NumericsError
-from inkling_fp4.precision import finite_guard, gemm
+from inkling_fp4.precision import finite_guard, fused_kernels, gemm
 from inkling_fp4.precision.policy import RoundingRNG
 from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.precision.recipes import nvfp4_recipe
@@ -392,7 +392,7 @@ def run(dtype):  # BF16 x: BF16 y and dx through the GEMM epilogue kernel (scale
     y.backward(torch.randn(32, 48).bfloat16())
     return y, x.grad, m.weight.grad
 
-assert gemm._fused_for(torch.zeros(1)) is not None
+assert fused_kernels.fused_for(torch.zeros(1)) is not None
 fused = run(torch.float32) + run(torch.bfloat16)
 finite_guard.raise_if_non_finite()
 # NaN on the fused path: no error (and no sync) while quantizing, a named one at the check.
@@ -407,7 +407,7 @@ try:
 except NumericsError as e:
     assert "layers.3.probe x" in str(e), str(e)
 finite_guard.raise_if_non_finite()  # the record is cleared
-gemm._fused_for = lambda t: None
+fused_kernels.fused_for = lambda t: None
 reference = run(torch.float32) + run(torch.bfloat16)
 for a, b in zip(fused, reference, strict=True):
     assert torch.equal(a, b), float((a.float() - b.float()).abs().max())
@@ -438,12 +438,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from inkling_fp4.numerics import nvfp4
 from inkling_fp4.numerics.kernels import triton_nvfp4
 from inkling_fp4.numerics.kernels.amax import zeroed_words
-from inkling_fp4.precision import finite_guard, gemm
+from inkling_fp4.precision import finite_guard, fused_kernels, gemm
 from inkling_fp4.precision.policy import RoundingRNG
 from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.precision.recipes import nvfp4_recipe
 
-assert gemm._fused_for(torch.zeros(1)) is not None
+assert fused_kernels.fused_for(torch.zeros(1)) is not None
 seed = int(sys.argv[1])
 g = torch.Generator().manual_seed(seed)
 r = torch.randn(16, 32, generator=g)

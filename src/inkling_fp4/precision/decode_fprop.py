@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from inkling_fp4.precision import finite_guard, gemm
+from inkling_fp4.precision import finite_guard, fused_kernels, gemm
 from inkling_fp4.precision.recipes import OperandQuant
 
 GEMM = "auto"
@@ -32,7 +32,7 @@ def _applies(x2d: torch.Tensor, wq: gemm.Operand | None, spec: OperandQuant) -> 
         return False
     if spec.format != "nvfp4" or spec.block != (1, 16) or spec.stochastic or spec.rht:
         return False
-    if gemm._fused_for(x2d) is None:  # no Triton for this device (the kernels module imports it)
+    if fused_kernels.fused_for(x2d) is None:  # no Triton for this device (the kernels module imports it)
         return False
     from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import MAX_ROWS  # needs triton
 
@@ -61,7 +61,7 @@ def decode_fprop(
     if spec.row_scaled:  # xv [M, K] BF16, out_scale [M]; amax [1]: the largest row amax
         xv, out_scale, amax = kernels.quantize_rows_whole(x, wq.decode_scale)
     else:  # the amax pass, then the quantize pass, which also writes 1/S_enc(x) · 1/S_enc(W)
-        bv = gemm._fused_for(x).fake_quantize(x, check_finite=False, scale_with=wq.decode_scale)
+        bv = fused_kernels.fused_for(x).fake_quantize(x, check_finite=False, scale_with=wq.decode_scale)
         xv, out_scale, amax = bv.values, bv.output_scale, bv.amax
     label = f"NVFP4 operand '{name} x'"
     finite_guard.record(amax, label)

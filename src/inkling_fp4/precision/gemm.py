@@ -34,187 +34,17 @@ other per GEMM.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
-import importlib.util
-import os
-from dataclasses import dataclass
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from inkling_fp4.numerics import fp8, mxfp4, nvfp4
-from inkling_fp4.precision import finite_guard
+from inkling_fp4.numerics import fp8
+from inkling_fp4.precision import fused_kernels
+from inkling_fp4.precision.operand import Operand, pad_to
+from inkling_fp4.precision.quantizers import quantize
 from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant
 
-
-@dataclass
-class Operand:
-    """A quantized GEMM operand, logically [rows, contraction] (stored transposed if ``transposed``)."""
-
-    q: Any
-    """An NVFP4Tensor, MXFP4Tensor, FP8Tensor or FP8BlockTensor (inkling_fp4.numerics); None when
-    only ``values`` were produced (an operand used at once and never saved)."""
-    spec: OperandQuant
-    transposed: bool = False
-    values: torch.Tensor | None = None
-    """BF16 block values written by the quantizer (the fused kernels on CUDA), or None: computed from
-    ``q`` on use."""
-    decode_scale: torch.Tensor | None = None
-    """The NVFP4 tensor decode scale 1/S_enc as the fused quantizer wrote it (bit for bit
-    ``q.decode_scale``), kept with the packed codes too; None: computed from ``q.amax`` on use."""
-    output_scale: tuple[torch.Tensor, torch.Tensor] | None = None
-    """(the other operand's decode scale s, ``decode_scale · s``): the output scale of the GEMM with
-    that operand, multiplied by the fused quantizer (:func:`quantize`'s ``scale_with``)."""
-
-    def packed(self) -> Operand:
-        """This operand without its BF16 values: what is kept for the backward pass."""
-        assert self.q is not None, "an operand quantized without codes cannot be saved"
-        return dataclasses.replace(self, values=None, output_scale=None)
-
-
-def pad_to(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """Zero-pad a 2-D tensor so its dims are multiples of ``rows`` / ``cols`` (no copy if they are).
-
-    Zeros are exact no-ops everywhere they are used: they do not change a block's amax (nor the
-    tensor's), they quantize to 0, and they add nothing to a dot product.
-    """
-    pr = (-t.shape[0]) % rows
-    pc = (-t.shape[1]) % cols
-    if pr == 0 and pc == 0:
-        return t
-    return F.pad(t, (0, pc, 0, pr))
-
-
-@functools.lru_cache(maxsize=1)
-def _fused_nvfp4():
-    """The fused 'quantize to BF16 block values' kernels, or None without Triton."""
-    if importlib.util.find_spec("triton") is None:
-        return None
-    from inkling_fp4.numerics.kernels import triton_nvfp4  # needs triton
-
-    return triton_nvfp4
-
-
-def _fused_for(t: torch.Tensor):
-    """The Triton kernels for tensors on ``t``'s device: CUDA, or CPU under TRITON_INTERPRET=1
-    (how the tests run them without a GPU); None where the torch reference runs."""
-    if t.is_cuda or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
-        return _fused_nvfp4()
-    return None
-
-
-@functools.lru_cache(maxsize=16)
-def _signs_on(signs: tuple[float, ...] | None, device: torch.device) -> torch.Tensor | None:
-    return None if signs is None else torch.tensor(signs, dtype=torch.float32, device=device)
-
-
-def quantize(
-    t: torch.Tensor,
-    spec: OperandQuant,
-    *,
-    transpose: bool = False,
-    signs: tuple[float, ...] | None = None,
-    generator: torch.Generator | None = None,
-    codes: bool = True,
-    values: bool = False,
-    name: str = "",
-    amax: torch.Tensor | None = None,
-    scale_with: torch.Tensor | None = None,
-    record: torch.Tensor | None = None,
-) -> Operand:
-    """Quantize the operand ``t`` (or ``tᵀ`` if ``transpose``) as ``spec`` says, padding with zeros.
-
-    t: [rows, contraction], or [contraction, rows] with ``transpose`` (the wgrad operands, blocked
-    along the token dim; the fused ``quantize_rht_t`` kernel does the transpose on CUDA).
-    ``codes``: keep the packed tensor (to save for backward); ``values``: the operand is multiplied
-    right away, so on CUDA the NVFP4 kernel writes its BF16 block values in the same pass.
-    ``amax``: the NVFP4 tensor amax from :func:`shared_nvfp4_amaxes` (fused kernels only), or a
-    delayed-scaling amax of a tensorwise FP8 operand, whose own amax then goes into ``record``
-    (:mod:`inkling_fp4.precision.amax_history`).
-    ``scale_with``: the decode scale of the NVFP4 operand this one is multiplied with (its
-    ``decode_scale``); the fused kernels then also write the GEMM's output scale
-    (:attr:`Operand.output_scale`), which saves :func:`emulated_matmul` a launch. Ignored elsewhere.
-
-    On the fused (Triton) path the NaN/Inf check of an NVFP4 operand is deferred to
-    ``finite_guard.raise_if_non_finite`` (no host sync per operand) unless eager checks are on.
-    """
-    if scale_with is not None and scale_with.dim():  # a row-scaled partner: no one output scale to fold
-        scale_with = None
-    mr, mc = spec.multiple
-    along = max(mc, 16 if spec.rht else 1)
-    t = pad_to(t, along, mr) if transpose else pad_to(t, mr, along)
-    sign_t = _signs_on(signs, t.device)  # for the fused kernels, on the operand's device
-    sign_cpu = _signs_on(signs, torch.device("cpu"))  # nvfp4.rht reads the signs on the host
-    if spec.format == "nvfp4" and spec.row_scaled:  # fprop's x, one FP32 scale per row
-        assert not transpose and amax is None, "a row-scaled operand is quantized along its rows alone"
-        fused = _fused_for(t)
-        if fused is None:
-            return Operand(nvfp4.quantize_rows(t, name=name or None), spec)
-        eager = finite_guard.eager()  # else no host sync: the NaN/Inf check is deferred
-        dtype = torch.bfloat16 if values else None
-        bv = fused.fake_quantize_row_scaled(t, keep_codes=codes, dtype=dtype, name=name or None,
-                                            check_finite=eager)  # fmt: skip
-        if not eager:
-            finite_guard.record(bv.amax.amax(), f"NVFP4 operand '{name or 'unnamed'}'")
-        return Operand(bv.quantized, spec, values=bv.values, decode_scale=bv.decode_scale)
-    if spec.format == "nvfp4":
-        fused = _fused_for(t)
-        assert amax is None or fused is not None, "a shared amax needs the fused NVFP4 kernels"
-        kw = dict(stochastic=spec.stochastic, generator=generator, name=name or None)
-        fused_kw = dict(
-            keep_codes=codes, dtype=torch.bfloat16 if values else None, amax=amax,
-            check_finite=finite_guard.eager(), scale_with=scale_with, **kw,
-        )  # fmt: skip
-        if transpose and spec.rht:
-            if fused is not None:
-                return _fused_operand(
-                    fused.fake_quantize_rht_t(t, sign_t, **fused_kw), spec, name, scale_with
-                )
-            return Operand(nvfp4.quantize_rht_t(t, sign_t, **kw), spec)
-        src = t.t().contiguous() if transpose else t
-        if spec.rht:
-            src = nvfp4.rht(src, sign_cpu)
-        block_2d = spec.block == (16, 16)
-        if fused is not None:
-            bv = fused.fake_quantize(src, block_2d=block_2d, **fused_kw)
-            return _fused_operand(bv, spec, name, scale_with)
-        return Operand(nvfp4.quantize(src, block_2d=block_2d, **kw), spec)
-    if spec.format == "mxfp4":
-        src = t.t().contiguous() if transpose else t
-        if spec.rht:
-            src = nvfp4.rht(src, sign_cpu)
-        # On CUDA no host sync for the NaN/Inf check (as for NVFP4): a non-finite block gets the E8M0
-        # NaN scale, so the output and the loss turn NaN and the noise monitor skips the step.
-        check = not src.is_cuda or finite_guard.eager()
-        kw = dict(stochastic=spec.stochastic, generator=generator, name=name, check=check)
-        if not values:
-            return Operand(mxfp4.quantize(src, **kw), spec)
-        # One pass on CUDA: the kernel writes the BF16 block values (and the codes only if kept).
-        q, v = mxfp4.quantize_with_values(src, keep_codes=codes, **kw)
-        return Operand(q, spec, values=v)
-    dtype = torch.float8_e4m3fn if spec.format == "e4m3" else torch.float8_e5m2
-    # On CUDA no finiteness check (a host sync): NaN/Inf shows as an Inf scale_inv and output.
-    check = not t.is_cuda
-    if spec.block == TENSORWISE:
-        src = t.t() if transpose else t
-        q = fp8.quantize_tensorwise(src, dtype=dtype, name=name, check=check, amax=amax, record=record)
-        return Operand(q, spec)
-    if transpose and spec.block == (1, 128):  # xᵀ / dyᵀ along tokens (any width), one kernel on CUDA
-        return Operand(fp8.quantize_blockwise_t(t, dtype=dtype, name=name, check=check), spec)
-    src = t.t().contiguous() if transpose else t
-    return Operand(fp8.quantize_blockwise(src, block=spec.block, dtype=dtype, name=name, check=check), spec)
-
-
-def _fused_operand(bv, spec: OperandQuant, name: str, scale_with: torch.Tensor | None) -> Operand:
-    """An Operand from a fused NVFP4 kernel's result; its amax goes to the deferred NaN/Inf check."""
-    if not finite_guard.eager():
-        finite_guard.record(bv.amax, f"NVFP4 operand '{name or 'unnamed'}'")
-    output_scale = None if scale_with is None else (scale_with, bv.output_scale)
-    return Operand(
-        bv.quantized, spec, values=bv.values, decode_scale=bv.decode_scale, output_scale=output_scale
-    )
+__all__ = ["Operand", "pad_to", "quantize"]  # re-exported: the GEMMs' callers take operands from here
 
 
 def shared_nvfp4_amaxes(
@@ -232,10 +62,10 @@ def shared_nvfp4_amaxes(
         and row_spec.format == "nvfp4" and token_spec.format == "nvfp4"
         and row_spec.block != (16, 16) and not row_spec.rht and token_spec.rht and not row_spec.row_scaled
     )  # fmt: skip
-    fused = _fused_for(t) if pair else None
+    fused = fused_kernels.fused_for(t) if pair else None
     if fused is None:
         return None, None
-    return fused.abs_max_pair(pad_to(t, 16, 1), _signs_on(signs, t.device))
+    return fused.abs_max_pair(pad_to(t, 16, 1), fused_kernels.signs_on(signs, t.device))
 
 
 def fp8_operand_pair(
@@ -308,7 +138,7 @@ def _values(op: Operand) -> tuple[torch.Tensor, torch.Tensor | None]:
         if op.values is not None:
             v, scale = op.values, op.decode_scale
         else:
-            fused = _fused_for(op.q.codes)
+            fused = fused_kernels.fused_for(op.q.codes)
             v = fused.block_values(op.q) if fused is not None else op.q.block_values(torch.bfloat16)
             scale = op.decode_scale if op.decode_scale is not None else op.q.decode_scale
     elif op.spec.format == "mxfp4":  # no tensor scale: nothing to apply to the output
@@ -374,7 +204,7 @@ def emulated_matmul(
         scale = scale[: acc.shape[0]]
     if out_dtype == torch.float32:
         return acc.mul_(scale)
-    if out_dtype == torch.bfloat16 and _fused_for(acc) is not None and not scale.dim():
+    if out_dtype == torch.bfloat16 and fused_kernels.fused_for(acc) is not None and not scale.dim():
         from inkling_fp4.numerics.kernels.scale_output import scale_to_bf16  # needs triton
 
         return scale_to_bf16(acc, scale)  # bitwise the torch.mul below, in one vectorized pass
