@@ -19,7 +19,8 @@ import torch
 
 from inkling_fp4.precision import gemm, gemm_backend
 from inkling_fp4.precision.decode_fprop import decode_fprop
-from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant, Recipe
+from inkling_fp4.precision.operand_plan import operand_plan, symmetric
+from inkling_fp4.precision.recipes import OperandQuant, Recipe
 
 
 class DelayedWords(NamedTuple):
@@ -35,11 +36,6 @@ class DelayedWords(NamedTuple):
     w_record: torch.Tensor
 
 
-def _symmetric(spec: OperandQuant) -> bool:
-    """Whether the operand's quantization is the same for the tensor and its transpose."""
-    return spec.block == TENSORWISE or spec.block[0] == spec.block[1]
-
-
 def _transposed_operand(
     t, spec: OperandQuant, recipe: Recipe, generator, name: str, *, keep: bool, amax=None, scale_with=None,
     record=None,
@@ -51,7 +47,7 @@ def _transposed_operand(
     FP8 scale's amax (then ``record`` gets its own, see :func:`gemm.quantize`).
     ``scale_with``: the partner operand's decode scale (see :func:`gemm.quantize`).
     """
-    if _symmetric(spec) and not spec.rht:
+    if symmetric(spec) and not spec.rht:
         amax_fp8 = amax if spec.delayed else None
         op = gemm.quantize(
             t, spec, codes=keep, values=not keep, name=name, scale_with=scale_with, amax=amax_fp8,
@@ -144,12 +140,7 @@ class LinearGEMMs:
         as its fprop and wgrad operands (x2d is then not read and may be None)."""
         recipe, generator, name, delayed = self.recipe, self.generator, self.name, self.delayed
         fprop, dgrad, wgrad = recipe.fprop, recipe.dgrad, recipe.wgrad
-        # Operands that serve two GEMMs: W's 16x16 (or 128x128) tiles are the same for Wᵀ, and a
-        # per-tensor-scaled x is the same for xᵀ.
-        reuse_w = need_dx and fprop is not None and dgrad is not None and dgrad.b == fprop.b
-        reuse_w = reuse_w and _symmetric(fprop.b)
-        reuse_x = need_dw and fprop is not None and wgrad is not None and wgrad.b == fprop.a
-        reuse_x = reuse_x and fprop.a.block == TENSORWISE
+        plan = operand_plan(recipe, need_dx, need_dw)
         amax_x = amax_xt = None
         with torch.autocast(device_type=weight.device.type, enabled=False):
             x_used, x_rec = (None, None) if delayed is None else (delayed.x_used, delayed.x_record)
@@ -157,59 +148,56 @@ class LinearGEMMs:
             if pair_x is None:
                 # x is quantized along rows (fprop) and after the RHT along tokens (wgrad): one read of x
                 # gives both tensor amaxes where the fused kernels run.
-                amax_x, amax_xt = gemm.shared_nvfp4_amaxes(
-                    x2d, fprop.a if fprop else None, wgrad.b if need_dw and wgrad else None, recipe.rht_signs
-                )
+                amax_x, amax_xt = gemm.shared_nvfp4_amaxes(x2d, plan.fprop_x, plan.wgrad_x, recipe.rht_signs)
                 # FP8: x along rows (fprop) and xᵀ along tokens (wgrad) from one read of x; a delayed
                 # tensorwise scale comes from the history and x's amax goes into it.
                 pair_x = gemm.fp8_operand_pair(
-                    x2d, fprop.a if fprop else None, wgrad.b if need_dw and wgrad else None, f"{name} x",
-                    amax=x_used, record=x_rec,
-                )  # fmt: skip
+                    x2d, plan.fprop_x, plan.wgrad_x, f"{name} x", amax=x_used, record=x_rec
+                )
                 if x_used is not None and not pair_x and fprop is not None and fprop.a.delayed:
                     amax_x = x_used  # x quantized for the fprop alone, from the history as well
             # FP8: W along rows (fprop) and Wᵀ (dgrad) from one read of W, as x: no byte transpose of W
             # in the backward (a tensorwise pair of whole blocks: W is not padded; a delayed scale from
             # the history, W's amax recorded into it)
             pair_w = None
-            if reuse_w and all(d % m == 0 for d, m in zip(weight.shape, fprop.b.multiple, strict=True)):
+            if plan.saved_w == "reuse" and all(
+                d % m == 0 for d, m in zip(weight.shape, fprop.b.multiple, strict=True)
+            ):
                 pair_w = gemm.fp8_operand_pair(
                     weight, fprop.b, dgrad.b, f"{name} W", amax=delayed.w_used if w_delayed else None,
                     record=delayed.w_record if w_delayed else None,
                 )  # fmt: skip
             y, xq, wq = _fprop(
-                x2d, weight, recipe, name, torch.bfloat16, keep_x=reuse_x, keep_w=reuse_w, amax_x=amax_x,
-                xq=pair_x[0] if pair_x else None,
+                x2d, weight, recipe, name, torch.bfloat16, keep_x=plan.saved_x == "reuse",
+                keep_w=plan.saved_w == "reuse", amax_x=amax_x, xq=pair_x[0] if pair_x else None,
                 record_x=x_rec if fprop is not None and fprop.a.delayed else None, rows=self.shape[0],
                 amax_w=delayed.w_used if w_delayed else None,
                 record_w=delayed.w_record if w_delayed else None, wq=pair_w[0] if pair_w else None,
             )  # fmt: skip
             saved = {}
-            if need_dx:
-                if dgrad is None:
-                    saved["w"] = weight
-                elif pair_w:
-                    saved["w"] = pair_w[1]  # Wᵀ: [K, N], the dgrad operand as stored
-                elif reuse_w:
-                    saved["w"] = dataclasses.replace(wq.packed(), transposed=True)  # [K, N] logical
-                else:
-                    w_delayed = delayed is not None and dgrad.b.delayed
-                    saved["w"] = _transposed_operand(
-                        weight, dgrad.b, recipe, generator, f"{name} W", keep=True,
-                        amax=delayed.w_used if w_delayed else None,
-                        record=delayed.w_record if w_delayed else None,
-                    )  # fmt: skip
-            if need_dw:
-                if wgrad is None:
-                    saved["x"] = x2d.to(torch.bfloat16)
-                elif pair_x:
-                    saved["x"] = pair_x[1]  # xᵀ: [K, M] (blocked along the tokens, or tensorwise)
-                elif reuse_x:
-                    saved["x"] = dataclasses.replace(xq.packed(), transposed=True)  # [K, M] logical
-                else:  # Q(RHT(xᵀ)): [K, M], blocked along the tokens
-                    saved["x"] = _transposed_operand(
-                        x2d, wgrad.b, recipe, generator, f"{name} x", keep=True, amax=amax_xt
-                    )
+            if plan.saved_w == "bf16":
+                saved["w"] = weight
+            elif pair_w:
+                saved["w"] = pair_w[1]  # Wᵀ: [K, N], the dgrad operand as stored
+            elif plan.saved_w == "reuse":
+                saved["w"] = dataclasses.replace(wq.packed(), transposed=True)  # [K, N] logical
+            elif plan.saved_w == "own":
+                w_delayed = delayed is not None and dgrad.b.delayed
+                saved["w"] = _transposed_operand(
+                    weight, dgrad.b, recipe, generator, f"{name} W", keep=True,
+                    amax=delayed.w_used if w_delayed else None,
+                    record=delayed.w_record if w_delayed else None,
+                )  # fmt: skip
+            if plan.saved_x == "bf16":
+                saved["x"] = x2d.to(torch.bfloat16)
+            elif plan.saved_x and pair_x:
+                saved["x"] = pair_x[1]  # xᵀ: [K, M] (blocked along the tokens, or tensorwise)
+            elif plan.saved_x == "reuse":
+                saved["x"] = dataclasses.replace(xq.packed(), transposed=True)  # [K, M] logical
+            elif plan.saved_x == "own":  # Q(RHT(xᵀ)): [K, M], blocked along the tokens
+                saved["x"] = _transposed_operand(
+                    x2d, wgrad.b, recipe, generator, f"{name} x", keep=True, amax=amax_xt
+                )
         return y, saved
 
     def backward(
@@ -232,25 +220,18 @@ class LinearGEMMs:
             amax_dy = amax_dyt = None
             delayed = self.delayed
             dy_used, dy_rec = (None, None) if delayed is None else (delayed.dy_used, delayed.dy_record)
+            plan = operand_plan(recipe, "w" in saved, "x" in saved)
             if pair_dy is None:
                 dy = dy.reshape(M, N)  # dy: [M, N]
                 # dy is quantized along rows (dgrad) and after the RHT along tokens (wgrad): both amaxes
                 # from one read of dy where the fused kernels run.
                 amax_dy, amax_dyt = gemm.shared_nvfp4_amaxes(
-                    dy,
-                    recipe.dgrad.a if "w" in saved and recipe.dgrad else None,
-                    recipe.wgrad.a if "x" in saved and recipe.wgrad else None,
-                    recipe.rht_signs,
+                    dy, plan.dgrad_dy, plan.wgrad_dy, recipe.rht_signs
                 )
                 # FP8: dy along rows (dgrad) and dyᵀ along tokens (wgrad) from one read of dy (delayed
                 # tensorwise scaling as for x in the forward).
                 pair_dy = gemm.fp8_operand_pair(
-                    dy,
-                    recipe.dgrad.a if "w" in saved and recipe.dgrad else None,
-                    recipe.wgrad.a if "x" in saved and recipe.wgrad else None,
-                    f"{name} dy",
-                    amax=dy_used,
-                    record=dy_rec,
+                    dy, plan.dgrad_dy, plan.wgrad_dy, f"{name} dy", amax=dy_used, record=dy_rec
                 )
                 if delayed is not None and not pair_dy:  # dy quantized for one GEMM only
                     amax_dy = amax_dyt = dy_used
@@ -274,7 +255,7 @@ class LinearGEMMs:
                     a = recipe.wgrad.a
                     if pair_dy:
                         dy_t = pair_dy[1]  # dyᵀ: [N, M] (blocked along the tokens, or tensorwise)
-                    elif dyq is not None and dyq.spec == a and a.block == TENSORWISE:
+                    elif plan.reuse_dy:
                         dy_t = dataclasses.replace(dyq, transposed=True)
                     else:  # Q_sr(RHT(dyᵀ)): [N, M], blocked along the tokens
                         dy_t = _transposed_operand(
