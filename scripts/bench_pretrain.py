@@ -30,6 +30,7 @@ Examples:
     python scripts/bench_pretrain.py --recipes bf16,nvfp4 --profile 3      # + GPU time by kernel group
     python scripts/bench_pretrain.py --config peer158m --cuda-graph        # steps as CUDA graphs
     python scripts/bench_pretrain.py --recipes fp8 --profile 2 --sources   # + which line launched what
+    python scripts/bench_pretrain.py --recipes fp8-delayed --without mlp_fp8  # one fused FP8 path off
     torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
         --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
 """
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import importlib
 import json
 import math
 import pstats
@@ -70,6 +72,20 @@ BACKENDS |= {"nvfp4": "emulated", "mxfp4": "emulated", "fp8-delayed": "native-fp
 DELAYED = "fp8-delayed"
 """A name of this script's: fp8-tensorwise with ``precision.fp8_scaling=delayed``."""
 PEER_TOKENS_PER_S = 126_000
+FUSIONS = ("norm_fp8", "in_proj_fp8", "out_proj_fp8", "mlp_fp8", "residual_fp8")
+"""The fused FP8 paths of ``inkling_fp4.model`` (delayed FP8 scaling on the GPU), by module."""
+
+
+def disable_fusions(names: str) -> list[str]:
+    """Turn the named fused FP8 paths off in this process: each module's ``applies`` then answers
+    False, so the model runs its plain path there (the math is the same; the step measures what
+    the fusion saved). Returns the names turned off."""
+    chosen = list(FUSIONS) if names.strip() == "all" else [n.strip() for n in names.split(",") if n.strip()]
+    for name in chosen:
+        if name not in FUSIONS:
+            raise SystemExit(f"--without {name}: not one of {', '.join(FUSIONS)} (or all)")
+        importlib.import_module(f"inkling_fp4.model.{name}").applies = lambda *args, **kwargs: False
+    return chosen
 
 
 def parse_args() -> argparse.Namespace:
@@ -81,6 +97,11 @@ def parse_args() -> argparse.Namespace:
         help=f"comma list of recipes ({DELAYED}: fp8-tensorwise with delayed scaling)",
     )
     p.add_argument("--seq", type=int, default=2048)
+    p.add_argument(
+        "--without",
+        default="",
+        help=f"comma list of fused FP8 paths to turn off ({', '.join(FUSIONS)}; 'all'): what each one pays",
+    )
     p.add_argument("--batch", type=int, default=None, help="global batch (default 16; peer158m 8)")
     p.add_argument("--micro-batch", type=int, default=None, help="per-GPU micro batch (default: all of it)")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
@@ -282,6 +303,8 @@ def _profile_dict(groups: dict[str, tuple[float, int]]) -> dict:
 
 def main() -> int:
     args = parse_args()
+    if args.without:
+        print(f"fused FP8 paths off: {', '.join(disable_fusions(args.without))}")
     if not torch.cuda.is_available():
         print("bench_pretrain.py needs a CUDA GPU", file=sys.stderr)
         return 2
