@@ -22,8 +22,8 @@ from test_run_dir import cli
 pytestmark = pytest.mark.slow
 
 STEPS = 12
-RL = ["rl.prompts_per_step=8", "rl.group_size=8", "train.batch_size=64", "train.micro_batch_size=64",
-      "sampler.max_new_tokens=2", "sampler.batch_size=64", "rl.mask_truncated=false", "rl.levels=[1]",
+RL = ["rl.prompts_per_step=16", "rl.group_size=8", "train.batch_size=128", "train.micro_batch_size=128",
+      "sampler.max_new_tokens=2", "sampler.batch_size=128", "rl.mask_truncated=false", "rl.levels=[1]",
       "rl.reward=first_char:reward", "optim.lr=0.03", "train.warmup_steps=1", "eval.every=0",
       "eval.at_start=false", "train.checkpoint_every=0", "log.progress=false", f"train.steps={STEPS}",
       "monitor.enabled=false"]  # fmt: skip

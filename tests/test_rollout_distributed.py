@@ -137,7 +137,7 @@ def test_the_first_step_is_one_processs_step_over_the_same_global_batch(two_rank
     assert all(torch.allclose(b.correction, c, rtol=1e-6) for b, c in zip(batches, corrections, strict=True))
     for b, w, c in zip(batches, weights, corrections, strict=True):
         b.weights, b.correction = w, c
-    _, base_model, _, _ = load_run_checkpoint(cfg.init_from)
+    _, base_model, tokenizer, _ = load_run_checkpoint(cfg.init_from)
     model = rollout.HybridLM(cfg.model)
     load_model_tensors(model, base_model.state_dict(), torch.device("cpu"))
     trainer = Trainer(cfg, tmp_path, DistInfo(), model)
@@ -145,7 +145,8 @@ def test_the_first_step_is_one_processs_step_over_the_same_global_batch(two_rank
     trainer.open_log([], [])
     assert len(batches) == trainer.accum == 4
     on_policy = rollout.updates_per_rollout(cfg.rl) == 1 and cfg.rl.old_logp == "trainer"
-    one = trainer.step(batches, PolicyLossFn(cfg.rl, cfg.sampler.temperature, on_policy))
+    pack = (cfg.data.seq_len, tokenizer.pad or 0) if cfg.rl.pack else None  # as the run's forward reads them
+    one = trainer.step(batches, PolicyLossFn(cfg.rl, cfg.sampler.temperature, on_policy, pack))
     trainer.close()
     two = next(r for r in rows(run) if r.get("step") == 1 and "loss" in r)
     assert abs(one.loss) > 1e-4 and one.loss == pytest.approx(two["loss"], rel=1e-5)

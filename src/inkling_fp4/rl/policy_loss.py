@@ -26,6 +26,7 @@ import torch
 
 from inkling_fp4.rl import grpo
 from inkling_fp4.rl.config import RLConfig
+from inkling_fp4.rl.packed_rows import pack_rows, unpack
 from inkling_fp4.rl.rollout_batch import RolloutBatch, token_logprobs
 
 
@@ -36,8 +37,15 @@ class PolicyLossFn:
     """The clipped surrogate measures no fit to data (near zero, of either sign): the noise monitor
     tests it for finiteness only (``trainer/monitor.py``)."""
 
-    def __init__(self, cfg: RLConfig, temperature: float = 1.0, on_policy: bool = False):
-        self.cfg, self.temperature, self.on_policy = cfg, temperature, on_policy
+    def __init__(
+        self,
+        cfg: RLConfig,
+        temperature: float = 1.0,
+        on_policy: bool = False,
+        pack: tuple[int, int] | None = None,
+    ):
+        """``pack``: (row length, pad id) to run the forward on packed rows (``rl/packed_rows.py``)."""
+        self.cfg, self.temperature, self.on_policy, self.pack = cfg, temperature, on_policy, pack
         self._sums: dict[str, torch.Tensor] = {}
 
     def new_step(self) -> None:
@@ -61,8 +69,9 @@ class PolicyLossFn:
 
     def __call__(self, model, b: RolloutBatch) -> torch.Tensor:
         cfg = self.cfg
-        logits_BLV = model(b.input_ids, doc_ids=b.doc_ids)
-        logp_BL, ent_BL = token_logprobs(logits_BLV, b.targets, cfg.entropy_coef > 0, self.temperature)
+        logp_BL, ent_BL = forward_logprobs(
+            model, b.input_ids, b.targets, cfg.entropy_coef > 0, self.temperature, b.lengths, self.pack
+        )
         mask = b.loss_mask
         old_BL = logp_BL.detach() if self.on_policy else b.old_logp
         pl = grpo.clipped_policy_loss(
@@ -84,3 +93,15 @@ class PolicyLossFn:
         if ent_BL is not None:
             loss = loss - cfg.entropy_coef * (ent_BL * mask).sum()
         return loss
+
+
+def forward_logprobs(model, input_ids_BL, targets_BL, entropy: bool, temperature: float,
+                     lengths_B=None, pack: tuple[int, int] | None = None):  # fmt: skip
+    """(log p of the targets [B, L], the entropy [B, L] or None) under ``model``'s forward of logits /
+    T: on the rows as they are, or packed (``pack`` = (row length, pad id), with ``lengths_B``)."""
+    if pack is None or lengths_B is None:
+        return token_logprobs(model(input_ids_BL), targets_BL, entropy, temperature)
+    rows = pack_rows(input_ids_BL, targets_BL, lengths_B, *pack)
+    logp_PS, ent_PS = token_logprobs(model(rows.input_ids, doc_ids=rows.doc_ids), rows.targets, entropy,
+                                     temperature)  # fmt: skip
+    return unpack(logp_PS, rows.index), None if ent_PS is None else unpack(ent_PS, rows.index)

@@ -3,7 +3,9 @@
 A row is prompt + completion, shifted by one as every language-model batch is: ``input_ids`` are
 tokens 0 .. n-2, ``targets`` tokens 1 .. n-1, and the loss mask keeps the targets that are
 completion tokens (the prompt is given, never trained). Rows are right-padded to the longest; a
-causal model never lets the padding reach a real position, and the padding is masked.
+causal model never lets the padding reach a real position, and the padding is masked. The trainer's
+forwards read them packed end to end (``rl.pack``, ``rl/packed_rows.py``) and bring the per-token
+results back to this layout.
 
 Per-token tensors are aligned with ``targets``: ``sampler_logp[b, t]`` is the sampler's log p of
 ``targets[b, t]``, written where the mask is true.
@@ -31,6 +33,7 @@ class RolloutBatch:
     ref_logp: torch.Tensor | None = None  # [B, L]: the frozen reference policy's, for the KL penalty
     doc_ids: torch.Tensor | None = None  # one document per row: no packing
     correction: torch.Tensor | None = None  # [B, L] float32: the mismatch correction's weights (None: 1)
+    lengths: torch.Tensor | None = None  # [B] int64: each row's real tokens (None: not known, no packing)
 
     @property
     def num_tokens(self) -> int:
@@ -71,6 +74,11 @@ def build_rows(
         mask[b, start : start + len(c)] = True
         logp[b, start : start + len(c)] = torch.tensor(lp, dtype=torch.float32)
     return input_ids, targets, mask, logp
+
+
+def row_lengths(prompts: list[list[int]], completions: list[list[int]]) -> torch.Tensor:
+    """[B] int64: the real tokens of each row of :func:`build_rows` (prompt + completion - 1)."""
+    return torch.tensor([len(p) + len(c) - 1 for p, c in zip(prompts, completions, strict=True)])
 
 
 def token_logprobs(

@@ -52,7 +52,7 @@ from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.rl import grpo, mismatch, ranks
 from inkling_fp4.rl.policy_loss import PolicyLossFn
 from inkling_fp4.rl.prompts import Prompt, PromptStream, TaskData, load_task
-from inkling_fp4.rl.rollout_batch import RolloutBatch, build_rows
+from inkling_fp4.rl.rollout_batch import RolloutBatch, build_rows, row_lengths
 from inkling_fp4.rl.scoring import RewardRunner, Scores
 from inkling_fp4.runs.checkpoint import build_model
 from inkling_fp4.runs.directory import TOKENIZER_FILE
@@ -73,7 +73,9 @@ class RolloutTask:
         self.cfg, self.rl, self.trainer, self.tokenizer, self.data = cfg, cfg.rl, trainer, tokenizer, data
         self.dist = trainer.dist
         on_policy = cfg.rl.old_logp == "trainer" and updates_per_rollout(cfg.rl) == 1
-        self.loss_fn = PolicyLossFn(cfg.rl, cfg.sampler.temperature, on_policy)
+        self.pack = (cfg.data.seq_len, self.tokenizer.pad or 0) if cfg.rl.pack else None
+        """(row length, pad id) of the trainer's packed forwards, or None: rows padded to the longest."""
+        self.loss_fn = PolicyLossFn(cfg.rl, cfg.sampler.temperature, on_policy, self.pack)
         self.stream = PromptStream(data.train, cfg.train.seed)
         self.runner = RewardRunner(data.reward, cfg.rl.reward_timeout, isolate=not data.builtin)
         self.ref = ref
@@ -153,7 +155,8 @@ class RolloutTask:
         """log p of the targets and the entropy [B, L] under ``model``'s forward, in micro batches."""
         trainer = self.trainer
         return completion_logprobs(model, rows.input_ids, rows.targets, trainer.micro, trainer.device,
-                                   autocast_for(trainer.device), self.cfg.sampler.temperature)  # fmt: skip
+                                   autocast_for(trainer.device), self.cfg.sampler.temperature,
+                                   rows.lengths, self.pack)  # fmt: skip
 
     def _step_prompts(self) -> list[Prompt]:
         """This rank's share of the RL step's P prompts: every rank draws all P from the same stream
@@ -206,7 +209,8 @@ class RolloutTask:
             mask &= ~ranks.rank_share(truncated, self.dist)[:, None]
         if rl.drop_zero_variance:
             mask &= ~ranks.rank_share(zero_var_P, self.dist).repeat_interleave(G)[:, None]
-        rows = RolloutBatch(input_ids, targets, mask, adv_B, s_logp, s_logp, torch.zeros_like(s_logp))
+        rows = RolloutBatch(input_ids, targets, mask, adv_B, s_logp, s_logp, torch.zeros_like(s_logp),
+                            lengths=row_lengths(prompts, [c.tokens for c in completions]))  # fmt: skip
         t_logp, entropy = self._trainer_logp(rows, trainer.fwd_model)
         rows.old_logp = t_logp if rl.old_logp == "trainer" else s_logp
         correction = mismatch.correction_weights(

@@ -27,8 +27,9 @@ import torch
 from inkling_fp4 import distributed as D
 from inkling_fp4.infer.sampler import Sampler
 from inkling_fp4.rl import ranks
+from inkling_fp4.rl.policy_loss import forward_logprobs
 from inkling_fp4.rl.prompts import Prompt
-from inkling_fp4.rl.rollout_batch import build_rows, token_logprobs
+from inkling_fp4.rl.rollout_batch import build_rows
 from inkling_fp4.rl.scoring import RewardRunner
 
 EVAL_SEED = 7_777_777
@@ -37,15 +38,18 @@ EVAL_SEED = 7_777_777
 
 @torch.no_grad()
 def completion_logprobs(
-    model, input_ids: torch.Tensor, targets: torch.Tensor, micro: int, device, autocast, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+    model, input_ids: torch.Tensor, targets: torch.Tensor, micro: int, device, autocast, temperature: float,
+    lengths: torch.Tensor | None = None, pack: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """log p of the targets and the entropy [B, L] (host FP32) of logits / T under ``model``'s
-    forward, in micro batches of ``micro`` rows."""
+    forward, in micro batches of ``micro`` rows; packed as the training forward is (``pack`` =
+    (row length, pad id), with the rows' ``lengths``)."""
     logp, ent = [], []
     with autocast:
         for i in range(0, input_ids.shape[0], micro):
             ids, tgt = input_ids[i : i + micro].to(device), targets[i : i + micro].to(device)
-            lp, en = token_logprobs(model(ids), tgt, True, temperature)
+            n = None if lengths is None else lengths[i : i + micro]
+            lp, en = forward_logprobs(model, ids, tgt, True, temperature, n, pack)
             logp.append(lp.cpu())
             ent.append(en.cpu())
     return torch.cat(logp), torch.cat(ent)
