@@ -40,7 +40,9 @@ def test_every_token_is_placed_once_and_comes_back():
     assert torch.equal(unpack(rows.targets, rows.index)[real], tgt[real])
     docs = rows.doc_ids.reshape(-1)[rows.index.clamp(min=0)]
     assert torch.equal(docs[real], torch.arange(len(prompts))[:, None].expand_as(ids)[real])
-    assert torch.equal(unpack(rows.input_ids, rows.index)[~real], torch.zeros(int((~real).sum()), dtype=torch.long))
+    assert torch.equal(
+        unpack(rows.input_ids, rows.index)[~real], torch.zeros(int((~real).sum()), dtype=torch.long)
+    )
     long_rows = pack_rows(ids, tgt, lengths, row_len=4, pad_id=0)  # shorter than a sequence: the longest
     assert long_rows.input_ids.shape[1] == int(lengths.max())
 
@@ -56,7 +58,9 @@ def test_a_packed_forward_equals_the_padded_one():
     for a, b in zip(padded, packed, strict=True):
         assert torch.allclose(a[mask], b[mask], atol=1e-10, rtol=0)
     adv = torch.randn(len(prompts), dtype=torch.float64)
-    batch = RolloutBatch(ids, tgt, mask, adv, s_logp.double(), s_logp.double(), mask.double(), lengths=lengths)
+    batch = RolloutBatch(
+        ids, tgt, mask, adv, s_logp.double(), s_logp.double(), mask.double(), lengths=lengths
+    )
     grads = []
     for pack in (None, (48, 0)):
         model.zero_grad()

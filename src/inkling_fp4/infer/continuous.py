@@ -56,8 +56,9 @@ class _Sequence:
     stops: StopChecker
     """The ends of this one sequence."""
     budget: int
-    generated: int = 0
-    """Tokens sampled so far (the host's count; the device holds the tokens)."""
+    admitted: int
+    """The decoder's sampling rounds before this sequence's first: it has sampled ``rounds -
+    admitted`` tokens (the device holds them)."""
     tokens: list[int] = field(default_factory=list)
     """Tokens read back so far."""
 
@@ -75,8 +76,14 @@ class ContinuousDecoder:
         self.seed = seed
         R = cache.batch_size
         self.rows: list[_Sequence | None] = [None] * R
-        self.host_len = [0] * R
-        """Tokens in each cache row, as the host counts them (the device's ``cache.lengths``)."""
+        self.rounds = 0
+        """Sampling rounds so far; each but the last is followed by one decode step of every row."""
+        self.row_len = [0] * R
+        """Tokens in each cache row when it was last written, at ``self.rounds`` = ``row_at``: the
+        row then holds ``row_len + rounds - row_at`` (the device's ``cache.lengths``)."""
+        self.row_at = [0] * R
+        self.deadline = 0
+        """The round at which the first live sequence reaches its budget: a check is due then."""
         device = cache.lengths.device
         self.feed_R = torch.arange(R, device=device)  # the row whose token each row is fed
         self.sequence_R = torch.zeros(R, dtype=torch.long, device=device)
@@ -108,19 +115,17 @@ class ContinuousDecoder:
             at = self.step_R.clamp(max=T - 1)[:, None]  # [R, 1]
             self.new_RT.scatter_(1, at, tok_R[:, None])
             self.logp_RT.scatter_(1, at, lp_R[:, None])
-            self.ended_R |= self.s._eos_mask(tok_R) | (self.budget_R <= self.step_R + 1)
+            self.ended_R |= self.s.eos_mask(tok_R) | (self.budget_R <= self.step_R + 1)
             self.step_R += 1
-            for r in live:
-                self.rows[r].generated += 1
+            self.rounds += 1
             since += 1
             freed: list[int] = []
-            if since >= every or any(self.rows[r].generated >= self.rows[r].budget for r in live):
+            if since >= every or self.rounds >= self.deadline:
                 since = 0
                 freed = self._collect(live)
                 if not self.queue and all(q is None for q in self.rows):
                     break
             logits = self.decode(tok_R[self.feed_R])  # [R, V]; freed rows are overwritten below
-            self.host_len = [n + 1 for n in self.host_len]
             self.steps += 1
             if freed:
                 logits = self._admit(logits, freed)
@@ -138,7 +143,7 @@ class ContinuousDecoder:
         freed = []
         for r, row_tokens in zip(read, tokens, strict=True):
             q = self.rows[r]
-            q.tokens = row_tokens[: q.generated]
+            q.tokens = row_tokens[: self.rounds - q.admitted]
             q.stops.update([q.tokens])
             if q.stops.ends[0] is not None:
                 freed.append(r)
@@ -173,8 +178,8 @@ class ContinuousDecoder:
             self.feed_R[rows_t] = rows_t
             for r, i in zip(free, take, strict=False):
                 stops = StopChecker(self.s.tokenizer, self.s.eos_ids, self.s.cfg.stop, [self.budgets[i]])
-                self.rows[r] = _Sequence(i, self.prompts[i], stops, self.budgets[i])
-                self.host_len[r] = len(self.prompts[i])
+                self.rows[r] = _Sequence(i, self.prompts[i], stops, self.budgets[i], self.rounds)
+                self.row_len[r], self.row_at[r] = len(self.prompts[i]), self.rounds
         self._copy_into_idle()
         return logits
 
@@ -188,7 +193,7 @@ class ContinuousDecoder:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
         staging = model.allocate_cache(rows, L)
-        tokens, lengths = s._prompt_batch(prompts + [prompts[0]] * (rows - n), L)
+        tokens, lengths = s.prompt_batch(prompts + [prompts[0]] * (rows - n), L)
         logits = model.prefill(tokens, lengths, staging)  # [rows, V]
         if timed:
             torch.cuda.synchronize()
@@ -197,11 +202,13 @@ class ContinuousDecoder:
         return staging, logits[:n]
 
     def _copy_into_idle(self) -> None:
-        """Every row without a sequence becomes a copy of the first live row, fed its token."""
+        """Every row without a sequence becomes a copy of the first live row, fed its token; the
+        cache's longest row and the next budget check follow the live rows."""
         live = [r for r, q in enumerate(self.rows) if q is not None]
         idle = [r for r, q in enumerate(self.rows) if q is None]
         if not live:
             return
+        length = [self.row_len[r] + self.rounds - self.row_at[r] for r in range(len(self.rows))]
         if idle:
             src = live[0]
             idle_t = torch.tensor(idle, device=self.cache.lengths.device)
@@ -209,5 +216,7 @@ class ContinuousDecoder:
             self.feed_R[idle_t] = src
             self.ended_R[idle_t] = True
             for r in idle:
-                self.host_len[r] = self.host_len[src]
-        self.cache.longest = max(self.host_len)
+                self.row_len[r], self.row_at[r] = length[src], self.rounds
+                length[r] = length[src]
+        self.cache.longest = max(length)
+        self.deadline = min(self.rows[r].admitted + self.rows[r].budget for r in live)

@@ -244,7 +244,7 @@ class Sampler:
         self.stats.decode_steps += decoder.steps
         return out
 
-    def _eos_mask(self, tokens: torch.Tensor) -> torch.Tensor:
+    def eos_mask(self, tokens: torch.Tensor) -> torch.Tensor:
         """[...] bool: which of ``tokens`` are end tokens (on their device, no sync)."""
         if self._eos is None or self._eos.eos_ids != sorted(set(self.eos_ids)):
             self._eos = StopChecker(self.tokenizer, self.eos_ids, [], [])
@@ -276,7 +276,7 @@ class Sampler:
             return None
         return self.context - 1 + min(self.cfg.max_new_tokens, self.context - 1)
 
-    def _prompt_batch(self, prompts: list[list[int]], L: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def prompt_batch(self, prompts: list[list[int]], L: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded prompts [R, L] and their lengths [R], on the device."""
         pad = self.tokenizer.pad if self.tokenizer.pad is not None else 0
         tokens_RL = torch.full((len(prompts), L), pad, dtype=torch.long)
@@ -296,12 +296,12 @@ class Sampler:
         slot = graphs.slot(B, L + T, self._longest_sequence()) if graphs is not None and T > 1 else None
         if slot is None:
             cache = model.allocate_cache(B, L + T)
-            tokens_BL, lengths_B = self._prompt_batch(prompts, L)
+            tokens_BL, lengths_B = self.prompt_batch(prompts, L)
             return model.prefill(tokens_BL, lengths_B, cache), lambda tok_B: model.decode_step(tok_B, cache)
         cache, R = slot.cache, slot.cache.batch_size
         decode = slot.decoder if slot.decoder is not None else lambda tok_R: model.decode_step(tok_R, cache)
         feed_R = torch.cat([torch.arange(B), torch.zeros(R - B, dtype=torch.long)]).to(self.device)  # [R]
-        tokens_RL, lengths_R = self._prompt_batch(prompts + [prompts[0]] * (R - B), L)
+        tokens_RL, lengths_R = self.prompt_batch(prompts + [prompts[0]] * (R - B), L)
         logits_RV = model.prefill(tokens_RL, lengths_R, cache)
 
         def step(tok_B: torch.Tensor) -> torch.Tensor:
