@@ -10,7 +10,7 @@ Per preset, batch and prompt length (random weights, random prompts of that leng
   - eager: ``HybridLM.decode_step`` (the fused Mamba-2 kernel and the GQA decode kernel, one launch
     per op otherwise), timed over ``--eager-steps`` steps; at batch 64 also with the torch twins
     (``reference_glue``: every fused kernel replaced by its eager reference);
-  - graphed: the step as one CUDA graph (``model/decode_graph.py``), timed over every new token;
+  - graphed: the step as one CUDA graph (``model/graphed_decoder.py``), timed over every new token;
     new tokens/s = batch / ms per step (the prefill excluded, as in the issue's numbers);
   - floor: bytes read or written per step (the GEMM weights in BF16, the FP32 SSM state read and
     written, the conv window read and written, the KV cache read at the mean length plus the new
@@ -49,7 +49,7 @@ import torch
 
 from inkling_fp4.model.compiled import reference_glue
 from inkling_fp4.model.config import ModelConfig
-from inkling_fp4.model.decode_graph import GraphedDecoder
+from inkling_fp4.model.graphed_decoder import GraphedDecoder
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision.quant_linear import QuantLinear
 

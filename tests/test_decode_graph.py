@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inkling_fp4.model.config import ModelConfig
-from inkling_fp4.model.decode_graph import GraphedDecoder, batch_bucket
+from inkling_fp4.model.graphed_decoder import GraphedDecoder, batch_bucket
 from inkling_fp4.model.hybrid import HybridLM
 
 

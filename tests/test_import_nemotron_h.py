@@ -14,6 +14,7 @@ from inkling_fp4.interop.load_run import find_checkpoint, load_run, load_run_che
 from inkling_fp4.interop.nemotron_h import model_config
 from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.train import sft
+from inkling_fp4.train.from_run_config import from_run_config
 from test_export_hf import _fp32_forward, rel
 from test_run_dir import cli, tree_hash
 
@@ -91,7 +92,7 @@ def test_export_import_export_gives_identical_bytes(saved, tmp_path):
 
 def test_sft_takes_a_nemotron_h_directory(saved):
     _, path = saved
-    cfg = sft.sft_config(None, ["data.seq_len=32"], path)
+    cfg = from_run_config(None, ["data.seq_len=32"], path, stage="sft", default_recipe=sft.DEFAULT_RECIPE)
     assert cfg.stage == "sft" and cfg.init_from == str(path) and cfg.model.pattern == "M*-M-*M"
 
 

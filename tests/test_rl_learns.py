@@ -15,7 +15,7 @@ import pytest
 
 from inkling_fp4.rl import grpo
 from inkling_fp4.train import rollout
-from inkling_fp4.train.sft import sft_config
+from inkling_fp4.train.from_run_config import from_run_config
 from model_helpers import SMALL_RUN
 from test_run_dir import cli
 
@@ -49,7 +49,7 @@ def curve(base, run_dir, monkeypatch, advantages=None) -> list[float]:
     if advantages is not None:
         real = grpo.group_advantages
         monkeypatch.setattr(grpo, "group_advantages", lambda r, scale: advantages(real(r, scale)))
-    cfg = sft_config(None, RL, base, stage="rollout", default_recipe=rollout.DEFAULT_RECIPE)
+    cfg = from_run_config(None, RL, base, stage="rollout", default_recipe=rollout.DEFAULT_RECIPE)
     rollout.run(cfg, run_dir)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["reward_mean"] for r in rows if "reward_mean" in r]

@@ -12,7 +12,7 @@ from inkling_fp4.errors import UserError
 from inkling_fp4.precision import gemm
 from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.train import rollout
-from inkling_fp4.train.sft import sft_config
+from inkling_fp4.train.from_run_config import from_run_config
 from test_run_dir import cli, one_line, pretrained, tree_hash
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,9 @@ def rows(run_dir):
 
 
 def train_rl(base, run_dir, *overrides, resume=False):
-    cfg = sft_config(None, [*RL, *overrides], base, stage="rollout", default_recipe=rollout.DEFAULT_RECIPE)
+    cfg = from_run_config(
+        None, [*RL, *overrides], base, stage="rollout", default_recipe=rollout.DEFAULT_RECIPE
+    )
     rollout.run(cfg, run_dir, resume=resume)
     return rows(run_dir)
 
@@ -271,7 +273,11 @@ def test_cli_rollout_on_a_jsonl_task_with_resume(base, tmp_path):
     code, _, err = cli(["rollout", "--resume", "--run-dir", str(run), "rl.group_size=2"])
     assert code == 2 and "rl.group_size" in one_line(err) and tree_hash(run) == before
     with pytest.raises(UserError):
-        rollout.check_config(sft_config(None, [*RL, "rl.mini_batches=3"], base, stage="rollout"))
+        rollout.check_config(
+            from_run_config(
+                None, [*RL, "rl.mini_batches=3"], base, stage="rollout", default_recipe=rollout.DEFAULT_RECIPE
+            )
+        )
 
 
 def test_print_config_shows_the_rollout_config_and_writes_nothing(base, tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ from inkling_fp4.rl.prompts import PromptStream, load_task
 from inkling_fp4.rl.rollout_batch import RolloutBatch
 from inkling_fp4.runs.checkpoint import load_model_tensors
 from inkling_fp4.train import rollout
-from inkling_fp4.train.sft import sft_config
+from inkling_fp4.train.from_run_config import from_run_config
 from inkling_fp4.trainer.trainer import Trainer
 from test_rollout import METRICS, rows
 from test_rollout import base as base  # the module's 4-step pretrain run (a fixture)
@@ -196,7 +196,7 @@ def test_two_processes_resume_exactly(two_ranks, base, task_dir, tmp_path):
 def test_refusals_under_several_processes(base):
     def cfg(*overrides):
         overrides = [*RL, *overrides]
-        return sft_config(None, overrides, base, stage="rollout", default_recipe=rollout.DEFAULT_RECIPE)
+        return from_run_config(None, overrides, base, stage="rollout", default_recipe=rollout.DEFAULT_RECIPE)
 
     rollout.check_ranks(cfg(), 2)
     rollout.check_ranks(cfg("rl.prompts_per_step=3", "train.batch_size=6"), 1)

@@ -14,6 +14,7 @@ from inkling_fp4.errors import UserError
 from inkling_fp4.interop.load_run import load_run
 from inkling_fp4.runs.find import newest_run
 from inkling_fp4.train import sft
+from inkling_fp4.train.from_run_config import from_run_config
 from test_run_dir import cli, one_line, pretrained, tree_hash
 
 pytestmark = pytest.mark.slow
@@ -33,7 +34,7 @@ def rows(run_dir):
 
 
 def train_sft(base, run_dir, *overrides, resume=False):
-    cfg = sft.sft_config(None, [*SFT, *overrides], base)
+    cfg = from_run_config(None, [*SFT, *overrides], base, stage="sft", default_recipe=sft.DEFAULT_RECIPE)
     sft.run(cfg, run_dir, resume=resume)
     return rows(run_dir)
 
@@ -80,14 +81,22 @@ def test_sft_resume_is_bit_exact(base, tmp_path):
 
 def test_model_section_or_tokenizer_that_disagrees_is_refused(base, tmp_path):
     with pytest.raises(UserError, match=r"model.d_model=64 disagrees .* \(model.d_model=32\)"):
-        sft.sft_config(None, ["model.d_model=64"], base)
-    sft.sft_config(None, ["model.d_model=32"], base)  # the same value is fine
+        from_run_config(None, ["model.d_model=64"], base, stage="sft", default_recipe=sft.DEFAULT_RECIPE)
+    from_run_config(
+        None, ["model.d_model=32"], base, stage="sft", default_recipe=sft.DEFAULT_RECIPE
+    )  # the same value is fine
     from inkling_fp4.data.tokenizer import Tokenizer
 
     other = Tokenizer.train_bpe([f"w{i} x{i * 7}" for i in range(300)], vocab_size=300, show_progress=False)
     other.save(tmp_path / "other.json")
     with pytest.raises(UserError, match="another tokenizer"):
-        sft.sft_config(None, [f"data.tokenizer={tmp_path / 'other.json'}"], base)
+        from_run_config(
+            None,
+            [f"data.tokenizer={tmp_path / 'other.json'}"],
+            base,
+            stage="sft",
+            default_recipe=sft.DEFAULT_RECIPE,
+        )
 
 
 def test_cli_without_from_takes_the_newest_pretrain_run(base, tmp_path, monkeypatch):

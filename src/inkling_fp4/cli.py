@@ -151,8 +151,8 @@ def pretrain(
     from inkling_fp4.config import load_config
     from inkling_fp4.interop.load_run import find_checkpoint
     from inkling_fp4.runs.directory import TOKENIZER_FILE
+    from inkling_fp4.train.from_run_config import from_run_config
     from inkling_fp4.train.pretrain import run
-    from inkling_fp4.train.sft import sft_config
 
     overrides = list(overrides or [])
     cfg = load_config(recipe or "tiny", overrides)
@@ -163,7 +163,7 @@ def pretrain(
     if recorded is not None:
         cfg = recorded  # the run's own config
     elif from_run is not None:  # the base run's model and tokenizer, this recipe's everything else
-        cfg = sft_config(recipe, overrides, from_run, stage="pretrain", default_recipe="tiny")
+        cfg = from_run_config(recipe, overrides, from_run, stage="pretrain", default_recipe="tiny")
         cfg.data.tokenizer = str(find_checkpoint(from_run)[0] / TOKENIZER_FILE)
     if print_config:
         return _print_config(cfg)
@@ -208,7 +208,7 @@ def _on_base(recipe, default_recipe, overrides, from_run, run_dir, resume, stage
     (default: the newest run under runs/ but this one)."""
     # imported here: start-up time
     from inkling_fp4.runs.find import default_from
-    from inkling_fp4.train.sft import sft_config
+    from inkling_fp4.train.from_run_config import from_run_config
 
     cfg = _recorded_with(run_dir, overrides) if resume and recipe is None else None
     if cfg is not None and from_run is not None:
@@ -218,7 +218,7 @@ def _on_base(recipe, default_recipe, overrides, from_run, run_dir, resume, stage
         )
     if cfg is None:
         from_run = from_run or default_from(typer.echo, exclude=run_dir)
-        cfg = sft_config(recipe, overrides, from_run, stage=stage, default_recipe=default_recipe)
+        cfg = from_run_config(recipe, overrides, from_run, stage=stage, default_recipe=default_recipe)
     return cfg
 
 
@@ -374,11 +374,14 @@ def compare_baseline(
         )
     if stage == "sft":
         # imported here: start-up time
-        from inkling_fp4.train.sft import DEFAULT_RECIPE, sft_config
+        from inkling_fp4.train.from_run_config import from_run_config
+        from inkling_fp4.train.sft import DEFAULT_RECIPE
 
         name = load_config(recipe or DEFAULT_RECIPE, list(overrides or [])).name
         from_run = from_run or default_from(typer.echo, exclude=Path("runs") / f"{name}-compare")
-        cfg = sft_config(recipe, list(overrides or []), from_run)
+        cfg = from_run_config(
+            recipe, list(overrides or []), from_run, stage="sft", default_recipe=DEFAULT_RECIPE
+        )
     elif stage == "rollout":
         # imported here: start-up time
         from inkling_fp4.train.compare_baseline import RL_BASES, rollout_config

@@ -36,7 +36,7 @@ from inkling_fp4.infer.completion import Completion
 from inkling_fp4.infer.sampling import sample
 from inkling_fp4.infer.sequence_noise import exponential_noise
 from inkling_fp4.infer.stopping import StopChecker
-from inkling_fp4.model.decode_graph import batch_bucket
+from inkling_fp4.model.graphed_decoder import batch_bucket
 
 PREFILL_LENGTHS = (16, 32, 64, 128, 256, 512)
 """Padded lengths a group of newcomers is prefilled at (a longer group: a multiple of 512)."""

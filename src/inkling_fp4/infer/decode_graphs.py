@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from inkling_fp4.model.cache import InferenceCache
-from inkling_fp4.model.decode_graph import GraphedDecoder, batch_bucket
+from inkling_fp4.model.graphed_decoder import GraphedDecoder, batch_bucket
 from inkling_fp4.precision.held_operand import operand_tensors
 from inkling_fp4.precision.quant_linear import QuantLinear
 

@@ -55,7 +55,7 @@ from inkling_fp4.infer.decode_graphs import DecodeGraphs, log_to_stderr
 from inkling_fp4.infer.sampling import sample
 from inkling_fp4.infer.sequence_noise import exponential_noise
 from inkling_fp4.infer.stopping import End, StopChecker
-from inkling_fp4.model.decode_graph import cache_tensors
+from inkling_fp4.model.graphed_decoder import cache_tensors
 from inkling_fp4.precision.autocast import autocast_for
 from inkling_fp4.precision.config import PrecisionConfig
 from inkling_fp4.precision.graph_capture import graph_blocker

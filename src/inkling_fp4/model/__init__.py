@@ -20,7 +20,7 @@ cache.py             the inference cache (KV, conv window, SSM state, per-sequen
 attention_decode.py  one new query per sequence against its cached keys
 mamba2_decode.py     one Mamba-2 step between its two GEMMs, fused kernel and torch twin
 decode_kernels.py    the Triton kernels of the decoding step
-decode_graph.py      the decode step as one CUDA graph per batch-size bucket
+graphed_decoder.py   the decode step as one CUDA graph per batch-size bucket
 
 Kernels (each beside its torch reference):
 ssd_triton.py    the Triton SSD kernel (ssd_kernels/ holds its pieces)

@@ -4,7 +4,7 @@ Their torch twins, and the math, are in :mod:`inkling_fp4.model.mamba2_decode` a
 :mod:`inkling_fp4.model.attention_decode`; the tests hold each kernel to its twin
 (tests/test_decode_kernels.py). Both kernels read every length from device memory and take no host
 value that changes from one token to the next, so a decode step that calls them can be captured once
-as a CUDA graph and replayed (:mod:`inkling_fp4.model.decode_graph`).
+as a CUDA graph and replayed (:mod:`inkling_fp4.model.graphed_decoder`).
 
 Numerics: FP32 math, each output rounded once (helpers of :mod:`~inkling_fp4.model.glue_kernels.common`,
 which also behave under ``TRITON_INTERPRET=1``).

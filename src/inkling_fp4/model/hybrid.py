@@ -28,7 +28,7 @@ Generation: ``allocate_cache`` then ``prefill`` with right-padded prompts and th
 autograd. See :mod:`inkling_fp4.model.cache` for how padding is kept out of the state. A decode step
 reads each sequence's position from ``cache.lengths`` on the device and launches one fused kernel
 per mixer (:mod:`~inkling_fp4.model.mamba2_decode`, :mod:`~inkling_fp4.model.attention_decode`), so
-it can be captured and replayed as one CUDA graph (:mod:`inkling_fp4.model.decode_graph`).
+it can be captured and replayed as one CUDA graph (:mod:`inkling_fp4.model.graphed_decoder`).
 
 Shape letters: B batch, L length, D d_model, V vocabulary.
 """

@@ -1,7 +1,7 @@
 """A CUDA graph capture of forwards (and backwards) whose GEMMs are quantized.
 
 Two things in the quantizers must be arranged for a capture, for the training step's graph
-(``trainer/graphed_step.py``) and the decode step's (``model/decode_graph.py``) alike:
+(``trainer/graphed_step.py``) and the decode step's (``model/graphed_decoder.py``) alike:
 
 - the NVFP4 amax words: the amax pass reduces into a word with an atomic max, taken from a pool
   zeroed once (``numerics/kernels/amax.py``). A graph replays into the same words, so the capture

@@ -1,6 +1,6 @@
 """A held quantized weight operand, refreshed in place when the weight changes.
 
-Why in place: a CUDA graph of the decode step (``model/decode_graph.py``) replays the addresses it
+Why in place: a CUDA graph of the decode step (``model/graphed_decoder.py``) replays the addresses it
 captured, among them each layer's held fprop weight operand (:meth:`QuantLinear.freeze_weights`).
 An operand made anew after an optimizer step would live at new addresses: the graph would go on
 reading the old one (stale weights, or freed memory). So a new operand whose layout matches the

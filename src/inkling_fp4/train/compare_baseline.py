@@ -73,8 +73,8 @@ from inkling_fp4.precision.config import RECIPES
 from inkling_fp4.runs.checkpoint import checkpoint_dirs
 from inkling_fp4.runs.metrics import METRICS_FILE, truncate_metrics
 from inkling_fp4.train import stages
+from inkling_fp4.train.from_run_config import from_run_config
 from inkling_fp4.train.rollout import DEFAULT_RECIPE, check_config
-from inkling_fp4.train.sft import sft_config
 
 BASELINE = "fp8"
 BASELINE_CHANGES = {
@@ -356,7 +356,7 @@ def rollout_config(recipe: str | None, overrides: list[str], base: str | Path) -
             f"--from {base}: a {base_cfg.stage} run; an RL comparison starts from an sft or pretrain run "
             f"(this one started from {base_cfg.init_from})"
         )
-    return sft_config(recipe, overrides, base, stage="rollout", default_recipe=DEFAULT_RECIPE)
+    return from_run_config(recipe, overrides, base, stage="rollout", default_recipe=DEFAULT_RECIPE)
 
 
 def run_compare(
