@@ -57,6 +57,7 @@ from inkling_fp4 import distributed as D
 from inkling_fp4.config import RunConfig, from_dict, to_dict
 from inkling_fp4.config.trainer import OptimConfig
 from inkling_fp4.model.config import ModelConfig
+from inkling_fp4.model.fused_fp8_layers import fuse_fp8
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision.config import PrecisionConfig
 from inkling_fp4.precision.graph_capture import graph_blocker
@@ -171,6 +172,7 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
     scaling = {"recipe": recipe}
     if recipe == DELAYED:
         scaling = {"recipe": "fp8-tensorwise", "fp8_scaling": "delayed"}
+        fuse_fp8(model)  # as the trainer does: the fused FP8 paths (each off under --without)
     policy = PrecisionPolicy(PrecisionConfig(backend=BACKENDS[recipe], **scaling), cfg.model.n_layers)
     policy.set_generator_seed(dist.rank)
     policy.apply(model)

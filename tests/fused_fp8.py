@@ -35,6 +35,7 @@ def fused_path_trains_bit_for_bit(
     fused path runs), the later ones from the history. Asserts the two runs equal bit for bit and that
     the unfused run never called ``module.<fn_name>``; returns how often the fused run did."""
     from inkling_fp4.model.config import ModelConfig
+    from inkling_fp4.model.fused_fp8_layers import fuse_fp8
     from inkling_fp4.model.hybrid import HybridLM
     from inkling_fp4.precision.config import PrecisionConfig
     from inkling_fp4.precision.policy import PrecisionPolicy
@@ -52,7 +53,7 @@ def fused_path_trains_bit_for_bit(
         monkeypatch.setattr(module, "applies", real_applies if fused else lambda *a: False)
         torch.manual_seed(0)
         cfg = ModelConfig(**model_kw)
-        model = HybridLM(cfg).to(device)
+        model = fuse_fp8(HybridLM(cfg).to(device))  # as the trainer converts it
         pc = PrecisionConfig(recipe="fp8-tensorwise", fp8_scaling="delayed", amax_history=4)
         if device == "cuda":
             pc.backend = "native-fp8"

@@ -27,7 +27,8 @@ ssd_triton.py    the Triton SSD kernel (ssd_kernels/ holds its pieces)
 conv_triton.py   the causal depthwise conv + SiLU as Triton kernels
 compiled.py      how the glue functions run on CUDA: a Triton kernel (glue_kernels/) or torch.compile
 
-Fused FP8 training paths (delayed scaling):
+Fused FP8 training paths (delayed scaling), swapped in by the trainer, never branched on here:
+fused_fp8_layers.py  fuse_fp8(model): the layers' fused variants, which call the paths below
 mlp_fp8.py       the MLP: its squared ReLU computed inside the quantizers
 in_proj_fp8.py   Mamba-2's in_proj: its output gradient written as FP8 by the consumers
 norm_fp8.py      the block's pre-norm writes the mixer's first x as FP8

@@ -50,13 +50,12 @@ class Attention(nn.Module):
     def output_projections(self) -> list[QuantLinear]:
         return [self.o_proj]
 
-    def input_linear(self) -> QuantLinear:
-        """The linear that reads the block's normed input (``model/norm_fp8.py``)."""
-        return self.qkv_proj
-
-    def _qkv(self, x: torch.Tensor, fp8_in: tuple | None = None) -> tuple[torch.Tensor, ...]:
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x: [..., D] -> q: [..., H, E], k, v: [..., K, E]."""
-        qkv = self.qkv_proj(x, fp8_in)  # [..., (H + 2K) E]
+        return self._heads(self.qkv_proj(x))
+
+    def _heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """qkv_proj's output [..., (H + 2K) E] -> q: [..., H, E], k, v: [..., K, E]."""
         q, k, v = qkv.split(
             [self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim],
             -1,
@@ -78,14 +77,10 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
         return y.transpose(1, 2).flatten(2)  # [B, Lq, H E]
 
-    def forward(
-        self, x: torch.Tensor, packing: Packing | None = None, fp8_in: tuple | None = None, dy_fp8=None
-    ):
-        """x: [B, L, D] -> [B, L, D]. ``fp8_in``: x already quantized for qkv_proj (its ``pair_x``);
-        ``dy_fp8``: the output's FP8 gradient slab (o_proj's ``dy_fp8``)."""
-        q, k, v = self._qkv(x, fp8_in)
-        y = self._attend(q, k, v, None if packing is None else packing.attn_mask)
-        return self.o_proj(y, dy_fp8=dy_fp8)
+    def forward(self, x: torch.Tensor, packing: Packing | None = None):
+        """x: [B, L, D] -> [B, L, D]."""
+        q, k, v = self._qkv(x)
+        return self.o_proj(self._attend(q, k, v, None if packing is None else packing.attn_mask))
 
     def allocate_state(self, batch: int, max_len: int, device, dtype) -> AttentionState:
         shape = (batch, max_len, self.n_kv_heads, self.head_dim)

@@ -6,7 +6,8 @@
     logits = lm_head(RMSNorm(h))                 # untied nn.Linear, never quantized
 
 Pre-norm residual blocks, no biases, no dropout, no positional embedding (the Mamba-2 layers carry
-order). Every GEMM inside a block is a ``QuantLinear(layer_idx=i)``, so a precision policy can set a
+order). The fused FP8 training paths are subclasses of these layers, swapped in by the trainer
+(:mod:`~inkling_fp4.model.fused_fp8_layers`); nothing here branches on them. Every GEMM inside a block is a ``QuantLinear(layer_idx=i)``, so a precision policy can set a
 recipe per layer without knowing the model. The residual stream stays in the embedding's dtype
 (FP32): under ``torch.autocast(bf16)`` the mixers return BF16, and the sum is FP32.
 
@@ -41,11 +42,10 @@ import torch
 from torch import nn
 
 from inkling_fp4.errors import UserError
-from inkling_fp4.model import flops, norm_fp8, residual_fp8
+from inkling_fp4.model import flops
 from inkling_fp4.model.attention import Attention
 from inkling_fp4.model.cache import InferenceCache
 from inkling_fp4.model.config import ModelConfig
-from inkling_fp4.model.grad_slab import GradSlab
 from inkling_fp4.model.loss import DEFAULT_CHUNK_TOKENS, chunked_cross_entropy
 from inkling_fp4.model.mamba2 import Mamba2Mixer
 from inkling_fp4.model.mlp import MLP
@@ -72,31 +72,16 @@ class Block(nn.Module):
             raise ValueError(f"unknown layer type '{kind}' in the pattern")
 
     def forward(
-        self,
-        x: torch.Tensor,
-        packing: Packing | None = None,
-        pending: torch.Tensor | None = None,
-        pending_grad: GradSlab | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, GradSlab | None]:
+        self, x: torch.Tensor, packing: Packing | None = None, pending: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the residual stream [B, L, D]; pending: the previous block's mixer output [B, L, D], not
-        yet added (None for the first block), and pending_grad: where its gradient goes as FP8, or
-        None. Returns (x + pending, this block's mixer output, its FP8 gradient slab or None): the
+        yet added (None for the first block). Returns (x + pending, this block's mixer output): the
         residual add happens in the same fused kernel as this block's norm, and the caller adds the
         last block's output (:meth:`HybridLM.forward_hidden`)."""
-        h_dtype = x.dtype if pending is None else torch.promote_types(x.dtype, pending.dtype)
-        dy_into = None if pending_grad is None else pending_grad.into(0)
-        (out_linear,) = self.mixer.output_projections()
-        out_grad = None  # delayed FP8: the next norm's backward writes the output's gradient as FP8
-        if residual_fp8.applies(out_linear, x):
-            out_grad = residual_fp8.output_grad(out_linear, x)
-        linear = self.mixer.input_linear()
-        if norm_fp8.applies(linear, x, h_dtype):  # delayed FP8: the norm writes the mixer's x as FP8
-            x, placeholder, fp8_in = norm_fp8.norm(self.norm, x, pending, linear, dy_into)
-            return x, self.mixer(placeholder, packing, fp8_in, out_grad), out_grad
         if pending is None:
-            return x, self.mixer(self.norm(x), packing, None, out_grad), out_grad
-        x, normed = self.norm.add_and_norm(x, pending, dy_into)
-        return x, self.mixer(normed, packing, None, out_grad), out_grad
+            return x, self.mixer(self.norm(x), packing)
+        x, normed = self.norm.add_and_norm(x, pending)
+        return x, self.mixer(normed, packing)
 
     def prefill(self, x: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
         return x + self.mixer.prefill(self.norm(x), cache)
@@ -141,12 +126,12 @@ class HybridLM(nn.Module):
         """input_ids: [B, L] int64; doc_ids: [B, L] or None -> the final-normed hidden states [B, L, D]."""
         packing = Packing.from_doc_ids(doc_ids, attention="*" in self.cfg.pattern)
         x = self.embed(input_ids)  # [B, L, D]
-        pending = pending_grad = None  # each block's mixer output, added to x inside the next norm's kernel
+        pending = None  # each block's mixer output, added to x inside the next norm's kernel
         for block in self.layers:
-            x, pending, pending_grad = block(x, packing, pending, pending_grad)
+            x, pending = block(x, packing, pending)
         if pending is None:
             return self.norm_f(x)
-        return self.norm_f.add_and_norm(x, pending, None if pending_grad is None else pending_grad.into(0))[1]
+        return self.norm_f.add_and_norm(x, pending)[1]
 
     def forward(
         self,

@@ -46,7 +46,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inkling_fp4.model import in_proj_fp8, out_proj_fp8
 from inkling_fp4.model.cache import InferenceCache, MambaState
 from inkling_fp4.model.compiled import cuda_kernel, fast_forms_on
 from inkling_fp4.model.config import ModelConfig
@@ -156,39 +155,31 @@ class Mamba2Mixer(nn.Module):
             dt,
         )
 
-    def _output(
-        self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dz_into=None, dy_fp8=None
-    ) -> torch.Tensor:
-        """y, x: [..., H, P]; z: [..., E] -> out_proj(norm((y + D x) * silu(z))) [..., D]. ``dy_fp8``:
-        the output's FP8 gradient slab (``QuantLinear.forward``)."""
+    def _output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dz_into=None) -> torch.Tensor:
+        """y, x: [..., H, P]; z: [..., E] -> out_proj(norm((y + D x) * silu(z))) [..., D]."""
         # out_proj's input: the skip sum's dtype (FP32, as D is) unless autocast narrows it
         summed = torch.promote_types(torch.promote_types(y.dtype, x.dtype), self.D.dtype)
-        out_dtype = output_dtype(summed, y.device)
         norm = self.norm
-        if out_proj_fp8.applies(self.out_proj, z, out_dtype):  # delayed FP8: the norm writes out_proj's x
-            return out_proj_fp8.skip_gated_norm_out_proj(
-                y, x, self.D, z, norm.weight, self.G, norm.eps, self.out_proj, dz_into, dy_fp8
-            )
-        h = skip_gated_rms_norm(y, x, self.D, z, norm.weight, self.G, norm.eps, out_dtype, dz_into=dz_into)
-        return self.out_proj(h, dy_fp8=dy_fp8)
+        h = skip_gated_rms_norm(
+            y, x, self.D, z, norm.weight, self.G, norm.eps, output_dtype(summed, y.device), dz_into=dz_into
+        )
+        return self.out_proj(h)
 
-    def _mix(
-        self, u: torch.Tensor, seg: torch.Tensor | None, valid: torch.Tensor | None, fp8_in=None, dy_fp8=None
-    ):
-        """The sequence path shared by forward and prefill. u: [B, L, D]; valid: [B, L] bool or None;
-        fp8_in: u already quantized for in_proj (its ``pair_x``); dy_fp8: the output's FP8 gradient
-        slab. Returns the output [B, L, D], the pre-conv inputs xBC [B, L, C] and the final SSM state."""
-        into = [None] * 3  # where the consumers of z, xBC, dt write their gradients (None: autograd's)
-        if in_proj_fp8.applies(self.in_proj, u):  # delayed FP8: the consumers write in_proj's FP8 dy
-            (z, xBC_in, dt_raw), slab = in_proj_fp8.in_proj_split(self.in_proj, u, self.in_widths, fp8_in)
-            into = [slab.into(i) for i in range(3)]
-        else:
-            zxbcdt = self.in_proj(u, fp8_in)  # [B, L, 2E + 2GN + H]
-            if torch.is_grad_enabled() and zxbcdt.requires_grad and fast_forms_on(zxbcdt):
-                (z, xBC_in, dt_raw), slab = split_with_grad_slab(zxbcdt, self.in_widths)
-                into = [slab.into(i) for i in range(3)]  # in_proj's gradient: written in place, no concat
-            else:
-                z, xBC_in, dt_raw = self._split(zxbcdt)
+    def _project_in(self, u: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], list]:
+        """u [B, L, D] -> (z, xBC, dt_raw) and where their consumers write their gradients (None:
+        autograd's; on CUDA in training, in place into in_proj's gradient, with no concat)."""
+        return self._split_for_grad(self.in_proj(u))  # [B, L, 2E + 2GN + H] split
+
+    def _split_for_grad(self, zxbcdt: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], list]:
+        if torch.is_grad_enabled() and zxbcdt.requires_grad and fast_forms_on(zxbcdt):
+            parts, slab = split_with_grad_slab(zxbcdt, self.in_widths)
+            return parts, [slab.into(i) for i in range(3)]
+        return self._split(zxbcdt), [None] * 3
+
+    def _mix(self, u: torch.Tensor, seg: torch.Tensor | None, valid: torch.Tensor | None):
+        """The sequence path shared by forward and prefill. u: [B, L, D]; valid: [B, L] bool or None.
+        Returns the output [B, L, D], the pre-conv inputs xBC [B, L, C] and the final SSM state."""
+        (z, xBC_in, dt_raw), into = self._project_in(u)
         conv = conv_silu_for(self.conv_impl, u, self.conv_weight.shape[1])
         x, B, C = conv(xBC_in, self.conv_weight, self.conv_bias, seg, self.xbc_widths, into[1])
         x, B, C, dt = self._ssm_inputs(x, B, C, dt_raw, into[2])
@@ -196,18 +187,11 @@ class Mamba2Mixer(nn.Module):
             dt = dt * valid[..., None]  # padded positions: no decay, no input (the state is untouched)
         A = -torch.exp(self.A_log)  # [H]
         y, final = ssd(x, dt, A, B, C, self.chunk_size, doc_ids=seg, impl=self.ssd_impl)  # y: [B, L, H, P]
-        return self._output(y, x, z, into[0], dy_fp8), xBC_in, final
+        return self._output(y, x, z, into[0]), xBC_in, final
 
-    def input_linear(self) -> QuantLinear:
-        """The linear that reads the block's normed input (``model/norm_fp8.py``)."""
-        return self.in_proj
-
-    def forward(
-        self, u: torch.Tensor, packing: Packing | None = None, fp8_in: tuple | None = None, dy_fp8=None
-    ):
-        """u: [B, L, D] -> [B, L, D]. ``fp8_in``: u already quantized for in_proj (its ``pair_x``);
-        ``dy_fp8``: the output's FP8 gradient slab (out_proj's, ``model/residual_fp8.py``)."""
-        out, _, _ = self._mix(u, None if packing is None else packing.seg, None, fp8_in, dy_fp8)
+    def forward(self, u: torch.Tensor, packing: Packing | None = None):
+        """u: [B, L, D] -> [B, L, D]."""
+        out, _, _ = self._mix(u, None if packing is None else packing.seg, None)
         return out
 
     def allocate_state(self, batch: int, max_len: int, device, dtype) -> MambaState:

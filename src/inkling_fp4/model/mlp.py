@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inkling_fp4.model import mlp_fp8
 from inkling_fp4.model.compiled import cuda_kernel
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.precision.quant_linear import QuantLinear
@@ -39,20 +38,9 @@ class MLP(nn.Module):
     def output_projections(self) -> list[QuantLinear]:
         return [self.down_proj]
 
-    def input_linear(self) -> QuantLinear:
-        """The linear that reads the block's normed input (``model/norm_fp8.py``)."""
-        return self.up_proj
-
-    def forward(
-        self, x: torch.Tensor, packing=None, fp8_in: tuple | None = None, dy_fp8=None
-    ) -> torch.Tensor:
-        """x: [..., D] -> [..., D]. ``packing`` is ignored: an MLP mixes no positions. ``fp8_in``: x
-        already quantized for up_proj (``QuantLinear.forward``'s ``pair_x``); ``dy_fp8``: the output's
-        FP8 gradient slab (down_proj's ``dy_fp8``)."""
-        if mlp_fp8.applies(self.up_proj, self.down_proj, x):  # FP8 with delayed scales: one fused path
-            return mlp_fp8.squared_relu_mlp(self.up_proj, self.down_proj, x, fp8_in, dy_fp8)
-        h = squared_relu(self.up_proj(x, fp8_in))  # [..., F]
-        return self.down_proj(h, dy_fp8=dy_fp8)  # [..., D]
+    def forward(self, x: torch.Tensor, packing=None) -> torch.Tensor:
+        """x: [..., D] -> [..., D]. ``packing`` is ignored: an MLP mixes no positions."""
+        return self.down_proj(squared_relu(self.up_proj(x)))  # [..., F] in between
 
     def allocate_state(self, batch: int, max_len: int, device, dtype) -> None:
         return None

@@ -1,7 +1,7 @@
 """The output projections' gradient written as FP8 by the next norm's backward (delayed scaling).
 
 Why: a block's mixer ends in one linear (Mamba-2's out_proj, the MLP's down_proj, attention's o_proj)
-whose output is added to the residual stream inside the next block's norm kernel (``Block.forward``).
+whose output is added to the residual stream inside the next block's norm kernel (``FusedFP8Block.forward``).
 That output's gradient is the residual stream's gradient there, which the norm's backward kernel
 computes anyway and stores twice: in FP32 for the residual stream, and in BF16 for the linear, whose
 backward then reads the BF16 copy and quantizes it into its dgrad and wgrad operands. With the

@@ -1,0 +1,144 @@
+"""The model's layers with the fused FP8 training paths, swapped in once by :func:`fuse_fp8`.
+
+Under FP8 with delayed scaling, on the GPU kernels, the producers of the linears' operands write
+them as FP8 directly (``norm_fp8``, ``in_proj_fp8``, ``out_proj_fp8``, ``mlp_fp8``,
+``residual_fp8`` in this package), and the gradients flow back as FP8 slabs between blocks. That
+needs arguments the plain layers do not have: a mixer's input already quantized for its first
+linear (``fp8_in``, a ``pair_x``), the output's FP8 gradient slab (``dy_fp8``), and a block's
+pending gradient slab. The subclasses here carry them; the plain classes (``hybrid.py``,
+``mamba2.py``, ``mlp.py``, ``attention.py``) are the math alone.
+
+Each fused path still asks its module's ``applies`` at the call (the recipe, the device, the
+sizes, grad mode) and otherwise runs the plain layer's code, so a converted model computes what
+the plain one does, bit for bit (tests/fused_fp8.py), also after a switch to BF16. The trainer
+converts its model when the recipe scales FP8 from the amax history.
+
+A Mamba-2 mixer's fused input and output sit inside its sequence path (``Mamba2Mixer._mix``): the
+fused subclass keeps the call's ``fp8_in`` and ``dy_fp8`` on the module for the length of its
+forward, where the two overridden steps read them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inkling_fp4.model import in_proj_fp8, mlp_fp8, norm_fp8, out_proj_fp8, residual_fp8
+from inkling_fp4.model.attention import Attention
+from inkling_fp4.model.grad_slab import GradSlab
+from inkling_fp4.model.hybrid import Block, HybridLM
+from inkling_fp4.model.mamba2 import Mamba2Mixer, output_dtype, skip_gated_rms_norm
+from inkling_fp4.model.mlp import MLP, squared_relu
+from inkling_fp4.model.packing import Packing
+from inkling_fp4.precision.quant_linear import QuantLinear
+
+
+class FusedFP8HybridLM(HybridLM):
+    def forward_hidden(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """As :meth:`HybridLM.forward_hidden`, each block also handing the next its FP8 gradient slab."""
+        packing = Packing.from_doc_ids(doc_ids, attention="*" in self.cfg.pattern)
+        x = self.embed(input_ids)  # [B, L, D]
+        pending = pending_grad = None
+        for block in self.layers:
+            x, pending, pending_grad = block(x, packing, pending, pending_grad)
+        if pending is None:
+            return self.norm_f(x)
+        return self.norm_f.add_and_norm(x, pending, None if pending_grad is None else pending_grad.into(0))[1]
+
+
+class FusedFP8Block(Block):
+    def forward(
+        self,
+        x: torch.Tensor,
+        packing: Packing | None = None,
+        pending: torch.Tensor | None = None,
+        pending_grad: GradSlab | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, GradSlab | None]:
+        """As :meth:`Block.forward`; ``pending_grad``: where the previous block's output gradient goes
+        as FP8 (None: autograd's). Returns this block's own slab third (None where none applies)."""
+        h_dtype = x.dtype if pending is None else torch.promote_types(x.dtype, pending.dtype)
+        dy_into = None if pending_grad is None else pending_grad.into(0)
+        (out_linear,) = self.mixer.output_projections()
+        out_grad = None  # the next norm's backward writes the output's gradient as FP8
+        if residual_fp8.applies(out_linear, x):
+            out_grad = residual_fp8.output_grad(out_linear, x)
+        linear = self.mixer.input_linear()
+        if norm_fp8.applies(linear, x, h_dtype):  # the norm writes the mixer's x as FP8
+            x, placeholder, fp8_in = norm_fp8.norm(self.norm, x, pending, linear, dy_into)
+            return x, self.mixer(placeholder, packing, fp8_in, out_grad), out_grad
+        if pending is None:
+            return x, self.mixer(self.norm(x), packing, None, out_grad), out_grad
+        x, normed = self.norm.add_and_norm(x, pending, dy_into)
+        return x, self.mixer(normed, packing, None, out_grad), out_grad
+
+
+class FusedFP8Mamba2(Mamba2Mixer):
+    _fp8_in: tuple | None = None
+    _dy_fp8: GradSlab | None = None
+
+    def input_linear(self) -> QuantLinear:
+        return self.in_proj
+
+    def forward(self, u: torch.Tensor, packing: Packing | None = None, fp8_in=None, dy_fp8=None):
+        """As :meth:`Mamba2Mixer.forward`; ``fp8_in``: u already quantized for in_proj (its
+        ``pair_x``); ``dy_fp8``: the output's FP8 gradient slab (out_proj's)."""
+        self._fp8_in, self._dy_fp8 = fp8_in, dy_fp8
+        try:
+            return super().forward(u, packing)
+        finally:
+            self._fp8_in = self._dy_fp8 = None
+
+    def _project_in(self, u: torch.Tensor):
+        if in_proj_fp8.applies(self.in_proj, u):  # the consumers write in_proj's dy as FP8
+            parts, slab = in_proj_fp8.in_proj_split(self.in_proj, u, self.in_widths, self._fp8_in)
+            return parts, [slab.into(i) for i in range(3)]
+        return self._split_for_grad(self.in_proj(u, self._fp8_in))  # [B, L, 2E + 2GN + H] split
+
+    def _output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dz_into=None) -> torch.Tensor:
+        summed = torch.promote_types(torch.promote_types(y.dtype, x.dtype), self.D.dtype)
+        out_dtype, norm = output_dtype(summed, y.device), self.norm
+        if out_proj_fp8.applies(self.out_proj, z, out_dtype):  # the norm writes out_proj's x as FP8
+            return out_proj_fp8.skip_gated_norm_out_proj(
+                y, x, self.D, z, norm.weight, self.G, norm.eps, self.out_proj, dz_into, self._dy_fp8
+            )
+        h = skip_gated_rms_norm(y, x, self.D, z, norm.weight, self.G, norm.eps, out_dtype, dz_into=dz_into)
+        return self.out_proj(h, dy_fp8=self._dy_fp8)
+
+
+class FusedFP8MLP(MLP):
+    def input_linear(self) -> QuantLinear:
+        return self.up_proj
+
+    def forward(self, x: torch.Tensor, packing=None, fp8_in=None, dy_fp8=None) -> torch.Tensor:
+        """As :meth:`MLP.forward`, with ``fp8_in`` for up_proj and ``dy_fp8`` for down_proj."""
+        if mlp_fp8.applies(self.up_proj, self.down_proj, x):  # one fused path
+            return mlp_fp8.squared_relu_mlp(self.up_proj, self.down_proj, x, fp8_in, dy_fp8)
+        h = squared_relu(self.up_proj(x, fp8_in))  # [..., F]
+        return self.down_proj(h, dy_fp8=dy_fp8)  # [..., D]
+
+
+class FusedFP8Attention(Attention):
+    def input_linear(self) -> QuantLinear:
+        return self.qkv_proj
+
+    def forward(self, x: torch.Tensor, packing: Packing | None = None, fp8_in=None, dy_fp8=None):
+        """As :meth:`Attention.forward`, with ``fp8_in`` for qkv_proj and ``dy_fp8`` for o_proj."""
+        q, k, v = self._heads(self.qkv_proj(x, fp8_in))
+        y = self._attend(q, k, v, None if packing is None else packing.attn_mask)
+        return self.o_proj(y, dy_fp8=dy_fp8)
+
+
+FUSED = {HybridLM: FusedFP8HybridLM, Block: FusedFP8Block, Mamba2Mixer: FusedFP8Mamba2, MLP: FusedFP8MLP,
+         Attention: FusedFP8Attention}  # fmt: skip
+"""Each plain layer class -> its fused FP8 variant (same parameters, buffers and state dict)."""
+
+
+def fuse_fp8(model: nn.Module) -> nn.Module:
+    """Give ``model`` (a HybridLM) and its layers their fused FP8 variants, in place: the classes
+    change, nothing else (parameters, buffers and hooks stay). Idempotent; returns the model. Call
+    it before wrapping the model (FSDP subclasses the class it finds)."""
+    for module in model.modules():
+        fused = FUSED.get(type(module))
+        if fused is not None:
+            module.__class__ = fused
+    return model
