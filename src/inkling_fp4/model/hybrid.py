@@ -7,9 +7,10 @@
 
 Pre-norm residual blocks, no biases, no dropout, no positional embedding (the Mamba-2 layers carry
 order). The fused FP8 training paths are subclasses of these layers, swapped in by the trainer
-(:mod:`~inkling_fp4.model.fused_fp8_layers`); nothing here branches on them. Every GEMM inside a block is a ``QuantLinear(layer_idx=i)``, so a precision policy can set a
-recipe per layer without knowing the model. The residual stream stays in the embedding's dtype
-(FP32): under ``torch.autocast(bf16)`` the mixers return BF16, and the sum is FP32.
+(:mod:`~inkling_fp4.model.fused_fp8_layers`); nothing here branches on them. Every GEMM inside a
+block is a ``QuantLinear(layer_idx=i)``, so a precision policy can set a recipe per layer without
+knowing the model. The residual stream stays in the embedding's dtype (FP32): under
+``torch.autocast(bf16)`` the mixers return BF16, and the sum is FP32.
 
 Initialisation (Megatron's conventions for Nemotron-H):
 - embedding, LM head and every QuantLinear weight ~ normal(0, init_std);
