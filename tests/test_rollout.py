@@ -285,3 +285,14 @@ def test_print_config_shows_the_rollout_config_and_writes_nothing(base, tmp_path
     code, out, err = cli(["rollout", "--from", str(base), "--print-config", "--task", "countdown"])
     assert code == 0, err
     assert "stage: rollout" in out and "task: countdown" in out and not (tmp_path / "runs").exists()
+
+
+def test_packed_forwards_give_the_padded_runs_first_step(base, tmp_path):
+    """rl.pack=true: the same rollouts (sampling comes first) and, through the packed forwards, the
+    first step's loss and mismatch of the padded run up to float rounding (BF16 recipe, CPU)."""
+    kw = ("train.steps=1", "eval.every=0", "eval.at_start=false", "precision.recipe=bf16")
+    padded = [r for r in train_rl(base, tmp_path / "padded", *kw) if "loss" in r]
+    packed = [r for r in train_rl(base, tmp_path / "packed", *kw, "rl.pack=true") if "loss" in r]
+    assert packed[0]["reward_mean"] == padded[0]["reward_mean"]
+    for key in ("loss", "mismatch_abs_mean", "entropy"):
+        assert packed[0][key] == pytest.approx(padded[0][key], rel=1e-5, abs=1e-9), key

@@ -55,9 +55,11 @@ class RLConfig:
     """Coefficient of the k3 KL penalty to the frozen initial policy (0: no reference model)."""
     entropy_coef: float = 0.0
     """Coefficient of an entropy bonus on the completion tokens (0: none)."""
-    pack: bool = True
+    pack: bool = False
     """The trainer's forwards read the completions packed end to end in rows of ``data.seq_len``
-    tokens, each its own document (``rl/packed_rows.py``), not padded to the longest."""
+    tokens, each its own document (``rl/packed_rows.py``), not padded to the longest. Off by
+    default: on the CPU the packed rows' longer attention and segment-reset scan cost more than the
+    padding they save (the default rl-tiny rollout took 6 min instead of 32 s)."""
     mask_truncated: bool = True
     """Completions cut by the token limit get no loss (their reward judges an unfinished answer)."""
     drop_zero_variance: bool = False
