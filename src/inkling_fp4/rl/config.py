@@ -57,9 +57,10 @@ class RLConfig:
     """Coefficient of an entropy bonus on the completion tokens (0: none)."""
     pack: bool = False
     """The trainer's forwards read the completions packed end to end in rows of ``data.seq_len``
-    tokens, each its own document (``rl/packed_rows.py``), not padded to the longest. Off by
-    default: on the CPU the packed rows' longer attention and segment-reset scan cost more than the
-    padding they save (the default rl-tiny rollout took 6 min instead of 32 s)."""
+    tokens, each its own document (``rl/packed_rows.py``), not padded to the longest. The same
+    values; off by default until its speed on the GPU is measured (the masked attention and the
+    segment-reset scan of packed rows against the padding they save; on the CPU rl-tiny takes the
+    same 32 s either way)."""
     mask_truncated: bool = True
     """Completions cut by the token limit get no loss (their reward judges an unfinished answer)."""
     drop_zero_variance: bool = False
