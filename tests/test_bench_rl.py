@@ -72,6 +72,8 @@ def test_bench_rl_on_cpu_summarises_what_its_runs_logged(tmp_path):
         )  # fmt: skip
         assert r["eval_accuracy"] == {str(s): v for s, v in logged(run_dir, "eval_accuracy").items()}
         assert r["reward"] == {str(s): v for s, v in logged(run_dir, "reward_mean").items()}
+        for key in ("unsolved_frac", "solved_frac", "eval_pass_at_k"):  # logged, so summarised too
+            assert r[key] and r[key] == {str(s): v for s, v in logged(run_dir, key).items()}, key
         for key in ("mismatch_k3", "mismatch_abs_mean", "mismatch_abs_max", "mismatch_frac_over_cap"):
             values = logged(run_dir, key)
             assert r["figures"][key]["value"] == pytest.approx(values[max(values)])  # the last k=1 step
@@ -87,6 +89,7 @@ def test_bench_rl_on_cpu_summarises_what_its_runs_logged(tmp_path):
             acc = logged(run_dir, "eval_accuracy")
             cells.append(f"{acc[min(acc)]:.3f} -> {acc[max(acc)]:.3f} (step {max(acc)})")
         assert f"| {label} | {cells[0]} | {cells[1]} |" in md
+    assert "## Share of groups without signal" in md and "(n/a / n/a)" not in md
     assert "## Rollout / trainer mismatch" in md and "| nvfp4-row | nvfp4 | row | tis |" in md
     assert "## Noise monitor" in md and "skipped no update and moved no run to BF16" in md
     assert report["headline"] in md and report["headline"] == data["seed_verdicts"][0]

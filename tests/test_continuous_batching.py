@@ -104,7 +104,37 @@ def test_prefill_lengths_are_a_handful():
     assert prefill_length(40, 50) == 50 and prefill_length(60, 50) == 60
 
 
-def test_rows_auto_on_the_cpu(tok):
+def test_rows_auto_on_the_cpu_or_as_set(tok):
     s, _ = make(tok, BF16, batch_size=0)
     assert s.rows_for(64) == 64
-    assert dataclasses.replace(s.cfg, batch_size=5).batch_size == 5
+    s.cfg = dataclasses.replace(s.cfg, batch_size=5)
+    assert s.rows_for(64) == 5
+
+
+def _tensors(state) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in vars(state).items() if isinstance(v, torch.Tensor)}
+
+
+def test_write_rows_moves_a_prefilled_row_and_zeroes_the_rest(tok):
+    """A staging cache's rows land in the chosen rows of a longer cache: every layer's state and the
+    length; KV positions past the staging cache's length are zero; the other rows are untouched."""
+    _, model = make(tok, BF16)
+    big, small = model.allocate_cache(4, 16), model.allocate_cache(2, 8)
+    g = torch.Generator().manual_seed(0)
+    for cache in (big, small):
+        for state in filter(None, cache.layers):
+            for t in _tensors(state).values():
+                t.copy_(torch.randn(t.shape, generator=g))
+        cache.lengths.copy_(torch.randint(1, 8, cache.lengths.shape, generator=g))
+    before = [{k: t.clone() for k, t in _tensors(s).items()} for s in filter(None, big.layers)]
+    big.write_rows(torch.tensor([3, 0]), small, torch.tensor([0, 1]))
+    assert big.lengths[[3, 0]].tolist() == small.lengths.tolist()
+    for state, src_state, old in zip(
+        filter(None, big.layers), filter(None, small.layers), before, strict=True
+    ):
+        for name, t in _tensors(state).items():
+            src = _tensors(src_state)[name]
+            n = src.shape[1]
+            assert torch.equal(t[[3, 0], :n], src[[0, 1]]), name
+            assert not t[[3, 0], n:].any(), name  # only KV is longer than the staging cache's
+            assert torch.equal(t[[1, 2]], old[name][[1, 2]]), name

@@ -92,7 +92,7 @@ class ContinuousDecoder:
         self.ended_R = torch.ones(R, dtype=torch.bool, device=device)
         self.steps = 0
 
-    def run(self, prompts: list[list[int]], budgets: list[int]) -> list:
+    def run(self, prompts: list[list[int]], budgets: list[int]) -> list[Completion]:
         cfg, R, device = self.s.cfg, self.cache.batch_size, self.cache.lengths.device
         T = max(budgets)
         self.new_RT = torch.zeros(R, T, dtype=torch.long, device=device)
@@ -104,7 +104,6 @@ class ContinuousDecoder:
         every = cfg.check_every
         since = 0
         while True:
-            live = [r for r, q in enumerate(self.rows) if q is not None]
             noise = None
             if cfg.temperature > 0:
                 noise = exponential_noise(self.seed, self.sequence_R, self.step_R, logits.shape[-1])  # [R, V]
@@ -122,7 +121,7 @@ class ContinuousDecoder:
             freed: list[int] = []
             if since >= every or self.rounds >= self.deadline:
                 since = 0
-                freed = self._collect(live)
+                freed = self._collect([r for r, q in enumerate(self.rows) if q is not None])
                 if not self.queue and all(q is None for q in self.rows):
                     break
             logits = self.decode(tok_R[self.feed_R])  # [R, V]; freed rows are overwritten below
