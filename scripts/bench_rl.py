@@ -40,8 +40,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 sys.path.insert(0, str(SRC))
 
-from inkling_fp4.compare.gap import load_run_config  # noqa: E402
-from inkling_fp4.compare.report import monitor_section  # noqa: E402
+from inkling_fp4.compare.markdown import monitor_section  # noqa: E402
+from inkling_fp4.compare.metrics import load_run_config  # noqa: E402
 from inkling_fp4.compare.rl_gap import tail_window  # noqa: E402
 from inkling_fp4.compare.rl_summary import summarize_rl_run  # noqa: E402
 from inkling_fp4.errors import UserError  # noqa: E402
@@ -288,7 +288,7 @@ def summarize_bench(out: Path, jobs: list[Job], window: int | None = None) -> di
             "eval_pass_at_k": _curve(curves.get("eval_pass_at_k")),
             "monitor": {  # as the comparison's report.json has it
                 "skipped_updates": list(s.metrics.skipped_updates),
-                "fallback_spans": [list(span) for span in s.metrics.fallback_spans],
+                "fallback_spans": [list(span) for span in s.metrics.fallback_spans()],
             },
         }
     report = out / "rl-compare" / "report" / "report.json"

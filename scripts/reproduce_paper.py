@@ -58,7 +58,8 @@ import threading
 from pathlib import Path
 
 from inkling_fp4 import distributed as D
-from inkling_fp4.compare.gap import boundaries_from_config, parse_metrics_lines
+from inkling_fp4.compare.loss_gap import boundaries_from_config
+from inkling_fp4.compare.metrics import parse_metrics_lines
 from inkling_fp4.config import RunConfig, load_config
 from inkling_fp4.errors import UserError
 from inkling_fp4.runs.checkpoint import STATE_FILE, check_processes, checkpoint_dirs

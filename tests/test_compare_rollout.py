@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from inkling_fp4.compare.compat import config_differences
+from inkling_fp4.compare.report import write_report
 from inkling_fp4.compare.rl_gap import FIGURES, Figure, rl_metrics_from_rows, summarize_values, tail_window
-from inkling_fp4.compare.rl_report import write_rl_report
 from inkling_fp4.compare.rl_summary import summarize_rl
 from inkling_fp4.config import RunConfig, apply_overrides, from_dict, load_config, save_config, to_dict
 from inkling_fp4.errors import ConfigError
@@ -95,7 +95,7 @@ def test_gap_and_figures_of_hand_made_runs(tmp_path):
     assert b.figures["reward_mean"].value == pytest.approx(0.75)
     assert s.gaps["reward_mean"].value == pytest.approx(0.075)  # steps 7 and 8: 0.07, 0.08
     assert s.gaps["reward_mean"].final == pytest.approx(0.08)
-    assert s.differences["reward_mean"].diff == pytest.approx([0.01 * k for k in range(1, 9)])
+    assert s.differences["reward_mean"].gap == pytest.approx([0.01 * k for k in range(1, 9)])
     assert s.figures["eval_accuracy"].value == pytest.approx(0.375)  # the mean of all evaluations
     assert s.gaps["eval_accuracy"].final == pytest.approx(0.0)
     assert s.gaps["eval_accuracy"].value == pytest.approx(0.025)
@@ -110,7 +110,7 @@ def test_gap_and_figures_of_hand_made_runs(tmp_path):
     assert "nvfp4 vs fp8: reward gap +0.075 over the last 2 steps (0.825 vs 0.750)" in s.headline
     assert "eval accuracy gap +0.000 at step 8 (0.500 vs 0.500), +0.025 over 2 evaluations" in s.headline
 
-    out = write_rl_report(c, tmp_path / "report")
+    out = write_report(c, tmp_path / "report")
     for name in ("reward.png", "gap.png", "mismatch.png", "report.md", "report.json"):
         assert (out / name).is_file()
     data = json.loads((out / "report.json").read_text())

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from inkling_fp4.compare.compat import check_comparable, read_config_data
+from inkling_fp4.compare.report import write_report
 from inkling_fp4.compare.rl_gap import rl_metrics_from_rows, tail_window
-from inkling_fp4.compare.rl_report import write_rl_report
 from inkling_fp4.compare.rl_seeds import BY_KEY
 from inkling_fp4.compare.rl_seeds import seed_value as read_seed_value
 from inkling_fp4.compare.rl_summary import summarize_rl
@@ -132,7 +132,7 @@ def test_gaps_beyond_the_seeds_spread_are_stated_with_their_size(tmp_path):
         "spread 0.100"
     )
     assert nv.figures["eval_accuracy_change"].values == (None, None)  # no evaluation at step 0
-    data = json.loads((write_rl_report(c, tmp_path / "report") / "report.json").read_text())
+    data = json.loads((write_report(c, tmp_path / "report") / "report.json").read_text())
     assert data["seeds"]["precisions"]["nvfp4"]["gaps"]["eval_accuracy"] == {
         "gap": -0.25, "spread": 0.0, "within": False, "times_spread": None
     }  # fmt: skip

@@ -7,18 +7,17 @@ import numpy as np
 import pytest
 
 from inkling_fp4.compare.compat import check_comparable, config_differences
-from inkling_fp4.compare.gap import (
+from inkling_fp4.compare.loss_gap import (
     boundaries_from_config,
     default_window,
-    load_metrics,
-    load_run_config,
+    load_loss_metrics,
     phase_summary,
-    relative_gap,
     trailing_mean,
     train_gap,
     val_gap,
 )
-from inkling_fp4.compare.summary import summarize
+from inkling_fp4.compare.loss_summary import summarize
+from inkling_fp4.compare.metrics import load_run_config, relative_gap
 from inkling_fp4.config import RunConfig, apply_overrides, from_dict, to_dict
 from inkling_fp4.errors import UserError
 from metrics_fixture import DECAY_START, STEPS, TOKENS_PER_STEP, WARMUP_END, make_pair, phase_of, write_run
@@ -53,7 +52,7 @@ def test_trailing_mean_matches_naive_loop_on_random_steps():
 
 def test_train_gap_without_smoothing_is_the_known_gap_per_step(tmp_path):
     a, b = make_pair(tmp_path, GAPS)
-    g = train_gap(load_metrics(a), load_metrics(b), window=1)
+    g = train_gap(load_loss_metrics(a), load_loss_metrics(b), window=1)
     assert list(g.steps) == list(range(1, STEPS + 1))
     np.testing.assert_array_equal(g.tokens, g.steps * TOKENS_PER_STEP)
     expected = [GAPS[phase_of(s)] for s in g.steps]
@@ -64,16 +63,16 @@ def test_a_constant_factor_gives_the_same_gap_under_any_smoothing(tmp_path):
     """The trailing mean is linear: (1.01 * L) smoothed is 1.01 * (L smoothed), whatever the noise."""
     a, b = make_pair(tmp_path, {"warmup": 0.01, "stable": 0.01, "decay": 0.01})
     for window in (1, 7, 50):
-        g = train_gap(load_metrics(a), load_metrics(b), window)
+        g = train_gap(load_loss_metrics(a), load_loss_metrics(b), window)
         np.testing.assert_allclose(g.gap, 0.01, rtol=1e-9)
 
 
 def test_smoothed_gap_equals_ratio_of_trailing_means(tmp_path):
     a, b = make_pair(tmp_path, GAPS)
-    ma, mb = load_metrics(a), load_metrics(b)
+    ma, mb = load_loss_metrics(a), load_loss_metrics(b)
     g = train_gap(ma, mb, window=9)
-    sa = trailing_mean(ma.train.steps, ma.train.values, 9)
-    sb = trailing_mean(mb.train.steps, mb.train.values, 9)
+    sa = trailing_mean(ma.curve("loss").steps, ma.curve("loss").values, 9)
+    sb = trailing_mean(mb.curve("loss").steps, mb.curve("loss").values, 9)
     np.testing.assert_allclose(g.gap, sa / sb - 1.0, rtol=1e-12)
     # deep inside the stable phase the window only holds stable-phase steps: exactly the stable gap
     i = list(g.steps).index(50)
@@ -105,7 +104,7 @@ def test_phase_boundaries_from_config(tmp_path):
 
 def test_phase_summary_known_answers(tmp_path):
     a, b = make_pair(tmp_path, GAPS)
-    g = train_gap(load_metrics(a), load_metrics(b), window=1)
+    g = train_gap(load_loss_metrics(a), load_loss_metrics(b), window=1)
     ph = phase_summary(g, boundaries_from_config(load_run_config(a)))
     assert set(ph) == {"warmup", "stable", "decay", "after_switch", "end"}
     assert (ph["warmup"].first_step, ph["warmup"].last_step, ph["warmup"].points) == (1, WARMUP_END - 1, 10)
@@ -127,7 +126,7 @@ def test_phase_summary_of_a_varying_gap_matches_direct_statistics(tmp_path):
     run = {s: v * (1.0 + rng.normal(0.0, 0.01)) for s, v in base.items()}
     a = write_run(tmp_path / "a", run)
     b = write_run(tmp_path / "b", base, precision="fp8")
-    g = train_gap(load_metrics(a), load_metrics(b), window=1)
+    g = train_gap(load_loss_metrics(a), load_loss_metrics(b), window=1)
     ph = phase_summary(g, boundaries_from_config(load_run_config(a)))
     stable = [run[s] / base[s] - 1.0 for s in range(WARMUP_END, DECAY_START)]
     assert ph["stable"].mean == pytest.approx(np.mean(stable), rel=1e-9)
@@ -139,14 +138,15 @@ def test_val_gap_aligned_by_step(tmp_path):
     a, b = make_pair(
         tmp_path, GAPS, val_gaps={"warmup": 0.0, "stable": 0.004, "decay": 0.002}, precision_penalty=0.01
     )
-    g = val_gap(load_metrics(a), load_metrics(b), bf16=True)
+    g = val_gap(load_loss_metrics(a), load_loss_metrics(b), bf16=True)
     assert list(g.steps) == [20, 40, 60, 80, 90, 100]
     np.testing.assert_allclose(g.gap, [0.004, 0.004, 0.004, 0.004, 0.002, 0.002], rtol=1e-9)
-    g = val_gap(load_metrics(a), load_metrics(b))  # in each run's training precision
+    g = val_gap(load_loss_metrics(a), load_loss_metrics(b))  # in each run's training precision
     np.testing.assert_allclose(g.gap, 1.01 * (1 + np.array([0.004] * 4 + [0.002] * 2)) - 1, rtol=1e-9)
     # the report's validation gap is the BF16 evaluation, as the paper's
     c = summarize({"nvfp4": a}, b, window=1)
-    np.testing.assert_array_equal(c.main.val.gap, val_gap(load_metrics(a), load_metrics(b), bf16=True).gap)
+    expected = val_gap(load_loss_metrics(a), load_loss_metrics(b), bf16=True)
+    np.testing.assert_array_equal(c.main.val.gap, expected.gap)
 
 
 def test_runs_logging_at_different_steps_align_on_the_shared_ones(tmp_path):
@@ -155,7 +155,7 @@ def test_runs_logging_at_different_steps_align_on_the_shared_ones(tmp_path):
     run = {s: 1.02 * base[s] for s in range(2, STEPS + 1, 2)}
     a = write_run(tmp_path / "a", run)
     b = write_run(tmp_path / "b", base, precision="fp8")
-    g = train_gap(load_metrics(a), load_metrics(b), window=1)
+    g = train_gap(load_loss_metrics(a), load_loss_metrics(b), window=1)
     assert list(g.steps) == list(range(2, STEPS + 1, 2))
     np.testing.assert_allclose(g.gap, 0.02, rtol=1e-9)
 
@@ -168,19 +168,19 @@ def test_metrics_loading_keeps_last_row_skips_bad_lines_and_nonfinite(tmp_path):
         json.dumps({"step": 4, "tokens": 128, "loss": float("nan")}),
         json.dumps({"event": "precision_switch", "step": 3}),
     ]
-    m = load_metrics(write_run(tmp_path / "r", train, extra_lines=extra))
-    assert list(m.train.steps) == [1, 2, 3]
-    assert list(m.train.values) == [4.0, 3.5, 3.8]
+    m = load_loss_metrics(write_run(tmp_path / "r", train, extra_lines=extra))
+    assert list(m.curve("loss").steps) == [1, 2, 3]
+    assert list(m.curve("loss").values) == [4.0, 3.5, 3.8]
     assert m.skipped_lines == 1 and m.nonfinite == 1
     assert m.precision[1] == "nvfp4"
 
 
 def test_missing_or_empty_run_dir_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="metrics.jsonl"):
-        load_metrics(tmp_path)
+        load_loss_metrics(tmp_path)
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(UserError, match="no training or validation losses"):
-        load_metrics(tmp_path)
+        load_loss_metrics(tmp_path)
     with pytest.raises(UserError, match="config.yaml"):
         load_run_config(tmp_path)
 
@@ -272,7 +272,7 @@ def test_a_key_missing_from_an_older_config_counts_as_its_default():
 
 def test_summaries_are_finite_and_json_ready(tmp_path):
     a, b = make_pair(tmp_path, GAPS)
-    from inkling_fp4.compare.summary import comparison_to_dict
+    from inkling_fp4.compare.loss_summary import comparison_to_dict
 
     data = json.loads(json.dumps(comparison_to_dict(summarize({"nvfp4": a}, b))))
     r = data["runs"]["nvfp4"]
@@ -283,7 +283,7 @@ def test_summaries_are_finite_and_json_ready(tmp_path):
 def test_judged_max_ignores_points_whose_window_reaches_into_the_previous_phase(tmp_path):
     a, b = make_pair(tmp_path, GAPS)
     window = 6
-    g = train_gap(load_metrics(a), load_metrics(b), window)
+    g = train_gap(load_loss_metrics(a), load_loss_metrics(b), window)
     ph = phase_summary(g, boundaries_from_config(load_run_config(a)), window)
     # the first stable steps still average warmup rows (3% gap) into their window ...
     assert ph["stable"].max > GAPS["stable"] + 0.005

@@ -5,20 +5,21 @@ import json
 import numpy as np
 import pytest
 
-from inkling_fp4.compare.gap import load_metrics, train_gap
 from inkling_fp4.compare.live import LiveGap
+from inkling_fp4.compare.loss_gap import load_loss_metrics, train_gap
 from inkling_fp4.errors import UserError
 from metrics_fixture import STEPS, make_pair, write_run
 
 
 def test_live_gap_equals_the_offline_smoothed_gap(tmp_path):
     a, b = make_pair(tmp_path, {"warmup": 0.03, "stable": 0.005, "decay": 0.012}, val_gaps=None)
-    run, base = load_metrics(a), load_metrics(b)
+    run, base = load_loss_metrics(a), load_loss_metrics(b)
     offline = train_gap(run, base, window=7)
     live = LiveGap(b, window=7)
-    got = [live.gap(int(s), float(v)) for s, v in zip(run.train.steps, run.train.values, strict=True)]
+    loss = run.curve("loss")
+    got = [live.gap(int(s), float(v)) for s, v in zip(loss.steps, loss.values, strict=True)]
     np.testing.assert_allclose(got, offline.gap, rtol=0, atol=1e-12)
-    assert live.at(50) == pytest.approx(base.train.values[43:50].mean())
+    assert live.at(50) == pytest.approx(base.curve("loss").values[43:50].mean())
 
 
 def test_live_gap_rereads_a_growing_baseline_and_waits_for_whole_lines(tmp_path):

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from inkling_fp4.compare.compat import check_comparable, config_differences
-from inkling_fp4.compare.report import wandb_summary, write_report
-from inkling_fp4.compare.summary import summarize
+from inkling_fp4.compare.loss_report import wandb_summary
+from inkling_fp4.compare.loss_summary import summarize
+from inkling_fp4.compare.report import write_report
 from inkling_fp4.config import load_config, to_dict
 from inkling_fp4.errors import UserError
 from inkling_fp4.model.config import ModelConfig

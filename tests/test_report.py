@@ -7,8 +7,9 @@ import types
 import numpy as np
 import pytest
 
-from inkling_fp4.compare.report import render_markdown, wandb_summary, write_report
-from inkling_fp4.compare.summary import summarize
+from inkling_fp4.compare.loss_report import render_markdown, wandb_summary
+from inkling_fp4.compare.loss_summary import summarize
+from inkling_fp4.compare.report import write_report
 from metrics_fixture import make_pair
 
 GAPS = {"warmup": 0.03, "stable": 0.005, "decay": 0.012}

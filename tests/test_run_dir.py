@@ -105,7 +105,7 @@ def test_refused_resume_changes_leave_the_directory_as_it_was(small, tmp_path, o
 
 
 def test_accepted_resume_change_is_an_amendment(small, tmp_path):
-    from inkling_fp4.compare.gap import load_run_config
+    from inkling_fp4.compare.metrics import load_run_config
 
     _, done = small
     run = copy_run(done, tmp_path)
@@ -417,7 +417,7 @@ def test_invalid_utf8_in_a_jsonl_source_is_one_line_with_the_offset(small, tmp_p
 
 
 def test_resume_survives_invalid_utf8_and_garbage_in_metrics(small, tmp_path):
-    from inkling_fp4.compare.gap import load_metrics
+    from inkling_fp4.compare.loss_gap import load_loss_metrics
 
     _, done = small
     run = copy_run(done, tmp_path)
@@ -428,4 +428,4 @@ def test_resume_survives_invalid_utf8_and_garbage_in_metrics(small, tmp_path):
     lines = (run / "metrics.jsonl").read_bytes().decode("utf-8").splitlines()  # valid UTF-8 again
     rows = [json.loads(x, parse_constant=lambda c: pytest.fail(f"bare {c}")) for x in lines]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5]
-    assert len(load_metrics(run).train) == 5
+    assert len(load_loss_metrics(run).curve("loss")) == 5

@@ -6,7 +6,7 @@ instead of only at the end. The baseline may itself still be training: its ``met
 re-read whenever it has grown, from where the last read stopped, and a line still being written is
 kept back until its newline arrives.
 
-The numbers are the offline analysis's (compare/gap.py): the same trailing-mean window (from the
+The numbers are the offline analysis's (compare/loss_gap.py): the same trailing-mean window (from the
 baseline's config), the baseline smoothed over its own logged rows, the run over the losses passed
 to :meth:`LiveGap.gap` so far. After a resume the run's window starts empty, so the first few gaps
 use fewer of the run's own rows than the report will.
@@ -18,14 +18,8 @@ import bisect
 import math
 from pathlib import Path
 
-from inkling_fp4.compare.gap import (
-    SMOOTH_MIN_ROWS,
-    default_window,
-    load_run_config,
-    parse_metrics_lines,
-    relative_gap,
-    row_value,
-)
+from inkling_fp4.compare.loss_gap import SMOOTH_MIN_ROWS, default_window
+from inkling_fp4.compare.metrics import load_run_config, parse_metrics_lines, relative_gap, row_value
 from inkling_fp4.errors import UserError
 from inkling_fp4.runs.directory import CONFIG_FILE
 from inkling_fp4.runs.metrics import METRICS_FILE

@@ -29,14 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from inkling_fp4.compare.gap import (
-    Series,
-    columns_from_rows,
-    common_steps,
-    metrics_from_rows,
-    read_metrics_rows,
-)
+from inkling_fp4.compare.metrics import Aligned, RunMetrics, Series, align, metrics_from_rows, read_metrics
 from inkling_fp4.errors import UserError
+from inkling_fp4.runs.metrics import METRICS_FILE
 
 TAIL_MAX_STEPS = 10
 """The tail spans a quarter of the run's steps, at most this many."""
@@ -97,46 +92,24 @@ BY_KEY = {f.key: f for f in FIGURES}
 EVAL_K = "eval_k"
 """The k of pass@k, logged beside it: read with the figures, summarised by none."""
 REDUCE = {"mean": np.mean, "min": np.min, "max": np.max}
+RL_KEYS = (*(f.key for f in FIGURES), EVAL_K)
+"""What an RL comparison reads from metrics.jsonl."""
 
 
 # ----------------------------------------------------------------------------------------------
 # loading
 
 
-@dataclass
-class RLMetrics:
-    """The RL figures of one run, one Series per key (steps without the key are absent)."""
-
-    run_dir: Path
-    curves: dict[str, Series]
-    skipped_lines: int = 0
-    """Lines that were not JSON (a write cut short by a crash); ignored."""
-    nonfinite: int = 0
-    """Values that were NaN or Inf; left out."""
-    skipped_updates: tuple[int, ...] = ()
-    """Steps whose update the noise monitor skipped (a spike or a non-finite value)."""
-    fallback_spans: tuple[tuple[int, int], ...] = ()
-    """(first, last) logged steps of each stretch the noise monitor ran in BF16."""
-
-    def curve(self, key: str) -> Series:
-        return self.curves.get(key) or Series.from_rows({})
+def rl_metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> RunMetrics:
+    """The rows of an RL run read for its figures."""
+    return metrics_from_rows(Path(run_dir), rows, RL_KEYS, skipped)
 
 
-def rl_metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> RLMetrics:
-    """Sort rows into one series per figure; a step logged twice (a resumed run logs again) keeps
-    its last row, and events (which may repeat a figure they reject) are left out."""
-    curves, nonfinite = columns_from_rows(rows, [*(f.key for f in FIGURES), EVAL_K])
-    monitor = metrics_from_rows(Path(run_dir), rows)  # the loss comparison's reading of the monitor
-    return RLMetrics(Path(run_dir), curves, skipped, nonfinite, monitor.skipped_updates,
-                     tuple(monitor.fallback_spans()))  # fmt: skip
-
-
-def load_rl_metrics(run_dir: str | Path) -> RLMetrics:
+def load_rl_metrics(run_dir: str | Path) -> RunMetrics:
     """Read ``<run_dir>/metrics.jsonl`` of an RL run."""
-    path, rows, skipped = read_metrics_rows(run_dir, "fp4train rollout")
-    metrics = rl_metrics_from_rows(Path(run_dir), rows, skipped)
+    metrics = read_metrics(run_dir, RL_KEYS, "fp4train rollout")
     if not len(metrics.curve(REWARD)):
-        raise UserError(f"{path} has no rewards yet: let the RL run log a step")
+        raise UserError(f"{Path(run_dir) / METRICS_FILE} has no rewards yet: let the RL run log a step")
     return metrics
 
 
@@ -201,28 +174,12 @@ def summarize_values(steps: np.ndarray, values: np.ndarray, figure: Figure, wind
     )
 
 
-@dataclass(frozen=True)
-class Difference:
-    """A figure of a run against the baseline's at the steps both logged."""
-
-    steps: np.ndarray
-    run: np.ndarray
-    baseline: np.ndarray
-    diff: np.ndarray
-    """run - baseline."""
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-
-def difference(run: Series, baseline: Series) -> Difference:
+def difference(run: Series, baseline: Series) -> Aligned:
     """``run - baseline`` at the steps both series have."""
-    steps, ia, ib = common_steps(run, baseline)
-    a, b = run.values[ia], baseline.values[ib]
-    return Difference(steps, a, b, a - b)
+    return align(run, baseline, relative=False)
 
 
-def gap_stat(d: Difference, figure: Figure, window: int) -> Stat | None:
+def gap_stat(d: Aligned, figure: Figure, window: int) -> Stat | None:
     """The gap summarised like its figure (the mean difference over the tail, or over every
     evaluation; the difference at the last shared step)."""
-    return summarize_values(d.steps, d.diff, Figure(figure.key, figure.label, "mean", figure.over), window)
+    return summarize_values(d.steps, d.gap, Figure(figure.key, figure.label, "mean", figure.over), window)

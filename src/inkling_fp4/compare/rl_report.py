@@ -1,8 +1,7 @@
-"""The RL comparison report: three plots, report.md and report.json.
+"""The RL comparison's report sections: three plots (four with seed repeats) and report.md's text.
 
-Everything is rendered from one plain-data summary (compare/rl_summary.py ``rl_comparison_to_dict``):
-report.json is that summary, report.md and the plots format it, so they can never disagree. Plots use
-matplotlib's Agg canvas directly, as compare/report.py does (no display, no process-wide backend).
+All of it renders the plain-data summary (compare/rl_summary.py ``rl_comparison_to_dict``) that
+compare/report.py writes as report.json. Plots use matplotlib's Agg canvas, as loss_report.py does.
 
 - ``reward.png``: each run's reward per RL step (faint) and its trailing mean over the tail window
   (left), and its held-out accuracy at each evaluation (right);
@@ -17,7 +16,6 @@ matplotlib's Agg canvas directly, as compare/report.py does (no display, no proc
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -25,31 +23,25 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from inkling_fp4.compare.gap import trailing_mean
-from inkling_fp4.compare.report import monitor_section
+from inkling_fp4.compare.loss_gap import trailing_mean
+from inkling_fp4.compare.markdown import cell, monitor_section, table
 from inkling_fp4.compare.rl_gap import EVAL_ACCURACY, REWARD, plain, signed, steps_text
 from inkling_fp4.compare.rl_seeds_report import plot_seeds, seeds_section
-from inkling_fp4.compare.rl_summary import RLComparison, rl_comparison_to_dict
 
 PLOTS = {"reward": "reward.png", "gap": "gap.png", "mismatch": "mismatch.png"}
 SEEDS_PLOT = "seeds.png"
 
 
-def write_rl_report(comparison: RLComparison, out_dir: str | Path) -> Path:
-    """Write reward.png, gap.png, mismatch.png (seeds.png with seed repeats), report.json and
-    report.md into ``out_dir``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    data = rl_comparison_to_dict(comparison)
-    data["plots"] = dict(PLOTS) if data["seeds"] is None else {**PLOTS, "seeds": SEEDS_PLOT}
+def write_plots(data: dict, out_dir: Path) -> dict[str, str]:
+    """reward.png, gap.png, mismatch.png (seeds.png with seed repeats) into ``out_dir``; returns
+    {plot: file name}."""
+    plots = dict(PLOTS) if data["seeds"] is None else {**PLOTS, "seeds": SEEDS_PLOT}
     plot_rewards(data, out_dir / PLOTS["reward"])
     plot_gap(data, out_dir / PLOTS["gap"])
     plot_mismatch(data, out_dir / PLOTS["mismatch"])
     if data["seeds"] is not None:
         plot_seeds(data, out_dir / SEEDS_PLOT)
-    (out_dir / "report.json").write_text(json.dumps(data, indent=2) + "\n")
-    (out_dir / "report.md").write_text(render_rl_markdown(data))
-    return out_dir
+    return plots
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,11 +154,6 @@ def plot_mismatch(data: dict, path: Path) -> None:
 # markdown
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return out + ["| " + " | ".join(r) + " |" for r in rows]
-
-
 def fmt_figure(key: str, x: float | None) -> str:
     """A figure in the digits that tell its runs apart."""
     if x is None:
@@ -194,7 +181,7 @@ def _figure_rows(data: dict) -> list[list[str]]:
         how = "mean of the evaluations" if f["over"] == "all" else f"{f['reduce']} over the last {window}"
         how += ", first step left out" if f["warm"] else ""
         values = [fmt_figure(key, _get(r["figures"][key], "value")) for r in runs]
-        rows.append([_cell(f"{f['label']} ({how})"), *values])
+        rows.append([cell(f"{f['label']} ({how})"), *values])
         if key in (REWARD, EVAL_ACCURACY):
             where = "last step" if key == REWARD else "last evaluation"
             finals = [fmt_figure(key, _get(r["figures"][key], "final")) for r in runs]
@@ -202,16 +189,11 @@ def _figure_rows(data: dict) -> list[list[str]]:
     return rows
 
 
-def _cell(text: str) -> str:
-    """Text inside a markdown table cell (a bare | would end the cell: |Δ log p|)."""
-    return text.replace("|", "\\|")
-
-
 def _get(d: dict | None, key: str):
     return None if d is None else d.get(key)
 
 
-def render_rl_markdown(data: dict) -> str:
+def render_markdown(data: dict) -> str:
     base = data["baseline"]["label"]
     window = data["tail"]["window_steps"]
     lines = [
@@ -242,7 +224,7 @@ def render_rl_markdown(data: dict) -> str:
     for label, r in _runs(data):
         rows.append([label, r["recipe"], r["activation_scale"], r["sampler_precision"], r["correction"],
                      r["about"], f"`{r['run_dir']}`"])  # fmt: skip
-    lines += _table(["run", "recipe", "activation scale", "sampler", "correction", "what", "run dir"], rows)
+    lines += table(["run", "recipe", "activation scale", "sampler", "correction", "what", "run dir"], rows)
     if data["seeds"] is not None:
         lines += ["", f"![seeds]({data['plots']['seeds']})", "", *seeds_section(data)]
     lines += ["", f"## Gap to {base}", ""]
@@ -263,9 +245,9 @@ def render_rl_markdown(data: dict) -> str:
         "eval accuracy (mean of evaluations)",
         "evaluations",
     ]
-    lines += _table(header, rows)
+    lines += table(header, rows)
     lines += ["", "## Side by side", ""]
-    lines += _table(["figure"] + [label for label, _ in _runs(data)], _figure_rows(data))
+    lines += table(["figure"] + [label for label, _ in _runs(data)], _figure_rows(data))
     lines += monitor_section(data)
     notes = [(label, r) for label, r in _runs(data) if r["skipped_lines"] or r["nonfinite"]]
     for label, r in notes:

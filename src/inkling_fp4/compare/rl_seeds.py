@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from inkling_fp4.compare.rl_gap import EVAL_K, RLMetrics, plain, signed, steps_text
+from inkling_fp4.compare.metrics import RunMetrics
+from inkling_fp4.compare.rl_gap import EVAL_K, plain, signed, steps_text
 
 SEED_SUFFIX = "-seed"
 SEED_KEYS = ("train.seed", "sampler.seed")
@@ -96,7 +97,7 @@ def describe(f: SeedFigure, window: int) -> str:
     return f"{f.label} (mean over the last {steps_text(window)})"
 
 
-def seed_value(metrics: RLMetrics, f: SeedFigure, window: int) -> tuple[float | None, int | None]:
+def seed_value(metrics: RunMetrics, f: SeedFigure, window: int) -> tuple[float | None, int | None]:
     """(value, step of its last row) of one run; None where the run did not log it (a change: or
     has no evaluation at step 0)."""
     curve = metrics.curve(f.source)
@@ -196,7 +197,7 @@ class SeedComparison:
 
 
 def precision_seeds(
-    label: str, runs: list[str], metrics: dict[str, RLMetrics], window: int
+    label: str, runs: list[str], metrics: dict[str, RunMetrics], window: int
 ) -> PrecisionSeeds:
     figures = {}
     for f in SEED_FIGURES:
@@ -219,7 +220,7 @@ def verdict(p: PrecisionSeeds, base: PrecisionSeeds, window: int) -> str:
 
 
 def summarize_seeds(
-    groups: dict[str, list[str]], metrics: dict[str, RLMetrics], baseline: str, window: int
+    groups: dict[str, list[str]], metrics: dict[str, RunMetrics], baseline: str, window: int
 ) -> SeedComparison:
     """Every precision's figures over its seeds (``groups``: precision -> its runs' labels; ``metrics``:
     run label -> its metrics) and each one's gaps and verdict against ``baseline``."""

@@ -9,6 +9,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from inkling_fp4.compare.markdown import cell
 from inkling_fp4.compare.rl_gap import plain, signed
 
 
@@ -23,10 +24,6 @@ def _fmt_signed(key: str, x: float | None) -> str:
     if x is None:
         return "n/a"
     return f"{x:+.2e}" if key == "eval_kl_to_start" else signed(x)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
 
 
 def _verdict_cell(gap: dict) -> str:
@@ -67,7 +64,7 @@ def seeds_section(data: dict) -> list[str]:
         for label, p in precisions.items():
             st = p["figures"][key]
             name = f["describe"] + (_k_text(p) if key == "eval_pass_at_k" else "")
-            row = [_cell(name), label, ", ".join(p["runs"]), ", ".join(_fmt(key, v) for v in st["seeds"]),
+            row = [cell(name), label, ", ".join(p["runs"]), ", ".join(_fmt(key, v) for v in st["seeds"]),
                    _fmt(key, st["mean"]), _fmt(key, st["spread"])]  # fmt: skip
             if "gaps" in p:
                 g = p["gaps"][key]

@@ -17,15 +17,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inkling_fp4.compare.gap import load_run_config
+from inkling_fp4.compare.metrics import Aligned, RunMetrics, load_run_config
 from inkling_fp4.compare.rl_gap import (
     BY_KEY,
     EVAL_ACCURACY,
     FIGURES,
     GAP_KEYS,
     REWARD,
-    Difference,
-    RLMetrics,
     Stat,
     difference,
     gap_stat,
@@ -53,10 +51,10 @@ class RLRunSummary:
 
     label: str
     about: str
-    metrics: RLMetrics
+    metrics: RunMetrics
     config: RunConfig
     figures: dict[str, Stat | None]
-    differences: dict[str, Difference] = field(default_factory=dict)
+    differences: dict[str, Aligned] = field(default_factory=dict)
     """run - baseline per shared step, for the GAP_KEYS (empty for the baseline)."""
     against: str = ""
     """The label of the run its gaps are to: the baseline, or with seed repeats the baseline's run
@@ -206,7 +204,7 @@ def _run_to_dict(s: RLRunSummary) -> dict:
         "nonfinite": s.metrics.nonfinite,
         "monitor": {  # as the loss comparison's report.json has it
             "skipped_updates": list(s.metrics.skipped_updates),
-            "fallback_spans": [list(span) for span in s.metrics.fallback_spans],
+            "fallback_spans": [list(span) for span in s.metrics.fallback_spans()],
         },
     }
     if s.differences:
@@ -219,7 +217,7 @@ def _run_to_dict(s: RLRunSummary) -> dict:
                     "steps": [int(x) for x in d.steps],
                     "run": [_num(v) for v in d.run],
                     "baseline": [_num(v) for v in d.baseline],
-                    "diff": [_num(v) for v in d.diff],
+                    "diff": [_num(v) for v in d.gap],
                 },
             }
             for k, d in s.differences.items()

@@ -54,17 +54,10 @@ from inkling_fp4.compare.compat import (
     describe_differences,
     read_config_data,
 )
-from inkling_fp4.compare.gap import (
-    boundaries_from_config,
-    load_run_config,
-    parse_metrics_lines,
-    row_value,
-)
-from inkling_fp4.compare.report import not_a_report, write_report
-from inkling_fp4.compare.rl_report import write_rl_report
+from inkling_fp4.compare.loss_gap import boundaries_from_config
+from inkling_fp4.compare.metrics import load_run_config, parse_metrics_lines, row_value
+from inkling_fp4.compare.report import compare, not_a_report, write_report
 from inkling_fp4.compare.rl_seeds import SEED_KEYS, seed_groups, seed_label
-from inkling_fp4.compare.rl_summary import summarize_rl
-from inkling_fp4.compare.summary import summarize
 from inkling_fp4.config import RunConfig, from_dict, to_dict
 from inkling_fp4.errors import ConfigError, UserError
 from inkling_fp4.interop.load_run import find_checkpoint, run_config
@@ -396,10 +389,7 @@ def write_comparison(run_dir: str | Path, labels: list[str], about: dict[str, st
         check_comparable(run_dir / label, run_dir / base, allow=allow)
     noise_label = NOISE if NOISE in others else None
     runs = {label: run_dir / label for label in others}
-    if _is_rollout(run_dir / base):
-        return write_rl_report(summarize_rl(runs, run_dir / base, base, about=about), run_dir / "report")
-    comparison = summarize(runs, run_dir / base, base, about=about, noise_label=noise_label)
-    return write_report(comparison, run_dir / "report")
+    return write_report(compare(runs, run_dir / base, base, about, noise_label), run_dir / "report")
 
 
 def _is_rollout(run_dir: Path) -> bool:
@@ -438,21 +428,14 @@ def compare_runs(
     if label_a == label_b:
         label_a, label_b = run_a.name, baseline_b.name
     out = Path(out_dir) if out_dir else own
-    if _is_rollout(baseline_b):
-        if noise_run is not None:
-            raise UserError(
-                "--noise-run: an RL comparison reads its gaps against seed repeats, not a noise run; drop "
-                "--noise-run (compare-baseline --stage rollout --noise trains the repeats)"
-            )
-        return write_rl_report(summarize_rl({label_a: run_a}, baseline_b, label_b), out)
     runs, noise_label = {label_a: run_a}, None
     if noise_run is not None:
         noise_run = Path(noise_run)
-        _check_noise_run(noise_run, baseline_b)
         noise_label = NOISE if noise_run.name in (label_a, label_b) else noise_run.name
         runs[noise_label] = noise_run
-    comparison = summarize(runs, baseline_b, label_b, noise_label=noise_label)
-    return write_report(comparison, out)
+        if not _is_rollout(baseline_b):
+            _check_noise_run(noise_run, baseline_b)
+    return write_report(compare(runs, baseline_b, label_b, noise_label=noise_label), out)
 
 
 def _check_noise_run(noise_run: Path, baseline: Path) -> None:

@@ -3,7 +3,7 @@
 The verdict holds a run to the paper's bounds (arXiv 2509.25149): the relative gap of the
 training loss stays below 1% through the stable phase and below 1.5% through the decay. "Stays
 below" is tested on the *largest* smoothed gap of the phase, not its mean, because that is what the
-paper's claim says; the smoothing (compare/gap.py) keeps single noisy steps from deciding it, and
+paper's claim says; the smoothing (compare/loss_gap.py) keeps single noisy steps from deciding it, and
 only points whose smoothing window lies wholly inside the phase count, so the warmup's larger gaps
 do not leak into the stable phase through the window. The warmup itself is not judged: losses
 there fall fast and small shifts in time give large relative gaps.
@@ -22,19 +22,18 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from inkling_fp4.compare.gap import (
-    GapSeries,
+from inkling_fp4.compare.loss_gap import (
+    VAL_LOSS_BF16,
     PhaseBoundaries,
     PhaseStats,
-    RunMetrics,
     boundaries_from_config,
     default_window,
-    load_metrics,
-    load_run_config,
+    load_loss_metrics,
     phase_summary,
     train_gap,
     val_gap,
 )
+from inkling_fp4.compare.metrics import Aligned, RunMetrics, load_run_config
 from inkling_fp4.config import RunConfig
 from inkling_fp4.errors import UserError
 
@@ -114,12 +113,12 @@ class RunSummary:
     metrics: RunMetrics
     config: RunConfig
     bounds: PhaseBoundaries
-    train: GapSeries
+    train: Aligned
     """Gap of the smoothed training loss."""
-    val: GapSeries
+    val: Aligned
     """Gap of the validation loss evaluated with every GEMM in BF16, as the paper reports it (the
     logged ``val_loss`` where a run has no BF16 evaluation)."""
-    val_in_precision: GapSeries
+    val_in_precision: Aligned
     """Gap of the validation loss evaluated in each run's training precision (``val_loss``)."""
     phases: dict[str, PhaseStats | None]
     """Training-loss gap per phase, and at the 'end'."""
@@ -193,12 +192,12 @@ def summarize_run(
     about: str = "",
     noise: NoiseFloor | None = None,
 ) -> RunSummary:
-    metrics = load_metrics(run_dir)
+    metrics = load_loss_metrics(run_dir)
     config = load_run_config(run_dir)
     bounds = boundaries_from_config(config)
     train = train_gap(metrics, baseline, window)
     val_in_precision = val_gap(metrics, baseline)
-    both_bf16 = len(metrics.val_bf16) and len(baseline.val_bf16)
+    both_bf16 = len(metrics.curve(VAL_LOSS_BF16)) and len(baseline.curve(VAL_LOSS_BF16))
     val = val_gap(metrics, baseline, bf16=True) if both_bf16 else val_in_precision
     phases = phase_summary(train, bounds, window)
     val_phases = phase_summary(val, bounds)
@@ -233,7 +232,7 @@ def summarize(
         raise UserError("nothing to compare: give at least one run besides the baseline")
     if noise_label is not None and noise_label not in runs:
         raise UserError(f"no run '{noise_label}' to take the noise floor from")
-    baseline = load_metrics(baseline_dir)
+    baseline = load_loss_metrics(baseline_dir)
     baseline_config = load_run_config(baseline_dir)
     if window is None:
         window = default_window(baseline_config)
@@ -267,12 +266,12 @@ def _num(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _series(g: GapSeries) -> dict:
+def _series(g: Aligned) -> dict:
     return {
         "steps": [int(s) for s in g.steps],
         "tokens": [_num(t) for t in g.tokens],
-        "loss": [_num(v) for v in g.loss],
-        "baseline_loss": [_num(v) for v in g.baseline_loss],
+        "loss": [_num(v) for v in g.run],
+        "baseline_loss": [_num(v) for v in g.baseline],
         "gap": [_num(v) for v in g.gap],
     }
 
@@ -281,14 +280,14 @@ def _phases(phases: dict[str, PhaseStats | None]) -> dict:
     return {name: None if st is None else st.to_dict() for name, st in phases.items()}
 
 
-def _final(g: GapSeries) -> dict | None:
+def _final(g: Aligned) -> dict | None:
     if not len(g):
         return None
     return {
         "step": int(g.steps[-1]),
         "tokens": _num(g.tokens[-1]),
-        "loss": _num(g.loss[-1]),
-        "baseline_loss": _num(g.baseline_loss[-1]),
+        "loss": _num(g.run[-1]),
+        "baseline_loss": _num(g.baseline[-1]),
         "gap": _num(g.gap[-1]),
     }
 
