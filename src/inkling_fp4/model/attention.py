@@ -1,22 +1,10 @@
 """Grouped-query causal self-attention, as in Nemotron-H: no positional embedding, no biases.
 
-Nemotron-H's attention layers carry no position information of their own (no RoPE): the Mamba-2
-layers before them already encode order, so attention only needs to be causal. Keys and values have
-``n_kv_heads`` heads, each shared by ``n_heads / n_kv_heads`` query heads (GQA). Q, K and V come from
-one fused projection (one GEMM, as Megatron's ``linear_qkv``).
-
-Masking:
-- no packing: ``is_causal=True``, so ``scaled_dot_product_attention`` can take its flash kernels;
-- packed documents: a boolean block-diagonal causal mask [B, 1, L, L] (query i sees key j iff
-  j <= i and both are in the same document), built once per forward by
-  :class:`~inkling_fp4.model.packing.Packing`. Every query sees at least itself, so no row of the
-  mask is empty. NOTE: SDPA's flash kernels take no mask, so packed batches run the memory-efficient
-  kernel; the mask costs B·L² bytes.
-- decoding: one query per sequence against the cached keys 0 .. lengths[b], the query heads grouped
-  by kv head (:mod:`~inkling_fp4.model.attention_decode`).
-
-The softmax, QK^T and AV always run in high precision (BF16 under autocast, FP32 on CPU): only the
-two projections are QuantLinear layers that a precision recipe quantizes.
+No RoPE: the Mamba-2 layers before attention already encode order. ``n_kv_heads`` key/value heads
+are each shared by ``n_heads / n_kv_heads`` query heads; Q, K and V come from one fused projection.
+Unpacked batches use ``is_causal=True`` (flash kernels); packed ones the block-diagonal mask of
+``model/packing.py``. NOTE SDPA's flash kernels take no mask, so packed batches run the
+memory-efficient kernel, and the mask costs B·L² bytes. Only the two projections are QuantLinear.
 
 Shape letters: B batch, L length, D d_model, H query heads, K kv heads, E head dim, T cached length.
 """
@@ -89,10 +77,8 @@ class Attention(nn.Module):
         )
 
     def prefill(self, x: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
-        """x: [B, L, D] right-padded prompts (cache.lengths real tokens) -> [B, L, D]; fills the KV cache.
-
-        Right padding cannot reach a real position through a causal mask, so the plain causal path
-        serves; padded keys/values are stored as zeros and never read (decoding masks by length)."""
+        """x: [B, L, D] right-padded prompts -> [B, L, D]; fills the KV cache. Right padding cannot reach a
+        real position through a causal mask; padded keys/values are stored as zeros and never read."""
         state: AttentionState = cache.layers[self.layer_idx]
         q, k, v = self._qkv(x)
         L = x.shape[1]
@@ -102,8 +88,7 @@ class Attention(nn.Module):
         return self.o_proj(self._attend(q, k, v, None))
 
     def step(self, x: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
-        """x: [B, D] one new token per sequence, at position cache.lengths[b] -> [B, D]. The query heads
-        read their kv head's cache in place (:mod:`~inkling_fp4.model.attention_decode`)."""
+        """x: [B, D] one new token per sequence, at position cache.lengths[b] -> [B, D]."""
         state: AttentionState = cache.layers[self.layer_idx]
         q, k, v = self._qkv(x)  # q: [B, H, E], k, v: [B, K, E]
         y = gqa_decode(q, k, v, state.k, state.v, cache.lengths, span=cache.longest + 1)  # [B, H, E]

@@ -3,14 +3,8 @@
     cache[b, len[b]] <- (k_b, v_b)                                   # this token's key and value
     y[b, h] = softmax_t(q[b, h] . k_cache[b, t, h // R] / sqrt(Dh)) v_cache[b, t, h // R],  t <= len[b]
 
-The R = H / K query heads of a kv head read its keys and values where they lie in the cache: the
-query heads are grouped ([B, K, R, Dh]) instead of the K/V heads repeated R times, which would copy
-the whole cache once per step. Lengths are read from the device (``len`` [B]), so the step needs no
-host-side length and keeps one shape from token to token (CUDA graphs).
-
-The Triton kernel (:func:`~inkling_fp4.model.decode_kernels.gqa_decode_triton`) runs one program
-per (sequence, kv head) with an online softmax over blocks of positions and reads only the positions
-0 .. len[b]; the torch twin below is the reference it is tested against, and what runs on CPU.
+The query heads are grouped ([B, K, R, Dh]): repeating the K/V heads R times would copy the cache every
+step. Lengths are read from the device, so the step keeps one shape (CUDA graphs).
 
 Shape letters: B batch, T cache length, H query heads, K kv heads, R = H / K, Dh head dim.
 """
@@ -32,10 +26,9 @@ def gqa_decode_ref(
     lengths: torch.Tensor,
     span: int | None = None,
 ) -> torch.Tensor:
-    """q: [B, H, Dh]; k_new, v_new: [B, K, Dh]; k_cache, v_cache: [B, T, K, Dh]; lengths: [B] (the new
-    token's position). Writes k_new, v_new into the caches at ``lengths`` and returns y [B, H, Dh] in
-    q's dtype. ``span``: attend only positions < span (at least max(lengths) + 1; default T), which
-    saves work on CPU and changes nothing else."""
+    """The torch twin of the kernel. q: [B, H, Dh]; k_new, v_new: [B, K, Dh]; caches: [B, T, K, Dh];
+    lengths: [B] -> y [B, H, Dh], after writing k_new, v_new at ``lengths``. ``span``: attend positions
+    < span only (saves work on CPU)."""
     Bsz, H, Dh = q.shape
     K = k_new.shape[1]
     rows = torch.arange(Bsz, device=q.device)
@@ -61,8 +54,7 @@ def gqa_decode(
     lengths: torch.Tensor,
     span: int | None = None,
 ) -> torch.Tensor:
-    """:func:`gqa_decode_ref`'s function, as the Triton kernel on CUDA (where ``span`` is not needed:
-    it reads each sequence's own positions) and the twin elsewhere."""
+    """:func:`gqa_decode_ref`, as the Triton kernel on CUDA (which ignores ``span``)."""
     if fast_forms_on(q) and k_cache.dtype in (torch.float32, torch.bfloat16, torch.float16):
         from inkling_fp4.model.decode_kernels import gqa_decode_triton  # needs triton
 

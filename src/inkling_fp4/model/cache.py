@@ -1,14 +1,10 @@
-"""Inference cache for generation: what each layer must remember between decoding steps.
+"""Inference cache for generation: per attention layer the keys and values so far; per Mamba-2 layer
+the conv window and the SSM state, FP32 at least (it integrates over the whole sequence; BF16 would
+drift); nothing for MLP layers.
 
-- attention layer: the keys and values of every position so far, [B, max_len, H_kv, hd];
-- Mamba-2 layer: the last k-1 inputs of the depthwise conv, [B, conv_dim, k-1], and the SSM state
-  S, [B, H, P, N], in FP32 at least (it integrates over the whole sequence; BF16 would drift);
-- MLP layer: nothing.
-
-Sequences in a batch have their own lengths (``lengths``, [B]): prompts are right-padded for
-``prefill`` and each sequence continues from its own position in ``decode_step``. Padding never
-enters the cache: padded positions are written as zeros in the KV cache (and masked when read), are
-not part of the conv state, and reach the SSM with dt = 0, which neither decays nor feeds the state.
+Each sequence has its own length (``lengths``); prompts are right-padded. Padding never enters the
+cache: it is zeros in the KV cache (masked when read), not part of the conv state, and reaches the SSM
+with dt = 0, which neither decays nor feeds the state.
 
 Shape letters: B batch, T max_len, H heads, P head dim, N state.
 """
@@ -39,8 +35,8 @@ class MambaState:
     ssm: torch.Tensor
     """[B, H, P, N] SSM state S, FP32 (FP64 in a cache allocated for FP64)."""
     done: torch.Tensor | None = None
-    """[B, G] int32 scratch of the fused decode kernel (heads of each group done, counted modulo H/G:
-    a multiple of H/G between steps), kept here so a step allocates and clears nothing; None on CPU."""
+    """[B, G] int32 scratch of the fused decode kernel (finished heads per group, counted modulo H/G), kept
+    here so a step allocates and clears nothing; None on CPU."""
 
     def reset(self) -> None:
         self.conv.zero_()
@@ -76,10 +72,8 @@ class InferenceCache:
         return torch.arange(length, device=self.lengths.device)[None, :] < self.lengths[:, None]
 
     def write_rows(self, rows: torch.Tensor, src: InferenceCache, src_rows: torch.Tensor) -> None:
-        """Rows ``rows`` [r] of this cache become rows ``src_rows`` [r] of ``src`` (which may be this
-        cache): every layer's state and the lengths, KV positions past ``src.max_len`` zeroed.
-        Continuous batching moves a prefilled prompt into a free decode row with it. ``longest``
-        is a host value and stays the caller's to set."""
+        """Rows ``rows`` of this cache become rows ``src_rows`` of ``src`` (which may be this cache), KV
+        positions past ``src.max_len`` zeroed; ``longest`` stays the caller's to set."""
         if src.max_len > self.max_len:
             raise ValueError(f"write_rows: a cache of max_len {src.max_len} into one of {self.max_len}")
         for mine, theirs in zip(self.layers, src.layers, strict=True):

@@ -1,8 +1,6 @@
 """Model configuration: the hybrid layout and the sizes of its three block types.
 
-The defaults are the ``tiny`` model (CPU tests, seconds). Named presets live in
-:mod:`inkling_fp4.model.presets`; a recipe picks one with ``model.preset`` and may override any field.
-Precedence inside the model section is defaults < preset < fields given explicitly, which is why the
+Defaults are the ``tiny`` model. Precedence is defaults < preset < explicit fields, which is why the
 constructor is written out: only it can tell a field that was passed from one left at its default.
 """
 
@@ -51,8 +49,8 @@ class ModelConfig:
     dt_init_floor: float = 1e-4
     """Smallest dt the initialisation may produce (as in Mamba-2)."""
     dt_min_clamp: float = 0.0
-    """Lower clamp of dt = softplus(dt_raw + dt_bias) in every forward (training and decoding), as
-    Nemotron-H in transformers applies at ``time_step_min``; 0 means no clamp."""
+    """Lower clamp of dt = softplus(dt_raw + dt_bias) in every forward, as transformers' Nemotron-H applies
+    at ``time_step_min``; 0 means no clamp."""
     a_init_range: tuple[float, float] = (1.0, 16.0)
     """A = -exp(A_log) is initialised with -A uniform in this range (Mamba-2)."""
     norm_eps: float = 1e-5

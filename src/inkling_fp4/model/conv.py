@@ -2,12 +2,8 @@
 
     out_t = silu(bias + sum_{s=0}^{k-1} weight[:, k-1-s] * x_{t-s})      (PyTorch's Conv1d orientation)
 
-Packed documents: a tap that would reach back into a previous document is zeroed, which is exactly a
-fresh zero-padded conv per document (the conv's "state" is its window of the last k-1 inputs). The
-reference computes the k taps one by one in FP32; on CUDA that is some twenty memory-bound passes over
-a [B, L, C] tensor, forward and backward, which would cost more than the SSD scan itself. The fused
-form is the same function through ``torch.compile`` (one kernel per pass, the taps read once), so
-there is one definition of the math and a test holds the two together.
+A tap that would reach back into a previous document is zeroed: exactly a fresh zero-padded conv per
+document. The fused form is the same function through ``torch.compile``.
 
 Shape letters: B batch, L length, C channels (x||B||C), k kernel width.
 """
@@ -30,11 +26,8 @@ def causal_conv(
     prev: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Depthwise causal conv, summed tap by tap in FP32 (FP64 for FP64 inputs), before the SiLU.
-
-    xBC: [B, L, C]; weight: [C, k]; bias: [C]; seg: [B, L] segment ids (taps that cross a boundary
-    contribute nothing); prev: [B, C, k-1] the inputs before position 0 (zeros when None).
-    Returns [B, L, C] in FP32 (or FP64).
-    """
+    xBC: [B, L, C]; weight: [C, k]; bias: [C]; seg: [B, L] or None; prev: [B, C, k-1] the inputs before
+    position 0 (zeros when None) -> [B, L, C]."""
     Bsz, L, C = xBC.shape
     k = weight.shape[1]
     if prev is None:

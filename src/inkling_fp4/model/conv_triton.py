@@ -1,28 +1,8 @@
-"""The Mamba-2 causal depthwise conv + SiLU as Triton kernels (forward; backward in two passes), with
-document resets.
-
-Same function as :func:`inkling_fp4.model.conv.conv_silu` (the reference, whose docstring has the math):
+"""The Mamba-2 causal depthwise conv + SiLU as Triton kernels, with document resets; the reference is
+``model/conv.py``'s :func:`conv_silu`:
 
     a_t   = bias + sum_{s=0}^{k-1} weight[:, k-1-s] * x_{t-s} * [seg_{t-s} == seg_t]
     out_t = silu(a_t)
-
-Why kernels: the op is purely memory-bound (k = 4 multiply-adds per element), so its cost is the bytes
-moved. Forward reads x once and writes out once (2 x B L C x 2 bytes in BF16). The k shifted reads of
-a tile hit L1/L2, not HBM. Nothing of size B L C is saved beyond x itself: the backward recomputes the
-pre-activation a.
-
-The backward is two passes. The first computes da = dout * silu'(a) once per position into an FP32
-buffer (reads x and dout, writes 4 bytes per element); the second reads da at the k shifted positions
-for dx, and multiplies each with the unshifted x for dweight (reads da and x, writes dx). A single
-pass needs da at t..t+k-1 for every tile, so it recomputed a and silu' k times per element (k^2 shifted
-loads of x, k sigmoids): on the H200 at hybrid-350m's shape (16 x 2048 x 3072, BF16) that single pass
-took 1.46 ms (~410 GB/s of its 3 x B L C x 2 bytes) where the forward takes 0.18 ms (~2270 GB/s).
-
-The input may be a strided view (the x||B||C slice of in_proj's output): only its last dim must be
-contiguous, so the split of in_proj's output costs no copy. The output may come as column blocks (the
-mixer's x, B and C) whose gradients the first pass reads where they are, so their concatenation (a
-full read and write of a [B, L, C] tensor per layer, the autograd backward of a split) costs nothing
-either.
 
 Backward, per position t (masks as above, [t+s < L] and [seg_{t+s} == seg_t]):
 
@@ -30,17 +10,11 @@ Backward, per position t (masks as above, [t+s < L] and [seg_{t+s} == seg_t]):
     dx_t       = sum_s weight[:, k-1-s] * da_{t+s}
     dweight[:, k-1-s] = sum_{b,t} da_{t+s} * x_t        dbias = sum_{b,t} da_t
 
-dweight and dbias are summed per (batch row, chunk of CHUNK_L positions) into an FP32 buffer, then
-reduced in PyTorch: deterministic, unlike atomics. Each second-pass program walks its chunk in tiles of BL
-positions, keeping the chunk's dweight and dbias sums in registers, so the buffer's size does not
-depend on the tile size and the tiles can be autotuned.
+The backward recomputes a and runs in two passes: the first writes da per position in FP32, the second
+reads it at the k shifted positions (one pass would recompute a and silu' k times). dweight and dbias
+are summed per (batch row, CHUNK_L positions) into an FP32 buffer reduced in PyTorch, deterministic;
+their last bits depend on the autotuned tile, so deterministic runs take the first candidate.
 
-Tile sizes are autotuned (model/ssd_kernels/tuning.py: the first candidate only under the interpreter
-and in deterministic runs). The forward's values do not depend on the tiles (each output sums its own k
-taps in a fixed order); the backward's dweight and dbias sum a chunk's rows tile by tile, so their last
-bits do, which is why deterministic runs take the first candidate, as for the SSD kernels.
-
-CUDA tensors, or any device under ``TRITON_INTERPRET=1`` (how the CPU tests run the kernels).
 Shape letters: B batch, L length, C channels, k kernel width.
 """
 
@@ -72,9 +46,8 @@ _TILES = [
 ]
 
 
-# The backward's second pass keeps k + 1 sums per tile element in registers: smaller tiles. First the
-# fastest on an H200 at hybrid-350m's shape (16 x 2048 x 4096, BF16): forward + backward 916 us,
-# against 1139 us with the earlier second pass (per-tile sums across warps, ~250 registers a thread).
+# The backward's second pass keeps k + 1 sums per tile element in registers, hence smaller tiles; the
+# first is the fastest on an H200 at hybrid-350m's shape.
 _BWD_TILES = [
     ({"BL": 8, "BC": 64}, 2),
     ({"BL": 8, "BC": 128}, 4),
@@ -169,9 +142,8 @@ def _conv_silu_pointwise(
     BL: tl.constexpr,
     BC: tl.constexpr,
 ):
-    """At the positions t of this tile: out = silu(a) (forward), or with GRAD the backward's first pass,
-    out = da = dout * silu'(a) in FP32. With BLOCKS = 3, dout comes as three column blocks, channels
-    [0, C1), [C1, C2) and [C2, C), each its own tensor (masked loads: a lane reads only its block's)."""
+    """out = silu(a), or with GRAD the backward's first pass, da = dout * silu'(a) in FP32; with
+    BLOCKS = 3, dout comes as three column-block tensors (channels [0, C1), [C1, C2), [C2, C))."""
     b = tl.program_id(0).to(tl.int64)  # batch offsets can pass 2^31 elements
     t = tl.program_id(1) * BL + tl.arange(0, BL)
     c = tl.program_id(2) * BC + tl.arange(0, BC)
@@ -236,14 +208,11 @@ def _conv_silu_bwd(
     HW: tl.constexpr,
 ):
     """Second pass: dx of this chunk's tiles and the chunk's dweight and dbias sums, from da (k <= 4).
-    ``FP8``: dx as delayed-scaled FP8 bytes, its amax recorded (``numerics/kernels/fp8_epilogue.py``).
+    ``FP8``: dx as delayed-scaled FP8 bytes (``numerics/kernels/fp8_epilogue.py``).
 
-    Each pair (input position t, output position t + s) is visited once, by the program that owns t:
-    it loads da_{t+s} (0 where the tap is masked) for dx_t and adds da_{t+s} x_t to dweight[:, k-1-s],
-    so x is read once per tile, unshifted. The sums are kept per tile element (one [BL, BC] register
-    tile per tap, and one for dbias) and reduced over the positions once, after the loop: a reduction
-    per tile would cross warps (shared memory and barriers) on every iteration. The weights are loaded
-    once, before the loop, for the same reason."""
+    The owner of input position t visits each tap once (da_{t+s} feeds dx_t and dweight), so x is read
+    once, unshifted. The sums are reduced over the positions once, after the loop: a reduction per tile
+    would cross warps every iteration."""
     b = tl.program_id(0).to(tl.int64)  # batch offsets can pass 2^31 elements
     chunk = tl.program_id(1)
     c = tl.program_id(2) * BC + tl.arange(0, BC)
@@ -322,8 +291,6 @@ def _row_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def _pointwise(x, weight, bias, seg, douts, out) -> None:
-    """Launch :func:`_conv_silu_pointwise`: out = silu(a) when douts is None, else da (FP32) from dout
-    given as one [B, L, C] tensor or as column blocks [B, L, C_i] (each with its last dim contiguous)."""
     Bsz, L, C = x.shape
     grid = lambda meta: (Bsz, triton.cdiv(L, meta["BL"]), triton.cdiv(C, meta["BC"]))  # noqa: E731
     grad = douts is not None
@@ -365,9 +332,6 @@ def _pointwise(x, weight, bias, seg, douts, out) -> None:
 
 
 class _ConvSiLU(torch.autograd.Function):
-    """The conv + SiLU; with ``blocks`` (column widths) its output comes as those column blocks, views
-    of one buffer, and their gradients reach the backward separately: no concatenation of them."""
-
     @staticmethod
     def forward(ctx, x, weight, bias, seg, blocks, dx_into):
         ctx.dx_into = dx_into
@@ -424,16 +388,10 @@ def conv_silu_triton(
     blocks: list[int] | None = None,
     dx_into=None,
 ):
-    """silu(causal depthwise conv(xBC)) in xBC's dtype, as :func:`~inkling_fp4.model.conv.conv_silu`.
-
-    xBC: [B, L, C] (any strides with the last dim contiguous); weight: [C, k] (k <= 4); bias: [C]; seg:
-    [B, L] segment ids or None. Differentiable in xBC, weight and bias. CUDA, or TRITON_INTERPRET=1.
-    blocks: 1 or 3 column widths summing to C, or None: the output as ``out.split(blocks, -1)``, whose
-    gradients the backward reads where they are (the Mamba mixer's x, B and C: no concatenation of
-    their gradients into one [B, L, C] tensor, a full read and write of it per layer). dx_into: None,
-    or a function returning the tensor (xBC's shape and dtype) that the backward writes dxBC into
-    (:mod:`~inkling_fp4.model.grad_slab`).
-    """
+    """silu(causal depthwise conv(xBC)) in xBC's dtype, as ``model/conv.py``'s :func:`conv_silu`: xBC
+    [B, L, C] (last dim contiguous), weight [C, k] (k <= 4), bias [C], seg [B, L] or None. blocks: 1 or 3
+    column widths to split the output into (the mixer's x, B and C), whose gradients are read in place;
+    dx_into: where the backward writes dxBC (``model/grad_slab.py``)."""
     if not (xBC.is_cuda or INTERPRET):
         raise ValueError(f"conv_silu_triton needs CUDA tensors (got {xBC.device}); use conv_silu on CPU")
     if weight.shape[1] > 4:

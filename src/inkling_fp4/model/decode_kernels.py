@@ -1,17 +1,10 @@
 """Triton kernels of the decoding step: the fused Mamba-2 step and GQA decode attention.
 
-Their torch twins, and the math, are in :mod:`inkling_fp4.model.mamba2_decode` and
-:mod:`inkling_fp4.model.attention_decode`; the tests hold each kernel to its twin
-(tests/test_decode_kernels.py). Both kernels read every length from device memory and take no host
-value that changes from one token to the next, so a decode step that calls them can be captured once
-as a CUDA graph and replayed (:mod:`inkling_fp4.model.graphed_decoder`).
-
-Numerics: FP32 math, each output rounded once (helpers of :mod:`~inkling_fp4.model.glue_kernels.common`,
-which also behave under ``TRITON_INTERPRET=1``).
+The math and torch twins are in ``model/mamba2_decode.py`` and ``model/attention_decode.py``. Both
+kernels read every length from the device, so the step can be captured as a CUDA graph.
 
 Shape letters: B batch, E d_inner, C conv channels, H heads, P head dim, G groups, N state, k conv
-width; attention: H query heads, K kv heads, R = H / K query heads per kv head, Dh head dim, T cache
-length.
+width; attention: H query heads, K kv heads, R = H / K, Dh head dim, T cache length.
 """
 
 from __future__ import annotations
@@ -42,8 +35,7 @@ ATTN_WARPS = 4
 def _conv_silu(row_ptr, conv_ptr, w_ptr, b_ptr, ch, cmask, E: tl.constexpr, K: tl.constexpr,
                SHIFT: tl.constexpr):  # fmt: skip
     """Channels ``ch`` [c] of one sequence: the conv + SiLU of (window, this input) in FP32, rounded to
-    the input's dtype; with SHIFT the shifted window is stored back. conv_ptr points at the
-    sequence's [C, K-1] window."""
+    the input's dtype; with SHIFT the shifted window is stored back. conv_ptr: the sequence's [C, K-1]."""
     j = tl.arange(0, KP)
     old = load_f32(conv_ptr + ch[:, None] * (K - 1) + j[None, :], cmask[:, None] & (j[None, :] < K - 1))
     new = to_f32(round_to(load_f32(row_ptr + E + ch, cmask), conv_ptr.dtype.element_ty))  # as the window
@@ -80,10 +72,9 @@ def _mamba_decode(row0_ptr, s_row, conv0_ptr, w_ptr, b_ptr, ssm0_ptr, dtb_ptr, a
                   E: tl.constexpr, C: tl.constexpr, H: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
                   G: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_GW: tl.constexpr, BLOCK_HG: tl.constexpr):  # fmt: skip
-    """Program (b, h): the conv of x (head h's channels) and of its group's B and C, dt, the state
-    update, y with the D skip and the gate, into an FP32 scratch row with this head's sum of squares.
-    The group's last program to finish (an atomic count per (b, g), modulo H/G) applies the group's RMS
-    norm and shifts the group's B and C conv windows, which the group's other programs have read by then."""
+    """Program (b, h): the conv of head h's x and of its group's B and C, dt, the state update and y with
+    the D skip and gate, into an FP32 scratch row with its sum of squares. The group's last program (an
+    atomic count per (b, g), modulo H/G) applies the RMS norm and shifts the group's B and C windows."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     HG: tl.constexpr = H // G
@@ -173,10 +164,8 @@ def mamba_decode_triton(
 def _gqa_decode(q0_ptr, s_qb, kn0_ptr, vn0_ptr, s_nb, kc0_ptr, vc0_ptr, s_cb, s_ct, len_ptr, out0_ptr, s_ob,
                 scale, R: tl.constexpr, DH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_T: tl.constexpr):  # fmt: skip
-    """Program (b, kv head kh): write this token's k, v at position len[b], then attend the R query
-    heads that share kh over positions 0 .. len[b] with an online softmax (FP32 running max and sum).
-    Both products are FP32 dots of the values as stored (exact products of BF16 inputs): the step
-    is bound by reading the cache, not by these few multiply-adds."""
+    """Program (b, kv head kh): write this token's k, v at len[b], then attend the R query heads sharing kh
+    over positions 0 .. len[b] with an online softmax. FP32 dots: the step is bound by reading the cache."""
     b = tl.program_id(0).to(tl.int64)
     kh = tl.program_id(1)
     L = tl.load(len_ptr + b)  # the new token's position

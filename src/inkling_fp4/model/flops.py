@@ -4,16 +4,10 @@
                 + n_attention * 6 * H * E * L                  causal QK^T and AV
                 + n_mamba * 3 * (G Q N + H Q P + 4 H P N)      the SSD scan
 
-- Matmuls: 2 FLOPs per weight per token forward, 4 backward (dgrad + wgrad). The embedding is a
-  lookup and counts nothing; norms, activations and the conv are elementwise and not counted.
-- Attention, causal: query t reads t+1 keys, L/2 on average; QK^T and AV cost 2 * H * E FLOPs per
-  (query, key) pair each, so 2 * 2 * H * E * L/2 forward, times 3 for forward + backward.
-- SSD (chunk length Q = min(chunk_size, L)), forward per token: the intra-chunk scores C B^T
-  (2 G N per pair, causal half: G Q N), their product with dt x (H Q P), the chunk states B^T (dt x)
-  and the read-out C S (2 H P N each); times 3 for forward + backward. The O(L / Q) inter-chunk
-  recurrence is negligible.
-This is the useful work, not what kernels execute (a chunked kernel also computes the masked upper
-half of each chunk), so MFU stays comparable across implementations.
+Matmuls: 2 FLOPs per weight forward, 4 backward. Attention: L/2 keys per query on average. SSD, with
+Q = min(chunk_size, L): the causal half of the intra-chunk scores, their product with dt x, and the
+chunk states and read-out; the inter-chunk recurrence is negligible. This counts the useful work, not
+what kernels execute, so MFU stays comparable across implementations.
 
 Shape letters: L sequence length, H heads, E attention head dim, P Mamba head dim, G groups, N state.
 """

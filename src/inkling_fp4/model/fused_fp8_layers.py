@@ -1,21 +1,9 @@
 """The model's layers with the fused FP8 training paths, swapped in once by :func:`fuse_fp8`.
 
-Under FP8 with delayed scaling, on the GPU kernels, the producers of the linears' operands write
-them as FP8 directly (``norm_fp8``, ``in_proj_fp8``, ``out_proj_fp8``, ``mlp_fp8``,
-``residual_fp8`` in this package), and the gradients flow back as FP8 slabs between blocks. That
-needs arguments the plain layers do not have: a mixer's input already quantized for its first
-linear (``fp8_in``, a ``pair_x``), the output's FP8 gradient slab (``dy_fp8``), and a block's
-pending gradient slab. The subclasses here carry them; the plain classes (``hybrid.py``,
-``mamba2.py``, ``mlp.py``, ``attention.py``) are the math alone.
-
-Each fused path still asks its module's ``applies`` at the call (the recipe, the device, the
-sizes, grad mode) and otherwise runs the plain layer's code, so a converted model computes what
-the plain one does, bit for bit (tests/fused_fp8.py), also after a switch to BF16. The trainer
-converts its model when the recipe scales FP8 from the amax history.
-
-A Mamba-2 mixer's fused input and output sit inside its sequence path (``Mamba2Mixer._mix``): the
-fused subclass keeps the call's ``fp8_in`` and ``dy_fp8`` on the module for the length of its
-forward, where the two overridden steps read them.
+Under delayed-scaled FP8 the producers of the linears' operands write them as FP8 (the ``*_fp8.py``
+modules) and gradients flow back as FP8 slabs; these subclasses carry the extra arguments (``fp8_in``,
+``dy_fp8``, ``pending_grad``). Each fused path checks its module's ``applies`` and otherwise runs the
+plain code, so a converted model computes what the plain one does, bit for bit (tests/fused_fp8.py).
 """
 
 from __future__ import annotations
@@ -54,8 +42,8 @@ class FusedFP8Block(Block):
         pending: torch.Tensor | None = None,
         pending_grad: GradSlab | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, GradSlab | None]:
-        """As :meth:`Block.forward`; ``pending_grad``: where the previous block's output gradient goes
-        as FP8 (None: autograd's). Returns this block's own slab third (None where none applies)."""
+        """As :meth:`Block.forward`; ``pending_grad``: where the previous block's output gradient goes as FP8.
+        Returns this block's own slab third (None where none applies)."""
         h_dtype = x.dtype if pending is None else torch.promote_types(x.dtype, pending.dtype)
         dy_into = None if pending_grad is None else pending_grad.into(0)
         (out_linear,) = self.mixer.output_projections()
@@ -80,8 +68,9 @@ class FusedFP8Mamba2(Mamba2Mixer):
         return self.in_proj
 
     def forward(self, u: torch.Tensor, packing: Packing | None = None, fp8_in=None, dy_fp8=None):
-        """As :meth:`Mamba2Mixer.forward`; ``fp8_in``: u already quantized for in_proj (its
-        ``pair_x``); ``dy_fp8``: the output's FP8 gradient slab (out_proj's)."""
+        """As :meth:`Mamba2Mixer.forward`; ``fp8_in``: u quantized for in_proj; ``dy_fp8``: out_proj's
+        gradient slab. Both stay on the module for the forward, where ``_project_in`` and ``_output`` read
+        them."""
         self._fp8_in, self._dy_fp8 = fp8_in, dy_fp8
         try:
             return super().forward(u, packing)
@@ -134,9 +123,8 @@ FUSED = {HybridLM: FusedFP8HybridLM, Block: FusedFP8Block, Mamba2Mixer: FusedFP8
 
 
 def fuse_fp8(model: nn.Module) -> nn.Module:
-    """Give ``model`` (a HybridLM) and its layers their fused FP8 variants, in place: the classes
-    change, nothing else (parameters, buffers and hooks stay). Idempotent; returns the model. Call
-    it before wrapping the model (FSDP subclasses the class it finds)."""
+    """Give ``model`` and its layers their fused FP8 classes, in place (idempotent). Call it before
+    wrapping the model: FSDP subclasses the class it finds."""
     for module in model.modules():
         fused = FUSED.get(type(module))
         if fused is not None:

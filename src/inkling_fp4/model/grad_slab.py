@@ -1,23 +1,15 @@
 """One gradient buffer for a tensor split into column blocks, written in place by the blocks' consumers.
 
-The Mamba-2 mixer splits in_proj's output [B, L, E + C + H] into z, xBC and dt, each read by one
-kernel: the gated norm, the conv, dt's softplus. Autograd's backward of a split concatenates the
-blocks' gradients into a new [B, L, W] tensor: a full read and write of it, per layer. Here the
-consumers' backward kernels write their input gradients straight into column blocks of one buffer
-(each consumer takes a ``*_into`` argument, :meth:`GradSlab.into`), and the split's backward hands
-that buffer on to in_proj's backward: no copy.
+Autograd's backward of a split concatenates the blocks' gradients into a new tensor, a full read and
+write per layer (in_proj's output split into z, xBC and dt). Here the consumers' backward kernels write
+straight into column blocks of one buffer (their ``*_into`` argument), which the split's backward hands
+on. Under delayed-scaled FP8 the buffer holds FP8 bytes and each consumer returns its block's
+placeholder.
 
-Under delayed-scaled FP8 (``model/in_proj_fp8.py``) the buffer holds FP8 bytes instead: in_proj's
-backward needs its output gradient only as FP8 operands, and their scale is known in advance, so each
-consumer's kernel writes its block as bytes (an :class:`FP8GradBlock`) and records its amax, and
-returns :attr:`FP8GradBlock.placeholder` (zeros, no memory) as the block's gradient.
-
-The buffer is allocated by the first consumer backward that asks for its block, not in the forward,
-where it would live through everything in between. The split's backward checks that each gradient it
-receives is exactly its block of the buffer. Anything else (a consumer that allocated its own, a
-block without a gradient) falls back to the concatenation, so the result is right whatever the
-consumers did; a gradient summed in place into its block by autograd (a block read twice) is right
-too.
+The buffer is allocated by the first consumer backward that asks for it, not in the forward, where it
+would live through everything in between. A gradient that is not exactly its block (a consumer that
+allocated its own, a block without a gradient) falls back to the concatenation, so the result is
+right whatever the consumers did.
 """
 
 from __future__ import annotations
@@ -36,10 +28,8 @@ _ZEROS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
 def zeros_placeholder(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Zeros of ``shape`` that take no memory and, after the first call per device and dtype, launch
-    nothing: one cached zero scalar, expanded (a CUDA-graphed step would otherwise replay a fill kernel
-    for each of the model's ~80 placeholders). Inside a CUDA graph capture an uncached scalar is made:
-    the capture records its fill, which eager code never sees run."""
+    """Zeros of ``shape`` without memory or, after the first call, a launch (a CUDA graph would replay a
+    fill per placeholder): one cached zero scalar, expanded; uncached inside a graph capture."""
     key = (torch.device(device), dtype)
     zero = _ZEROS.get(key)
     if zero is None:
@@ -63,18 +53,14 @@ class FP8Scaling:
 
 @dataclass
 class FP8GradBlock:
-    """A block of the gradient to be written as tensorwise FP8 bytes under a delayed scale.
-
-    The consumer's kernel rounds each gradient value to BF16 (the value a BF16 buffer would hold),
-    stores ``fp8(value · fp8_max / amax)`` in ``data`` and folds max |value| into the record word
-    (``numerics/kernels/fp8_epilogue.py``)."""
+    """A gradient block written as tensorwise FP8 bytes under a delayed scale (``fp8_epilogue.py``)."""
 
     data: torch.Tensor
     """uint8 [..., width], a column block of the byte buffer (rows of one stride)."""
     scaling: FP8Scaling
     placeholder: torch.Tensor
-    """What the consumer's backward returns as the block's gradient: zeros of its shape and dtype
-    (an expanded scalar), which tell the split's backward the bytes were written."""
+    """Returned by the consumer's backward as the block's gradient: zeros of its shape (an expanded
+    scalar), telling the split's backward the bytes were written."""
 
 
 class GradSlab:
@@ -97,21 +83,18 @@ class GradSlab:
         return self.buffer[..., self._bounds[i] : self._bounds[i + 1]]
 
     def block(self, i: int) -> torch.Tensor | FP8GradBlock:
-        """Block i of the buffer, a strided view [..., widths[i]] (the buffer is allocated on first
-        use); in an FP8 slab, that view of the bytes with its scaling."""
+        """Block i of the buffer [..., widths[i]] (allocated on first use), or its FP8 bytes."""
         view = self._view(i)
         if self.fp8 is None:
             return view
         return FP8GradBlock(view, self.fp8, self._zero.expand(view.shape))
 
     def into(self, i: int) -> Callable[[], torch.Tensor | FP8GradBlock]:
-        """What a consumer of block i takes as its ``*_into`` argument: called in its backward, it
-        returns the tensor (or FP8 block) to write the block's gradient into."""
+        """A consumer's ``*_into`` for block i: called in its backward, returns where to write."""
         return functools.partial(self.block, i)
 
     def holds(self, grad: torch.Tensor | None, i: int) -> bool:
-        """Whether ``grad`` is exactly block i of the buffer (same memory, shape, strides, dtype); in an
-        FP8 slab, whether it is block i's placeholder (the consumer wrote the bytes)."""
+        """Whether ``grad`` is exactly block i of the buffer (or, in an FP8 slab, block i's placeholder)."""
         if grad is None or self.buffer is None:
             return False
         b = self._view(i)
@@ -126,11 +109,8 @@ class GradSlab:
         )
 
     def fp8_operands(self, grads: tuple, dgrad: OperandQuant, wgrad: OperandQuant) -> tuple[Operand, Operand]:
-        """An FP8 slab's tensor gradient as its dgrad and wgrad operands (dy [M, W] and dyᵀ [W, M],
-        ``gemm.fp8_operand_pair``'s form) from the bytes the consumers wrote, ``grads`` holding each
-        block's gradient as received. A block whose consumer returned values instead of its
-        placeholder is quantized into the buffer (the bytes its kernel would have written); a block
-        without a gradient is zero. The buffer is handed over (the slab lets go of it)."""
+        """An FP8 slab's gradient as dgrad and wgrad operands (dy [M, W], dyᵀ [W, M]); a block whose consumer
+        returned values is quantized into the buffer (the same bytes), one without a gradient is zero."""
         dtype = torch.float8_e5m2 if self.fp8.e5m2 else torch.float8_e4m3fn
         for i, g in enumerate(grads):
             block = self.block(i)
@@ -170,8 +150,7 @@ class _SplitColumns(torch.autograd.Function):
 
 
 def concatenate(grads: tuple, widths: list[int]) -> torch.Tensor:
-    """The blocks' gradients as one tensor (zeros for a block without one): autograd's backward of a
-    split, the fallback when a consumer did not write into its block."""
+    """The blocks' gradients as one tensor (zeros for a block without one), as autograd's split backward."""
     like = next(g for g in grads if g is not None)
     parts = [
         g if g is not None else like.new_zeros(*like.shape[:-1], w)
@@ -181,7 +160,6 @@ def concatenate(grads: tuple, widths: list[int]) -> torch.Tensor:
 
 
 def split_with_grad_slab(t: torch.Tensor, widths: list[int]) -> tuple[tuple[torch.Tensor, ...], GradSlab]:
-    """``t.split(widths, -1)`` (views, differentiable) and the :class:`GradSlab` whose blocks their
-    consumers may write their gradients into."""
+    """``t.split(widths, -1)`` and the :class:`GradSlab` its consumers may write their gradients into."""
     slab = GradSlab(t, list(widths))
     return _SplitColumns.apply(t, list(widths), slab), slab

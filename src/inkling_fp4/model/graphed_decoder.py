@@ -1,32 +1,14 @@
 """The decode step as one CUDA graph per batch-size bucket.
 
-A decode step of a small model is some hundred kernel launches (per layer a norm fused with the
-residual add, the GEMMs and one mixer kernel; then the head) whose work is microseconds each: run
-eagerly it waits on the host. Captured once and replayed, the step is one launch, and the GPU runs
-the kernels back to back.
+A small model's decode step is some hundred microsecond launches, so eagerly it waits on the host;
+replayed as a graph it is one launch. That works because every shape is static for a given cache and no
+kernel takes a host value that changes per token: positions live on the device (``cache.lengths``).
+n sequences run in the graph of :func:`batch_bucket` (n), the surplus rows as padding.
 
-What makes the step capturable: every shape is static for a given cache (batch = the bucket, the
-cache preallocated at ``max_len``), and no kernel takes a host value that changes per token. Where
-each sequence stands lives on the device (``cache.lengths``, [B]): the attention kernel writes this
-token's key and value at ``lengths[b]`` and reads positions 0 .. lengths[b] (a length mask over the
-preallocated cache, not a host-side slice), the Mamba-2 kernel needs no length at all, and the step
-ends with ``lengths += 1`` on the device. Nothing reads the device back: a replay queues work and
-returns.
-
-Buckets: a batch of n sequences runs in the graph of :func:`batch_bucket` (n), the next power of
-two, with the surplus rows as padding the caller ignores; so a sampler whose batch shrinks as
-sequences finish reuses a handful of graphs instead of capturing one per size.
-
-``GraphedDecoder(model, cache)`` captures ``model.decode_step`` on that cache (after a warm-up on
-its own zeroed state, which it then restores), and ``decoder(tokens)`` replays it. The logits it
-returns are the graph's output buffer, overwritten by the next replay. A later ``prefill`` into the
-same cache keeps the graph valid (the cache's tensors are updated in place); another cache needs
-another graph. The capture runs under the caller's autocast settings with autocast's weight-cast
-cache off: a cached cast made outside the graph would be freed while the graph still reads it.
-
-Quantized forwards (NVFP4, FP8) are captured as the training step's graph is
-(``precision/graph_capture.py``: amax words zeroed inside the graph, NaN/Inf records kept out of the
-capture); each replay copies the records' amaxes out for the next check.
+NOTE the returned logits are the graph's output buffer, overwritten by the next replay. A later
+``prefill`` into the same cache keeps the graph valid; another cache needs another graph. The capture
+runs with autocast's cast cache off: a cast cached outside the graph would be freed while it reads it.
+Quantized forwards are captured as in ``precision/graph_capture.py``.
 """
 
 from __future__ import annotations
@@ -61,10 +43,8 @@ def cache_tensors(cache: InferenceCache) -> list[torch.Tensor]:
 
 
 class GraphedDecoder:
-    """``model.decode_step(tokens, cache)`` for this ``cache``, replayed as one CUDA graph.
-
-    ``warmup`` eager steps run first on a side stream (Triton compiles and autotunes there, cuBLAS
-    picks its kernels), on the cache zeroed and then restored, so the caller's state is untouched."""
+    """``model.decode_step(tokens, cache)`` for this ``cache``, replayed as one CUDA graph. ``warmup``
+    eager steps run first on a side stream, on the cache zeroed and then restored."""
 
     def __init__(self, model: nn.Module, cache: InferenceCache, warmup: int = 2):
         device = cache.lengths.device
@@ -113,8 +93,7 @@ class GraphedDecoder:
         return self.cache.batch_size
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: [B] the next token of each sequence (any integer dtype, on the cache's device) ->
-        the logits of the token after it [B, V]: the graph's buffer, valid until the next call."""
+        """tokens: [B] -> the next logits [B, V]: the graph's buffer, valid until the next call."""
         cache = self.cache
         if cache.longest >= cache.max_len:
             raise UserError(f"decode_step: the cache is full ({cache.max_len} tokens); allocate a longer one")

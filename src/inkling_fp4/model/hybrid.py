@@ -6,31 +6,14 @@
     logits = lm_head(RMSNorm(h))                 # untied nn.Linear, never quantized
 
 Pre-norm residual blocks, no biases, no dropout, no positional embedding (the Mamba-2 layers carry
-order). The fused FP8 training paths are subclasses of these layers, swapped in by the trainer
-(:mod:`~inkling_fp4.model.fused_fp8_layers`); nothing here branches on them. Every GEMM inside a
-block is a ``QuantLinear(layer_idx=i)``, so a precision policy can set a recipe per layer without
-knowing the model. The residual stream stays in the embedding's dtype (FP32): under
-``torch.autocast(bf16)`` the mixers return BF16, and the sum is FP32.
+order). Every GEMM in a block is a ``QuantLinear(layer_idx=i)``, so a precision policy can set a recipe
+per layer. The residual stream stays FP32 (the embedding's dtype) under autocast.
 
-Initialisation (Megatron's conventions for Nemotron-H):
-- embedding, LM head and every QuantLinear weight ~ normal(0, init_std);
-- the projections that write into the residual stream (attention o_proj, MLP down_proj, Mamba
-  out_proj) ~ normal(0, init_std / sqrt(2 * n_layers)), so the residual variance does not grow with
-  depth (GPT-2 / Megatron scaled init, counted over all layers of the pattern);
-- norm gains 1; the Mamba-2 SSM parameters (A_log, dt_bias, D, conv) as in
-  :mod:`inkling_fp4.model.mamba2`.
+Init (Megatron's for Nemotron-H): weights ~ normal(0, init_std); the projections into the residual
+stream ~ normal(0, init_std / sqrt(2 * n_layers)), so its variance does not grow with depth.
 
-Training loss: ``loss(input_ids, targets, doc_ids, loss_mask)`` is the summed FP32 cross-entropy of the
-logits without ever holding them (the LM head and the loss run in chunks of tokens, see
-:mod:`inkling_fp4.model.loss`); ``forward_hidden`` gives the final-normed hidden states it starts from.
-``forward`` still returns full logits (evaluation, generation, tests).
-
-Generation: ``allocate_cache`` then ``prefill`` with right-padded prompts and their lengths, then
-``decode_step`` per token. Both return the next-token logits of each sequence [B, V] and run without
-autograd. See :mod:`inkling_fp4.model.cache` for how padding is kept out of the state. A decode step
-reads each sequence's position from ``cache.lengths`` on the device and launches one fused kernel
-per mixer (:mod:`~inkling_fp4.model.mamba2_decode`, :mod:`~inkling_fp4.model.attention_decode`), so
-it can be captured and replayed as one CUDA graph (:mod:`inkling_fp4.model.graphed_decoder`).
+Generation: ``allocate_cache``, ``prefill`` (right-padded prompts), then ``decode_step`` per token; a
+step keeps positions on the device, so it can be replayed as one CUDA graph (``graphed_decoder.py``).
 
 Shape letters: B batch, L length, D d_model, V vocabulary.
 """
@@ -75,10 +58,8 @@ class Block(nn.Module):
     def forward(
         self, x: torch.Tensor, packing: Packing | None = None, pending: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: the residual stream [B, L, D]; pending: the previous block's mixer output [B, L, D], not
-        yet added (None for the first block). Returns (x + pending, this block's mixer output): the
-        residual add happens in the same fused kernel as this block's norm, and the caller adds the
-        last block's output (:meth:`HybridLM.forward_hidden`)."""
+        """x: the residual stream [B, L, D]; pending: the previous block's mixer output, not yet added (None
+        for the first block) -> (x + pending, this mixer's output); the add is fused into this norm."""
         if pending is None:
             return x, self.mixer(self.norm(x), packing)
         x, normed = self.norm.add_and_norm(x, pending)
@@ -90,9 +71,7 @@ class Block(nn.Module):
     def step(
         self, x: torch.Tensor, pending: torch.Tensor | None, cache: InferenceCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decode step of this block, like :meth:`forward`: x [B, D] the residual stream, pending the
-        previous block's mixer output (None for the first block) -> (x + pending, this mixer's output),
-        the add fused with this block's norm (one kernel on CUDA instead of two)."""
+        """One decode step, as :meth:`forward`: x [B, D] and pending -> (x + pending, this mixer's output)."""
         if pending is None:
             return x, self.mixer.step(self.norm(x), cache)
         x, normed = self.norm.add_and_norm(x, pending)
@@ -141,12 +120,10 @@ class HybridLM(nn.Module):
         targets: torch.Tensor | None = None,
         loss_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids: [B, L] int64; doc_ids: [B, L] (packed documents) or None -> logits [B, L, V].
+        """input_ids: [B, L] int64; doc_ids: [B, L] or None -> logits [B, L, V].
 
-        With ``targets`` [B, L] it returns :meth:`loss` instead (the summed masked cross-entropy,
-        without full logits): training calls it through ``forward`` so that DDP / FSDP wrappers,
-        which hook ``forward``, see the whole computation.
-        """
+        With ``targets`` it returns :meth:`loss` instead: training calls ``forward`` so that DDP / FSDP, which
+        hook ``forward``, see the whole computation."""
         if targets is not None:
             return self.loss(input_ids, targets, doc_ids, loss_mask)
         return self.lm_head(self.forward_hidden(input_ids, doc_ids))  # [B, L, V]
@@ -159,8 +136,7 @@ class HybridLM(nn.Module):
         loss_mask: torch.Tensor | None = None,
         chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     ) -> torch.Tensor:
-        """Sum of the FP32 cross-entropy over the positions ``loss_mask`` [B, L] keeps (all when None):
-        the same value as a masked cross-entropy of ``forward``'s logits, without materialising them."""
+        """Summed FP32 cross-entropy over the positions ``loss_mask`` keeps, with no full logits."""
         hidden = self.forward_hidden(input_ids, doc_ids)  # [B, L, D]
         return chunked_cross_entropy(hidden, self.lm_head.weight, targets, loss_mask, chunk_tokens)
 
@@ -182,9 +158,8 @@ class HybridLM(nn.Module):
     # --- generation -------------------------------------------------------------------------
 
     def allocate_cache(self, batch: int, max_len: int, dtype: torch.dtype | None = None) -> InferenceCache:
-        """An empty cache for ``batch`` sequences of up to ``max_len`` tokens. KV and conv states are kept
-        in ``dtype`` (default: BF16 on CUDA, where the model runs under autocast, FP32 elsewhere); the
-        SSM states are FP32 at least."""
+        """An empty cache for ``batch`` sequences of up to ``max_len`` tokens; KV and conv states in ``dtype``
+        (default BF16 on CUDA, else FP32), SSM states FP32 at least."""
         device = self.embed.weight.device
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -220,8 +195,7 @@ class HybridLM(nn.Module):
 
     @torch.no_grad()
     def decode_step(self, tokens: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
-        """tokens: [B], the next token of each sequence (appended at position cache.lengths[b]).
-        Returns the logits for the token after it, [B, V]."""
+        """tokens: [B], each sequence's next token (at cache.lengths[b]) -> the next logits [B, V]."""
         if cache.longest >= cache.max_len:
             raise UserError(f"decode_step: the cache is full ({cache.max_len} tokens); allocate a longer one")
         x = self.embed(tokens)  # [B, D]

@@ -1,21 +1,10 @@
 """Mamba-2's in_proj under delayed-scaled FP8: its output gradient is written as FP8 by the consumers.
 
-Why: in_proj's output [tokens, 2E + 2GN + H] (hybrid-350m: 6176 wide, the widest activation of the
-step) is split into z, xBC and dt, and three backward kernels (the gated norm's, the conv's, dt's
-softplus) write its gradient into one buffer (``model/grad_slab.py``). Unfused, that BF16 buffer is
-then read once more by the FP8 quantizer, which writes it twice (the dgrad and wgrad layouts). With a
-delayed scale the consumers can write the FP8 bytes themselves, rounding each value to BF16 first
-exactly as the buffer would hold it (``numerics/kernels/fp8_epilogue.py``), and record the amax; the
-wgrad layout is then a transpose of 1-byte elements. Per Mamba layer and step: 2 bytes per element
-fewer written by the consumers, and a read of 1 byte and a write of 1 instead of a read of 2 and a
-write of 2.
-
-The bits are those of the unfused path (the same BF16 values, the same scale; ``tests/test_in_proj_fp8.py``).
-
-The split and in_proj are one autograd function, whose backward receives from each consumer its
-block's placeholder (the bytes are written), None (an unused block: its bytes are zeroed) or BF16
-values (a consumer without the FP8 epilogue, such as a compiled conv: they are quantized into the
-block, the same bytes).
+The three backward kernels that consume in_proj's output (gated norm, conv, dt's softplus) write its
+gradient into one slab (``model/grad_slab.py``) as FP8 bytes (``numerics/kernels/fp8_epilogue.py``)
+instead of BF16 for the quantizer to re-read. Same bits as unfused (``tests/test_in_proj_fp8.py``).
+The split's backward takes from each consumer its placeholder (bytes written), None (zeroed) or BF16
+values (quantized into the block: the same bytes).
 
 Shape letters: M tokens, D d_model, W in_proj's width.
 """
@@ -31,8 +20,8 @@ from inkling_fp4.precision.quant_linear import QuantLinear
 
 
 def applies(in_proj: QuantLinear, u: torch.Tensor) -> bool:
-    """Whether :func:`in_proj_split` runs: a training forward on the GPU kernels, in_proj's x and dy
-    delayed FP8 pairs, and sizes the FP8 GEMMs take without padding (16 | tokens, 16 | width)."""
+    """Whether :func:`in_proj_split` runs: a training forward on the GPU kernels, delayed FP8 pairs, and
+    16 | tokens, 16 | width."""
     grads = u.requires_grad or in_proj.weight.requires_grad
     tokens = u.numel() // u.shape[-1]
     sizes = tokens % 16 == 0 and in_proj.out_features % 16 == 0
@@ -42,9 +31,8 @@ def applies(in_proj: QuantLinear, u: torch.Tensor) -> bool:
 def in_proj_split(
     in_proj: QuantLinear, u: torch.Tensor, widths: list[int], pair_x: tuple | None = None
 ) -> tuple[tuple[torch.Tensor, ...], GradSlab]:
-    """``in_proj(u).split(widths, -1)`` for u [..., D], and the FP8 :class:`GradSlab` whose blocks the
-    consumers of the pieces write their gradients into (``slab.into(i)``). ``pair_x``: u already
-    quantized (``QuantLinear.forward``)."""
+    """``in_proj(u).split(widths, -1)`` for u [..., D], and the FP8 :class:`GradSlab` the pieces'
+    consumers write their gradients into. ``pair_x``: u already quantized."""
     u2d = u.reshape(-1, in_proj.in_features)  # u2d: [M, D]
     gemms = in_proj.gemms(u2d.shape[0], u.device)
     spec = in_proj.recipe.dgrad.a

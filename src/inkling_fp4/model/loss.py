@@ -1,22 +1,15 @@
 """The LM head and the cross-entropy in chunks of tokens, with the gradients made during the forward.
 
-Why: at vocabulary V = 32768 and 16K tokens per micro batch, the logits alone are 1 GB in BF16 and
-2 GB in FP32, and the plain path writes and reads them several times (the FP32 copy, the log-softmax,
-its gradient). Here the tokens go through the head in chunks of ``chunk_tokens``: per chunk
+The full logits would be GBs and be read and written several times; here the tokens go through the
+head in chunks of ``chunk_tokens``:
 
     logits = h W^T                                  # h: [m, D], W: [V, D] -> [m, V], FP32 accumulate
     ce     = logsumexp(logits) - logits[target]     # FP32
     dlogits = (softmax(logits) - onehot(target)) * mask
 
-and, since the loss is a plain sum, its gradients are known right there: dh = dlogits W and
-dW += dlogits^T h (that GEMM writes FP32: no chunk of dW is rounded to BF16). Only those (the size of
-h and of W) are kept for the backward, which scales them by the incoming gradient. Peak memory is one
-chunk of logits, and no logit is recomputed.
-
-The math is the trainer's ``masked_cross_entropy`` over ``lm_head(hidden)``: FP32 cross-entropy summed
-(not averaged) over the positions where ``loss_mask`` is true; the GEMMs run in the autocast dtype when
-autocast is on (as ``nn.Linear`` would), else in the weight's dtype. On CUDA the per-chunk softmax,
-target pick and gradient are one fused kernel (:mod:`inkling_fp4.model.compiled`).
+The loss is a plain sum, so dh = dlogits W and dW += dlogits^T h (FP32) are known right there and
+only they are kept; the backward scales them. Peak memory is one chunk of logits, none recomputed.
+The value is the trainer's ``masked_cross_entropy`` of ``lm_head(hidden)``, summed, not averaged.
 
 Shape letters: M tokens (B L flattened), m tokens of a chunk, D d_model, V vocabulary.
 """
@@ -84,12 +77,8 @@ def chunked_cross_entropy(
     loss_mask: torch.Tensor | None = None,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> torch.Tensor:
-    """Sum over kept positions of the FP32 cross-entropy of ``hidden @ lm_head_weight^T`` (no bias).
-
-    hidden: [..., D] (the final-normed hidden states); lm_head_weight: [V, D]; targets: [...] int64;
-    loss_mask: [...] bool (None keeps every position). Targets at masked-out positions are ignored (any
-    value). Returns an FP32 scalar, differentiable in hidden and lm_head_weight.
-    """
+    """Summed FP32 cross-entropy of ``hidden @ lm_head_weight^T`` over the positions ``loss_mask`` keeps.
+    hidden: [..., D]; lm_head_weight: [V, D]; targets: [...] int64 (any value where masked) -> FP32 scalar."""
     if chunk_tokens < 1:
         raise ValueError(f"chunked_cross_entropy: chunk_tokens must be >= 1, got {chunk_tokens}")
     D = hidden.shape[-1]

@@ -6,33 +6,15 @@
     y      = SSD(x, dt, A = -exp(A_log), B, C) + D * x
     out    = out_proj(GatedRMSNorm(y, z))       # norm(y * silu(z)) in G groups
 
-Only in_proj and out_proj are GEMMs (QuantLinear, so a precision recipe applies); the conv, the
-scan, the gate and the norm stay in high precision, and the scan runs in FP32 internally.
+Only in_proj and out_proj are GEMMs (QuantLinear); the conv, scan, gate and norm stay in high
+precision, the scan in FP32. At a document boundary the conv and the SSD state restart.
 
-Parameters and initialisation (Mamba-2 / Megatron conventions):
-- ``A_log`` [H] = log(U[a_init_range]) (1..16), so A = -exp(A_log) in [-16, -1];
-- ``dt_bias`` [H] = softplus^-1(dt) with dt log-uniform in [dt_min, dt_max], floored at
-  dt_init_floor, so the initial step sizes span two decades;
-- ``D`` [H] = 1 (the skip connection starts as identity);
-- conv weight [conv_dim, k] and bias [conv_dim] ~ U(-1/sqrt(k), 1/sqrt(k)) (PyTorch's Conv1d default
-  for a depthwise conv, which Mamba keeps);
-- in_proj / out_proj are initialised by the model (normal(0, init_std); out_proj scaled by depth).
-A_log, D and dt_bias are FP32 parameters flagged ``_no_weight_decay = True`` (the Mamba convention,
-read by the optimizer, which also exempts every 1-D parameter): decaying A_log towards 0 would pull
-every head towards the same decay rate.
+Initialisation (Mamba-2): A = -exp(A_log) with -A ~ U(a_init_range); dt_bias = softplus^-1(dt) with
+dt log-uniform in [dt_min, dt_max]; D = 1; conv ~ PyTorch's Conv1d default. A_log, D and dt_bias are
+FP32 and ``_no_weight_decay``: decaying A_log towards 0 would pull every head to the same decay rate.
 
-Fast paths on CUDA, each beside its reference: the conv + SiLU is a Triton kernel
-(:mod:`~inkling_fp4.model.conv_triton`) that reads x||B||C as a strided view of in_proj's output; the dt
-path, and the D skip with the gated norm, are one Triton kernel each per direction
-(:mod:`~inkling_fp4.model.glue_kernels`); x, B and C reach the scan as views of the conv output, no copies.
-The backward concatenates nothing either: the conv reads the gradients of x, B and C where they are,
-and the gated norm, the conv and dt's softplus write their input gradients into one buffer that is
-in_proj's output gradient (:mod:`~inkling_fp4.model.grad_slab`). Autograd's backward of those two
-splits was a full read and write of a [B, L, width] tensor each, per layer.
-
-Packed documents: at a document boundary both states restart. The SSD handles its state itself
-(``doc_ids``); the conv zeroes each tap that would reach back into a previous document (see
-:mod:`inkling_fp4.model.conv`).
+On CUDA the pieces are views of in_proj's and the conv's outputs, and their consumers' backward kernels
+write their gradients into one buffer, in_proj's output gradient (``model/grad_slab.py``): no copies.
 
 Shape letters: B batch, L length, D d_model, E d_inner (= H P), H heads, P head dim, G groups,
 N state, C conv channels (E + 2 G N), k conv kernel.
@@ -60,15 +42,13 @@ from inkling_fp4.precision.quant_linear import QuantLinear
 
 @cuda_kernel("pointwise_kernels.dt_softplus")
 def dt_softplus(dt_raw: torch.Tensor, dt_bias: torch.Tensor, ddt_into=None) -> torch.Tensor:
-    """dt_raw: [..., H] (any dtype, a strided view is fine); dt_bias: [H] -> softplus(dt_raw + dt_bias)
-    in FP32 (or wider). ``ddt_into`` is for the kernel (where its backward writes d dt_raw,
-    :mod:`~inkling_fp4.model.grad_slab`); autograd allocates the reference's gradients."""
+    """dt_raw: [..., H] (strided views fine); dt_bias: [H] -> softplus(dt_raw + dt_bias) in FP32 (or
+    wider). ``ddt_into``: for the kernel's backward (``model/grad_slab.py``)."""
     return F.softplus(at_least_fp32(dt_raw) + dt_bias)
 
 
 def _split_output(conv):
-    """conv(xBC, weight, bias, seg) as fn(xBC, weight, bias, seg, blocks, dx_into) -> the output's
-    column blocks (autograd allocates dxBC: dx_into is for the Triton conv)."""
+    """conv(xBC, weight, bias, seg) in the Triton conv's calling form, returning column blocks."""
 
     def conv_blocks(xBC, weight, bias, seg, blocks, dx_into=None):
         return conv(xBC, weight, bias, seg).split(blocks, -1)
@@ -77,9 +57,8 @@ def _split_output(conv):
 
 
 def conv_silu_for(impl: str, x: torch.Tensor, k: int):
-    """The conv + SiLU for ``model.conv_impl``, x's device and kernel width k, as
-    fn(xBC, weight, bias, seg, blocks, dx_into=None) -> the output split into column blocks of these
-    widths."""
+    """The conv + SiLU for ``model.conv_impl``, as fn(xBC, weight, bias, seg, blocks, dx_into=None) -> the
+    output's column blocks."""
     if torch.compiler.is_compiling():  # inside a compiled model the enclosing torch.compile fuses it
         return _split_output(conv_silu)
     if impl == "triton" or (impl == "auto" and x.is_cuda and k <= 4):
@@ -166,8 +145,7 @@ class Mamba2Mixer(nn.Module):
         return self.out_proj(h)
 
     def _project_in(self, u: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], list]:
-        """u [B, L, D] -> (z, xBC, dt_raw) and where their consumers write their gradients (None:
-        autograd's; on CUDA in training, in place into in_proj's gradient, with no concat)."""
+        """u [B, L, D] -> (z, xBC, dt_raw) and where their consumers write their gradients."""
         return self._split_for_grad(self.in_proj(u))  # [B, L, 2E + 2GN + H] split
 
     def _split_for_grad(self, zxbcdt: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], list]:
@@ -221,9 +199,7 @@ class Mamba2Mixer(nn.Module):
         return out
 
     def step(self, u: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
-        """u: [B, D] one new token per sequence -> [B, D]; advances the conv window and SSM state.
-        Between the two GEMMs runs :mod:`~inkling_fp4.model.mamba2_decode`: one fused Triton kernel
-        on CUDA, its torch twin elsewhere."""
+        """u: [B, D] one new token per sequence -> [B, D]; advances the conv window and SSM state."""
         state: MambaState = cache.layers[self.layer_idx]
         zxbcdt = self.in_proj(u)  # [B, 2E + 2GN + H]
         summed = torch.promote_types(zxbcdt.dtype, self.D.dtype)  # the skip sum's dtype, as in _output

@@ -11,21 +11,9 @@ dt]), and the layer's cache (conv window [B, C, k-1], SSM state S [B, H, P, N]):
     y      = S C + D x                               # [B, H, P]
     h      = norm(y * silu(z)) * w                   # RMS over G groups of E/G channels
 
-and ``h`` [B, E] is out_proj's input. The eager form of these lines is some twenty launches per layer
-(split, cat, conv, silu, softplus, exp, the state update, an einsum, the gated norm); the kernel is
-one, and it reads and writes the FP32 state once.
-
-Kernel layout: one program per (sequence, head), each a [P, N] FP32 state tile, so even a batch of
-one spreads over H programs. Two things span a group's heads: the RMS norm, and B and C, whose conv
-windows all of them read. Each program writes its gated y to an FP32 scratch row with its sum of
-squares and counts itself done (an atomic per sequence and group); the group's last program applies
-the norm and only then shifts the B and C windows, which every other program of the group has read
-by then. A head's own x channels it shifts itself.
-
-Numerics: every product and sum in FP32 (the twin in FP32 or wider: FP64 stays FP64 for the exactness
-tests), the conv's x, B, C rounded once to the dtype of in_proj's output as the training forward does;
-the state keeps its dtype (FP32 at least). The kernel sums the conv taps, S C and the norm's squares
-in its own order: FP32 rounding apart from the twin, not bit-equal.
+``h`` [B, E] is out_proj's input. The kernel (one launch for some twenty eager ones) runs one program
+per (sequence, head); the group's last program to finish applies the group norm and only then shifts
+the shared B and C windows. Its summation order differs from the twin's: equal up to FP32 rounding.
 
 Shape letters: B batch, E d_inner (= H P), C conv channels (E + 2 G N), H heads, P head dim, G groups,
 N state, k conv width.
@@ -55,9 +43,7 @@ def mamba_decode_ref(
     out_dtype: torch.dtype,
     dt_min_clamp: float = 0.0,
 ) -> torch.Tensor:
-    """The torch twin of :func:`mamba_decode`: same arguments, same in-place state updates, returns h
-    [B, E] in ``out_dtype``. zxbcdt: [B, 2E + 2GN + H]; conv_state: [B, C, k-1]; ssm_state: [B, H, P, N].
-    ``dt_min_clamp`` > 0: dt = max(dt, dt_min_clamp) (``model.dt_min_clamp``; the kernel clamps the same)."""
+    """The torch twin of :func:`mamba_decode`: same arguments, same in-place state updates -> h [B, E]."""
     Bsz, Hh, P, N = ssm_state.shape
     E, C = Hh * P, conv_state.shape[1]
     z, xBC_in, dt_raw = zxbcdt.split([E, C, Hh], -1)
@@ -98,10 +84,8 @@ def mamba_decode(
     dt_min_clamp: float = 0.0,
     done: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The fused decode step (one Triton launch): see the module docstring; arguments as
-    :func:`mamba_decode_ref`, and ``done`` [B, G] int32, the kernel's count of finished heads per
-    group (a multiple of H/G; ``MambaState.done``; None: a zeroed one per call). Needs CUDA tensors (or
-    the interpreter), k <= 4, contiguous states and an FP32 state."""
+    """The fused decode step; ``done`` [B, G] int32 is the kernel's count of finished heads per group
+    (``MambaState.done``; None: a zeroed one per call)."""
     from inkling_fp4.model.decode_kernels import mamba_decode_triton  # needs triton
 
     return mamba_decode_triton(
@@ -111,8 +95,7 @@ def mamba_decode(
 
 
 def fused_decode_applies(zxbcdt: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor) -> bool:
-    """Whether :func:`mamba_decode` takes these inputs (else the twin runs): CUDA, an FP32 state, conv
-    width <= 4, dtypes the kernel reads."""
+    """Whether :func:`mamba_decode` takes these inputs (CUDA, FP32 state, conv width <= 4), else the twin."""
     ok_dtypes = (torch.float32, torch.bfloat16, torch.float16)
     return (
         fast_forms_on(zxbcdt)

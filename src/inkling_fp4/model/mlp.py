@@ -1,7 +1,7 @@
 """The MLP block of Nemotron-H: squared ReLU, ``down(relu(up(x))^2)``, no gate, no biases.
 
-Squared ReLU (So et al., "Primer", 2021) is what Nemotron-H uses instead of a gated unit: two GEMMs
-instead of three for the same width, and sparse activations.
+Squared ReLU (So et al., "Primer", 2021): two GEMMs instead of a gated unit's three, and sparse
+activations.
 
 Shape letters: B batch, L length, D d_model, F ffn width.
 """
@@ -21,9 +21,8 @@ from inkling_fp4.precision.quant_linear import QuantLinear
 def squared_relu(h: torch.Tensor) -> torch.Tensor:
     """relu(h)^2 elementwise, in h's dtype (one Triton kernel per direction on CUDA).
 
-    NOTE written as a product, not ``square()``: autocast runs ``pow`` (what square becomes) in FP32,
-    which made this [tokens, ffn] activation, and its gradient, FP32 tensors that the next GEMM then
-    casts back to BF16. The product of two BF16 numbers rounded once to BF16 is the same value."""
+    NOTE a product, not ``square()``: autocast runs ``pow`` in FP32, which would make this [tokens, ffn]
+    activation and its gradient FP32. A BF16 product rounded once to BF16 is the same value."""
     r = F.relu(h)
     return r * r
 

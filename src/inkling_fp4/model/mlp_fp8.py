@@ -1,18 +1,9 @@
 """The MLP under delayed-scaled tensorwise FP8, with its squared ReLU done inside the quantizers.
 
-Why: in ``down(relu(up(x))²)`` the squared ReLU's output r is down_proj's x and its gradient dh is
-up_proj's dy. Unfused, each is a BF16 [tokens, ffn] tensor written by the squared ReLU kernel (or its
-backward) and read once more by the FP8 quantizer, its only reader. With delayed scaling the scale is
-known before the tensor exists, so the quantizer computes r from h (and dh from h and dr) as it reads
-them and writes the FP8 operands directly (``fp8.quantize_squared_relu_pair``): per MLP and step,
-two [tokens, ffn] BF16 tensors are neither written nor read (hybrid-350m: 4 x 268 MB per MLP).
-
-The bits are those of the unfused path: r and dh are rounded to BF16 exactly as the squared ReLU
-kernels round them, then quantized with the same scale, and the same amaxes are recorded.
-``tests/test_mlp_fp8.py`` compares the two, outputs, gradients and amax histories.
-
-It applies when both linears quantize x and dy as delayed tensorwise FP8 pairs and their amax
-history has a step (see :func:`applies`); otherwise the MLP runs its linears one by one.
+In ``down(relu(up(x))²)``, r = relu(h)² (down_proj's x) and its gradient dh (up_proj's dy) are BF16
+[tokens, ffn] tensors whose only reader is the quantizer; with a delayed scale the quantizer computes
+them from h (and dr) as it reads (``fp8.quantize_squared_relu_pair``), rounding to BF16 exactly as the
+squared ReLU kernels do: the same bits and amaxes as unfused (``tests/test_mlp_fp8.py``).
 
 Shape letters: M tokens, D d_model, F ffn width.
 """
@@ -27,8 +18,8 @@ from inkling_fp4.precision.quant_linear import QuantLinear
 
 
 def applies(up: QuantLinear, down: QuantLinear, x: torch.Tensor) -> bool:
-    """Whether :func:`squared_relu_mlp` runs: a training forward, not traced by torch.compile (which
-    then sees the linears one by one, as before), both linears delayed FP8 pairs."""
+    """Whether :func:`squared_relu_mlp` runs: a training forward not traced by torch.compile (which sees
+    the linears one by one), both linears delayed FP8 pairs."""
     grads = x.requires_grad or up.weight.requires_grad or down.weight.requires_grad
     eager = not torch.compiler.is_compiling()
     return torch.is_grad_enabled() and grads and eager and up.delayed_fp8_pairs() and down.delayed_fp8_pairs()
@@ -37,9 +28,8 @@ def applies(up: QuantLinear, down: QuantLinear, x: torch.Tensor) -> bool:
 def squared_relu_mlp(
     up: QuantLinear, down: QuantLinear, x: torch.Tensor, pair_x: tuple | None = None, dy_fp8=None
 ):
-    """``down(relu(up(x))²)`` for x [..., D] -> [..., D], the squared ReLU fused into the quantizers.
-    ``pair_x`` / ``dy_fp8``: x already quantized for up, the output's gradient slab for down
-    (``QuantLinear.forward``)."""
+    """``down(relu(up(x))²)`` for x [..., D] -> [..., D]; ``pair_x``: x quantized for up, ``dy_fp8``: the
+    output's gradient slab."""
     x2d = x.reshape(-1, up.in_features)  # x2d: [M, D]
     tokens = x2d.shape[0]
     y = _SquaredReLUMLPFn.apply(
@@ -82,5 +72,4 @@ class _SquaredReLUMLPFn(torch.autograd.Function):
 
 
 def _part(saved: dict, prefix: str) -> dict:
-    """One linear's saved operands out of the MLP's (keys ``up.*`` / ``down.*``)."""
     return {k.removeprefix(prefix): v for k, v in saved.items() if k.startswith(prefix)}

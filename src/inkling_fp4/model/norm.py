@@ -1,17 +1,8 @@
 """RMS normalisation: the pre-norm of every block and the gated, grouped norm inside the Mamba-2 mixer.
 
-Both normalise in FP32 (or wider) whatever the activation dtype (a BF16 mean of squares over thousands of
-channels loses the low bits that matter here). They return the autocast dtype when autocast is on
-(training on a GPU): the residual stream is FP32, but what a norm feeds is a GEMM input, which is
-rounded to BF16 (or quantized) anyway, so writing it in BF16 saves a cast pass forward and backward
-and halves what the quantizers read. Without autocast (CPU, tests) they return the input's dtype.
-Norm gains are 1-D, so the optimizer gives them no weight decay.
-
-On CUDA each runs as one fused kernel per direction (:mod:`inkling_fp4.model.compiled`): rms_norm,
-add_rms_norm and skip_gated_rms_norm as hand-written Triton kernels
-(:mod:`inkling_fp4.model.glue_kernels`), gated_rms_norm through ``torch.compile``. The functions here
-are the references those are tested against. The Mamba-2 output norm also takes the D skip
-(``y + D x``), so the FP32 sum never makes its own pass.
+Both normalise in FP32 (or wider): a BF16 mean of squares over thousands of channels loses bits that
+matter. Under autocast they return the autocast dtype (their output is a GEMM input, rounded anyway),
+saving a cast pass each way. These are the references of the fast CUDA forms (``model/compiled.py``).
 
 Shape letters: D normalised width, G groups, H heads, P head dim.
 """
@@ -31,9 +22,8 @@ def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
 
 
 def output_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The dtype a norm writes (or a GEMM input takes) for a result computed in ``dtype`` on
-    ``device``: the autocast dtype of that device when autocast is on there and narrower, else
-    ``dtype`` itself."""
+    """The dtype a norm writes (or a GEMM input takes) for a result computed in ``dtype``: the device's
+    autocast dtype when autocast is on there and narrower, else ``dtype``."""
     if dtype.is_floating_point and torch.is_autocast_enabled(device.type):
         narrow = torch.get_autocast_dtype(device.type)
         if torch.finfo(narrow).bits < torch.finfo(dtype).bits:
@@ -55,12 +45,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
 def add_rms_norm(
     x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype, dy_into=None
 ):
-    """The pre-norm residual step: h = x + y (x's promoted dtype, FP32 for the FP32 residual stream)
-    and rms_norm(h) in ``out_dtype``, as one Triton kernel per direction on CUDA: h is written once
-    and never read back for the norm, and the backward adds the two gradients of h in the norm's
-    kernel instead of a pass of its own. x, y: [..., D] (one shape) -> (h, norm(h)). ``dy_into`` is
-    for the kernel (where its backward writes y's gradient, ``model/residual_fp8.py``); autograd
-    allocates the reference's gradients."""
+    """The pre-norm residual step: x, y: [..., D] -> (h = x + y in the promoted dtype, rms_norm(h) in
+    ``out_dtype``), fused on CUDA. ``dy_into``: for the kernel's backward (``model/residual_fp8.py``)."""
     h = x + y
     return h, rms_norm.reference(h, weight, eps, out_dtype)
 
@@ -85,10 +71,8 @@ def skip_gated_rms_norm(
     out_dtype: torch.dtype | None = None,
     dz_into=None,
 ) -> torch.Tensor:
-    """Mamba-2's output: ``gated_rms_norm(y + D x, z)``. y, x: [..., H, P]; D: [H]; z: [..., H P].
-    The skip sum takes the promoted dtype of y, x and D (FP32 for the FP32 D), and so does the result
-    unless ``out_dtype`` is given. ``dz_into`` is for the kernel (where its backward writes dz,
-    :mod:`~inkling_fp4.model.grad_slab`); autograd allocates the reference's gradients."""
+    """Mamba-2's output: ``gated_rms_norm(y + D x, z)``. y, x: [..., H, P]; D: [H]; z: [..., H P]. The
+    skip sum is in the promoted dtype of y, x and D. ``dz_into``: for the kernel's backward."""
     y = (y + x * D[:, None]).flatten(-2)  # [..., H P]
     h = gated_rms_norm.reference(y, z, weight, n_groups, eps)
     return h if out_dtype is None else h.to(out_dtype)
@@ -108,19 +92,15 @@ class RMSNorm(nn.Module):
     def add_and_norm(
         self, x: torch.Tensor, y: torch.Tensor, dy_into=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, y: [..., D] -> (x + y, this norm of it): a residual add fused with the next norm.
-        ``dy_into``: where the kernel's backward writes y's gradient (``model/residual_fp8.py``)."""
+        """x, y: [..., D] -> (x + y, this norm of it); ``dy_into`` as for :func:`add_rms_norm`."""
         h_dtype = torch.promote_types(x.dtype, y.dtype)
         return add_rms_norm(x, y, self.weight, self.eps, output_dtype(h_dtype, x.device), dy_into)
 
 
 class GatedRMSNorm(nn.Module):
-    """Mamba-2's output norm: normalise ``y * silu(z)`` in G groups of D/G channels, then scale.
-
-    The gate is applied before normalising (``norm_before_gate=False`` in the Mamba code), and the
-    groups match the G groups of B/C, so a group's statistics never mix heads of different groups,
-    which keeps the layer's output independent of how heads are split across tensor-parallel ranks.
-    """
+    """Mamba-2's output norm: normalise ``y * silu(z)`` in G groups of D/G channels, then scale. The gate
+    comes first (Mamba's ``norm_before_gate=False``); the groups are those of B/C, so the output does not
+    depend on how heads split across tensor-parallel ranks."""
 
     def __init__(self, dim: int, n_groups: int, eps: float):
         super().__init__()

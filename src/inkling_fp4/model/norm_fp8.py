@@ -1,20 +1,9 @@
 """The block's pre-norm under delayed-scaled FP8: the norm writes the mixer's first x as FP8.
 
-Why: each block's norm output is read by one linear only, the mixer's first (Mamba-2's in_proj, the
-MLP's up_proj, attention's qkv_proj): the norm's backward needs h and rstd, not its output. Unfused,
-the norm writes it in BF16 and the FP8 quantizer reads it and writes both layouts (the fprop and
-wgrad operands). With that linear's delayed scale the norm's kernel stores the FP8 bytes itself, each
-value rounded to BF16 first as the BF16 store would, and records the amax
-(``numerics/kernels/fp8_epilogue.py``); the wgrad layout is then a transpose of 1-byte elements. Per
-block and step: 1 byte per element fewer written by the norm, and a read of 1 and a write of 1
-instead of the quantizer's read of 2 and write of 2 (hybrid-350m: 33 FP8 linears, 32768 x 1024 each).
-
-The norm lives in the block and the linear in the mixer, so the norm's autograd function returns a
-placeholder for its output (zeros of its shape and dtype, no memory) and the block hands the FP8 pair
-to the mixer beside it (``fp8_in``); the linear takes x's operands from the pair and its input's
-gradient flows back through the placeholder into the norm's backward, as before. The bits are those of
-the unfused path (``tests/test_norm_fp8.py``). Off the GPU kernels (the tests on CPU) the function
-computes the same through the torch reference of the norm.
+The norm output's only reader is the mixer's first linear, so its kernel stores FP8 bytes directly
+(``numerics/kernels/fp8_epilogue.py``). The norm's autograd function returns a placeholder for its
+output (zeros, no memory) and the block hands the FP8 pair to the mixer (``fp8_in``); the linear's
+input gradient flows back through the placeholder. Same bits as unfused (``tests/test_norm_fp8.py``).
 
 Shape letters: M tokens, D d_model.
 """
@@ -33,9 +22,8 @@ from inkling_fp4.precision.quant_linear import QuantLinear
 
 
 def applies(linear: QuantLinear | None, x: torch.Tensor, h_dtype: torch.dtype) -> bool:
-    """Whether :func:`norm` runs for the mixer whose first linear is ``linear`` on the residual stream
-    x [..., D] (of dtype ``h_dtype`` after the add): a training forward on the GPU kernels, a BF16 norm
-    output (autocast), the linear's x and dy delayed FP8 pairs, 16 | tokens and 16 | D."""
+    """Whether :func:`norm` runs: a training forward on the GPU kernels, a BF16 norm output, delayed FP8
+    pairs, 16 | tokens and 16 | D."""
     if linear is None or not torch.is_grad_enabled():
         return False
     tokens = x.numel() // x.shape[-1]
@@ -47,9 +35,8 @@ def applies(linear: QuantLinear | None, x: torch.Tensor, h_dtype: torch.dtype) -
 def norm(
     block_norm: RMSNorm, x: torch.Tensor, pending: torch.Tensor | None, linear: QuantLinear, dy_into=None
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[Operand, Operand]]:
-    """(h, the norm's output as a placeholder, its FP8 pair for ``linear``): h = x + pending (x itself
-    when pending is None) and rms_norm(h) in BF16 as x's operands of ``linear`` (fprop and wgrad).
-    ``dy_into``: where the backward writes pending's gradient (``RMSNorm.add_and_norm``)."""
+    """(h = x + pending (or x), the norm's output as a placeholder, rms_norm(h)'s FP8 pair for
+    ``linear``); ``dy_into``: where the backward writes pending's gradient."""
     gemms_x = linear.recipe.fprop.a, linear.recipe.wgrad.b
     words = linear.delayed_words()
     holder: list = []
@@ -62,8 +49,7 @@ def norm(
 
 
 class _NormFP8Fn(torch.autograd.Function):
-    """(add +) rms_norm whose output exists only as FP8 bytes (handed out through ``holder``).
-    Returns (h, the output's placeholder), or the placeholder alone without the add (y None)."""
+    """(add +) rms_norm whose output exists only as FP8 bytes (handed out through ``holder``)."""
 
     @staticmethod
     def forward(ctx, x, y, weight, eps, used, record, specs, holder, dy_into):

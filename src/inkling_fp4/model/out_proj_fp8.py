@@ -1,18 +1,8 @@
 """Mamba-2's output norm and out_proj under delayed-scaled FP8: the norm writes out_proj's x as FP8.
 
-Why: the gated norm's output h [tokens, E] (hybrid-350m: 2048 wide) is out_proj's x and nothing else
-reads it: the norm's backward recomputes what it needs from y, x, z and its saved rstd. Unfused, the
-norm writes h in BF16 and the FP8 quantizer reads it and writes both layouts (the fprop and wgrad
-operands). With a delayed scale the norm's kernel stores the FP8 bytes itself, rounding each value to
-BF16 first exactly as the BF16 store would, and records the amax
-(``numerics/kernels/fp8_epilogue.py``); the wgrad layout is then a transpose of 1-byte elements. Per
-Mamba layer and step: 1 byte per element fewer written by the norm, and a read of 1 and a write of 1
-instead of the quantizer's read of 2 and write of 2.
-
-The bits are those of the unfused path (the same BF16 values, the same scale, the same recorded amax;
-``tests/test_out_proj_fp8.py``). The norm and out_proj are one autograd function; its backward runs
-out_proj's dgrad and wgrad, then the norm's backward kernel on out_proj's dx. Off the GPU kernels
-(the tests on CPU) it computes the same with the torch reference of the norm.
+The gated norm's output h has one reader, out_proj (the norm's backward recomputes from its inputs), so
+its kernel stores h as FP8 bytes (``numerics/kernels/fp8_epilogue.py``): same bits as unfused
+(``tests/test_out_proj_fp8.py``). The norm and out_proj are one autograd function.
 
 Shape letters: M tokens, E d_inner (out_proj's in_features), D d_model, H heads, P head dim.
 """
@@ -31,9 +21,8 @@ from inkling_fp4.precision.quant_linear import QuantLinear
 
 
 def applies(out_proj: QuantLinear, z: torch.Tensor, out_dtype: torch.dtype) -> bool:
-    """Whether :func:`skip_gated_norm_out_proj` runs: a training forward on the GPU kernels, a BF16
-    norm output (autocast), out_proj's x and dy delayed FP8 pairs, and sizes the FP8 GEMMs take
-    without padding (16 | tokens, 16 | E)."""
+    """Whether :func:`skip_gated_norm_out_proj` runs: a training forward on the GPU kernels, a BF16 norm
+    output, delayed FP8 pairs, and 16 | tokens, 16 | E."""
     grads = z.requires_grad or out_proj.weight.requires_grad
     tokens = z.numel() // z.shape[-1]
     sizes = tokens % 16 == 0 and out_proj.in_features % 16 == 0
@@ -53,10 +42,8 @@ def skip_gated_norm_out_proj(
     dz_into=None,
     dy_fp8=None,
 ) -> torch.Tensor:
-    """``out_proj(skip_gated_rms_norm(y, x, D, z, norm_weight, n_groups, eps, bfloat16))`` for y, x
-    [..., H, P], z [..., E] -> [..., D], with the norm's output as FP8 only. ``dz_into``: where the
-    norm's backward writes dz (:mod:`~inkling_fp4.model.grad_slab`), as for the norm alone; ``dy_fp8``:
-    the output's gradient slab (``QuantLinear.forward``)."""
+    """``out_proj(skip_gated_rms_norm(y, x, D, z, ...))`` -> [..., D], the norm's output only as FP8.
+    ``dz_into``: where the norm's backward writes dz; ``dy_fp8``: the output's gradient slab."""
     tokens = z.numel() // z.shape[-1]
     gemms = out_proj.gemms(tokens, z.device)
     out = _NormOutProjFn.apply(

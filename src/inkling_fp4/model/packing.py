@@ -1,15 +1,8 @@
 """Document boundaries of a packed batch, computed once per forward and shared by every layer.
 
-Training packs several documents into one row of ``L`` tokens; ``doc_ids`` [B, L] says which
-document each token belongs to. A packed row must give the same outputs as its documents run one
-by one, so every mixer that mixes positions respects the boundaries: attention through a
-block-diagonal causal mask, the Mamba-2 conv and SSD scan by resetting their state where the
-document changes (see :mod:`inkling_fp4.model.mamba2` and :mod:`inkling_fp4.model.ssd`).
-
-Only changes of ``doc_ids`` between neighbours matter (ids may repeat across non-adjacent
-documents); they are turned into segment indices 0, 1, 2, ... per row.
-
-Shape letters: B batch, L length.
+A packed row must give the outputs of its documents run one by one: attention uses a block-diagonal
+causal mask, the Mamba-2 conv and scan reset their state where ``doc_ids`` [B, L] changes (ids may
+repeat across non-adjacent documents).
 """
 
 from __future__ import annotations
@@ -24,10 +17,7 @@ _ALWAYS_MASKED = [False]
 
 
 def segment_ids(doc_ids: torch.Tensor) -> torch.Tensor:
-    """[b, l] document ids -> [b, l] int64 segment index 0, 1, ... that steps where ``doc_ids`` changes.
-
-    Only changes matter, so ids may repeat across non-adjacent documents.
-    """
+    """[b, l] document ids -> [b, l] int64 segment index 0, 1, ... that steps where ``doc_ids`` changes."""
     step = torch.zeros_like(doc_ids, dtype=torch.long)
     step[:, 1:] = (doc_ids[:, 1:] != doc_ids[:, :-1]).long()
     return step.cumsum(-1)
@@ -35,9 +25,8 @@ def segment_ids(doc_ids: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def always_masked() -> Iterator[None]:
-    """Within this context every batch with ``doc_ids`` takes the masked path, with no host sync to
-    choose: what a CUDA graph capture needs (it may not read the device, and its kernels must serve
-    every later batch), and what its eager warm-up needs, so that it autotunes those same kernels."""
+    """Within this context every batch with ``doc_ids`` takes the masked path, with no host sync to choose:
+    for a CUDA graph capture (its kernels must serve every later batch) and its eager warm-up."""
     previous = _ALWAYS_MASKED[0]
     _ALWAYS_MASKED[0] = True
     try:
@@ -56,10 +45,9 @@ class Packing:
 
     @staticmethod
     def from_doc_ids(doc_ids: torch.Tensor | None, attention: bool = True) -> Packing | None:
-        """None when there is nothing to mask (no doc_ids, or one document per row): the fast paths
-        (``is_causal`` attention, unmasked scan) then run. One host sync decides that per forward,
-        except within :func:`always_masked` (the masked path gives the same outputs for one
-        document). ``attention=False`` skips the B·L² mask for models without attention layers."""
+        """None when there is nothing to mask (no doc_ids, or one document per row), so the fast paths run;
+        one host sync decides that, except within :func:`always_masked`. ``attention=False`` skips the B·L²
+        mask for models without attention layers."""
         if doc_ids is None:
             return None
         seg = segment_ids(doc_ids)

@@ -8,20 +8,10 @@
 | hybrid-350m    | 35: 16/3/16   | 1024    | 4096  | 16/4 x 64      | 32 x 64, 8, 128   | 32768  | 344M   |
 | nemotron-h-12b | 62: 28/6/28   | 5120    | 20480 | 40/8 x 128     | 160 x 64, 8, 128  | 131072 | 12.31B |
 
-The small presets keep Nemotron-H's layout: Mamba-2 and MLP layers alternate and about one layer in
-ten is attention, placed between Mamba-MLP groups; Mamba-2 uses expand 2 (d_inner = 2 d_model), head
-dim 64 and state 128 like the 12B. Their embeddings are untied, so at these sizes a large part of the
-count is the two vocabulary matrices (2 x 32768 x d_model). hybrid-350m's Mamba layers are exactly
-the shape the SSD kernel is benchmarked at (32 heads x 64, state 128, 8 groups).
-Both fit one H200 with room to spare: FP32 weights, gradients and Adam moments take 16 bytes per
-parameter (2.2 GB and 5.5 GB), so activations, not weights, set the batch size.
-
-nemotron-h-12b is the model the NVFP4 paper trains (arXiv 2509.25149, Table 3; the Nemotron-H
-architecture of arXiv 2504.03624): 62 layers, 28 Mamba-2, 6 attention, 28 MLP, vocabulary 131072.
-
-GEMM widths are multiples of 32 wherever the architecture allows, so NVFP4 (16) and MXFP4 (32)
-blocks tile them without padding. The Mamba in_proj width 2 E + 2 G N + H adds H and is a multiple of
-32 only when H is (the 12B: 22688 = 32 x 709); the precision layer pads the rest.
+The small presets keep Nemotron-H's layout (Mamba-2 and MLP alternating, about one layer in ten
+attention); nemotron-h-12b is the model the NVFP4 paper trains (arXiv 2509.25149, Table 3). GEMM widths
+are multiples of 32 where the architecture allows, so NVFP4 and MXFP4 blocks tile them unpadded; the
+Mamba in_proj width 2 E + 2 G N + H is one only when H is, and the precision layer pads the rest.
 """
 
 from __future__ import annotations

@@ -5,19 +5,13 @@ Per head h, with the head's group g = h // (H / G) providing B and C, the select
     S_t = exp(dt_t A) S_{t-1} + dt_t x_t B_t^T        S: [P, N]
     y_t = S_t C_t                                      y: [P]
 
-``ssd_reference`` computes it in chunks of Q tokens, as the paper's minimal SSD algorithm does: inside a
-chunk the quadratic (attention-like) form ``y = (L o C B^T) (dt x)`` with the decay matrix
-``L[i, j] = exp(sum_{k=j+1..i} dt_k A)`` ("segsum"), and between chunks a short recurrence over chunk
-states. It runs anywhere (pure PyTorch, FP32 or FP64 math), takes any G and any length (padded
-internally with dt = 0, which neither decays nor feeds the state), and is the reference every fast
-path is tested against. ``ssd_recurrent`` is the literal token-by-token recurrence: the test oracle;
-:func:`ssd_step` is one step of it (the decoding step's math, which decoding runs fused with the
-conv and the gated norm in :mod:`inkling_fp4.model.mamba2_decode`).
+``ssd_reference`` is the paper's minimal chunked SSD: inside a chunk of Q tokens the quadratic form
+``y = (L o C B^T) (dt x)`` with ``L[i, j] = exp(sum_{k=j+1..i} dt_k A)`` ("segsum"), between chunks a
+short recurrence over chunk states. Pure PyTorch (FP32 or FP64), any length (padded with dt = 0, which
+neither decays nor feeds the state); every fast path is tested against it. ``ssd_recurrent`` is the
+literal recurrence, the test oracle.
 
-Packed documents: ``doc_ids`` marks documents; the state is zeroed where ``doc_ids`` changes. In the
-chunked form this is exact masking of every decay factor that crosses a boundary: inside the segsum,
-in the decay of a chunk's inputs to its final state, in the passing of states between chunks and in
-the decay of a carried state into the chunk's outputs. A boundary inside a chunk costs nothing extra.
+Packed documents: the state is zeroed where ``doc_ids`` changes (every decay across a boundary masked).
 
 Shape letters: b batch, l length, h heads, p head dim, g groups, r = h/g heads per group, n state,
 c chunks, q chunk length (i, j index positions inside a chunk).
@@ -34,10 +28,7 @@ from inkling_fp4.model.packing import segment_ids
 
 def segsum(a: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
     """a: [..., T] -> [..., T, T] with out[i, j] = sum_{k=j+1..i} a_k for j <= i (and keep[i, j]), else -inf.
-
-    Summed by a masked cumsum rather than as cumsum differences, which would cancel catastrophically
-    when the cumulative decay grows large.
-    """
+    A masked cumsum: cumsum differences would cancel catastrophically as the decay grows."""
     T = a.shape[-1]
     a_rep = a[..., :, None].expand(*a.shape, T)  # a_rep[..., i, j] = a_i
     strict = torch.ones(T, T, dtype=torch.bool, device=a.device).tril(-1)
@@ -192,9 +183,8 @@ def ssd(
     doc_ids: torch.Tensor | None = None,
     impl: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The SSD scan (see :func:`ssd_reference` for shapes). ``impl``: 'auto' uses the Triton kernel on CUDA
-    when it imports and the reference otherwise; 'triton' insists on the kernel; 'reference' never uses it.
-    On CPU the reference always runs."""
+    """The SSD scan (shapes: :func:`ssd_reference`). ``impl``: 'auto' (the Triton kernel on CUDA when it
+    imports), 'triton' or 'reference'."""
     if impl != "reference" and x.is_cuda:
         kernel = load_triton_ssd()
         if kernel is not None:

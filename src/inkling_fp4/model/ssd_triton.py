@@ -1,22 +1,8 @@
 """The SSD scan of Mamba-2 on the GPU: Triton kernels with a hand-written backward.
 
-Same arguments and results as :func:`inkling_fp4.model.ssd.ssd_reference` (the math and the shapes are
-documented there), as a ``torch.autograd.Function``. The scan is memory- and latency-bound at training
-shapes (a few GFLOP against hundreds of MB of inputs and states), so the design is about passes over
-memory, not FLOPs; see :mod:`inkling_fp4.model.ssd_kernels` for the kernels:
-
-    forward    chunk_cumsum -> chunk_states -> chunk_scan                          3 kernels
-    backward   chunk_states (recomputed) -> state_grads -> scan_grads_x, scan_grads_bc   4 kernels
-
-Precision: matmul operands in the input dtype (BF16 in training), FP32 accumulation; decays, the state
-recurrence and its gradient in FP32, as are the final state and its gradient. The per-chunk state
-snapshots that feed the matmuls are stored in the input dtype (they would be rounded to it as operands
-anyway). Only x, B, C, A, the FP32 dt and its cumsum G ([b, h, l], small), the initial state and the
-segment ids are saved for the backward; the [b, h, c, p, n] chunk states are recomputed.
-
-CUDA tensors, or any device under ``TRITON_INTERPRET=1`` (how the CPU tests run the kernels).
-``chunk_size`` must be 16, 32, 64 or 128 (64 is the usual choice); head dim and state size are free
-(blocks are padded to powers of two, so sizes far from one waste work).
+Same arguments and results as ``model/ssd.py``'s :func:`ssd_reference`; the kernel pipeline is in
+``model/ssd_kernels``. Only the inputs, the FP32 dt and its cumsum G are saved for the backward; the
+chunk states are recomputed. ``chunk_size`` must be 16, 32, 64 or 128.
 """
 
 from __future__ import annotations
@@ -119,10 +105,8 @@ def ssd_triton(
     initial_state: torch.Tensor | None = None,
     doc_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x: [b, l, h, p]; dt: [b, l, h] (> 0); A: [h] (< 0); B, C: [b, l, g, n]; initial_state: [b, h, p, n]
-    or None; doc_ids: [b, l] or None (the state resets where it changes). Returns y: [b, l, h, p] in x's
-    dtype (no D skip) and the final state [b, h, p, n] in FP32. Differentiable in x, dt, A, B, C and
-    initial_state."""
+    """Shapes as :func:`ssd_reference`: x [b, l, h, p], dt [b, l, h], A [h], B, C [b, l, g, n] -> y in x's
+    dtype (no D skip) and the final state [b, h, p, n] in FP32."""
     _check(x, dt, A, B, C, chunk_size, initial_state, doc_ids)
     x = _last_dim_contiguous(x)
     B = _last_dim_contiguous(B.to(x.dtype))  # matmul operands share x's dtype

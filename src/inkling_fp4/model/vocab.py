@@ -1,17 +1,11 @@
-"""Growing the vocabulary of a trained model: new embedding and LM-head rows for added tokens.
+"""Growing the vocabulary of a trained model: new embedding and LM-head rows for added tokens (e.g.
+chat special tokens appended to a pretrained tokenizer, ``data/tokenizer.py``).
 
-Why: a pretrained tokenizer that lacks the chat template's special tokens (``<|user|>``, ``<|end|>``,
-...) gets them appended after its vocabulary (``data/tokenizer.py``), so their ids have no row in the
-model's embedding ``embed`` [V, D] or its untied head ``lm_head`` [V, D]. Fine-tuning needs those rows.
-
-New rows start at the mean of the existing rows, each matrix on its own (Hewitt, "Initializing new
-word embeddings for pretrained language models", 2021): a zero or random row makes the new token's
-logit arbitrary against the trained ones, while the mean row gives it the average token's logit at
-every position (the softmax's expected log-probability barely moves) and an input embedding that lies
-inside the trained ones' distribution. The mean is taken in FP32 and rounded once to the weight's dtype.
-
-The old rows stay bit-identical. Grow before building the optimizer and before wrapping the model
-for DDP / FSDP: both hold the parameters they were given, and growth replaces them.
+New rows start at the FP32 mean of the existing rows, per matrix (Hewitt, "Initializing new word
+embeddings for pretrained language models", 2021): the new token gets the average token's logit and an
+in-distribution embedding, where a zero or random row makes its logit arbitrary. Old rows stay
+bit-identical. Grow before building the optimizer and wrapping for DDP / FSDP: growth replaces the
+parameters they hold.
 """
 
 from __future__ import annotations
@@ -31,8 +25,8 @@ def _grown(weight: torch.Tensor, rows: int) -> nn.Parameter:
 
 @torch.no_grad()
 def grow_vocab(model: HybridLM, new_vocab_size: int) -> int:
-    """Grow ``model.embed`` and ``model.lm_head`` in place to ``new_vocab_size`` rows (see the module
-    docstring) and set ``model.cfg.vocab_size``; returns the rows added (0 when the vocabulary fits)."""
+    """Grow ``model.embed`` and ``model.lm_head`` in place to ``new_vocab_size`` rows and set
+    ``model.cfg.vocab_size``; returns the rows added (0 when the vocabulary fits)."""
     old = model.embed.num_embeddings
     if model.lm_head.out_features != old:
         raise AssertionError(f"embedding has {old} rows but the LM head {model.lm_head.out_features}")
@@ -48,8 +42,8 @@ def grow_vocab(model: HybridLM, new_vocab_size: int) -> int:
 
 
 def fit_tokenizer(model: HybridLM, tokenizer) -> str | None:
-    """Rows for the tokens a tokenizer gained (its chat tokens, added when it lacked them) and for
-    ids past the embedding, at the mean of the trained rows; what was done, for the log, or None."""
+    """Mean-initialised rows for the tokens a tokenizer gained and for ids past the embedding; returns a
+    log line, or None."""
     added = [tokenizer.hf.token_to_id(t) for t in tokenizer.added_specials]
     grown = max(0, tokenizer.vocab_size - model.embed.num_embeddings)
     if not added and not grown:
@@ -65,10 +59,8 @@ def fit_tokenizer(model: HybridLM, tokenizer) -> str | None:
 
 @torch.no_grad()
 def mean_init_rows(model: HybridLM, ids: list[int]) -> int:
-    """Set the embedding and head rows of ``ids`` to the FP32 mean of the model's other rows, growing
-    the vocabulary first where an id has no row (every grown row gets that mean too). For tokens added
-    to a tokenizer whose model already had spare rows (a vocabulary padded past the tokenizer): those
-    rows were never trained, so they start where new rows do. Returns the number of ids."""
+    """Set the rows of ``ids`` to the FP32 mean of the other rows, growing the vocabulary where needed
+    (spare rows of a padded vocabulary were never trained). Returns the number of ids."""
     if not ids:
         return 0
     V = model.embed.num_embeddings

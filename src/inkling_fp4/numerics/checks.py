@@ -1,13 +1,11 @@
 """Input validation for the quantizers: bad tensors get a one-line NumericsError, never garbage.
 
-Why: a NaN that reaches a quantizer turns a whole block scale (and every later step) into garbage
-silently, and a last dim that is not a multiple of the block would otherwise surface as an opaque
-reshape error deep in a kernel. Every message names the operation, the tensor (``name=`` when the
-caller knows it), its shape, and what to do.
+Why: a NaN that reaches a quantizer silently spoils a whole block scale (and every later step), and a
+last dim that is not a multiple of the block would surface as an opaque reshape error deep in a
+kernel. Every message names the operation, the tensor (``name=``), its shape, and what to do.
 
-The finiteness check is cheap when the caller already has the tensor's amax (NaN propagates through
-``amax``, Inf shows up in it): one scalar test, and only on failure do we search for the first bad
-element to report where it is.
+The finiteness check is one scalar test when the caller has the tensor's amax (NaN and Inf show in
+it); only on failure is the first bad element searched for.
 """
 
 from __future__ import annotations

@@ -1,32 +1,20 @@
 """Element and scale formats: E2M1 (FP4), E4M3 and E8M0, as bit-exact torch code.
 
-Why a file of its own: NVFP4 and MXFP4 share the FP4 element format and differ only in how the
-block scale is chosen, so the element rounding lives here once and both quantizers call it.
-
 E2M1 (OCP MX spec v1.0, section 5.3.3): 1 sign bit, 2 exponent bits (bias 1), 1 mantissa bit, no
 Inf/NaN. The eight magnitudes are 0, 0.5, 1, 1.5, 2, 3, 4, 6; code ``c`` (0..7) is the index into
-that list and bit 3 is the sign, so the 16 codes are ``s·8 + c``.
+that list and bit 3 is the sign, so the 16 codes are ``s·8 + c``; two per byte, even element low.
 
-Round to nearest: half to even on the *code* (the even code has mantissa bit 0), which puts the
-midpoints at 0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4, 5→4, and anything above 5 saturates to 6.
-The sign bit is the input's sign bit (IEEE conversion semantics, as the hardware cvt does), so a
-negative value that rounds to zero, and -0 itself, encode as code 8 (-0) and decode to -0.0.
+Round to nearest: half to even on the *code*: midpoints 0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4,
+5→4; above 5 saturates to 6. The sign bit is the input's (as the hardware cvt), so -0 and a negative
+value that rounds to zero encode as code 8 (-0).
 
-Stochastic rounding: with ``u = r/256`` for an 8-bit random ``r`` and the local grid step
-``step = 0.5`` for |v| < 2, 1 for 2 <= |v| < 4, 2 for |v| >= 4, the result is
-``floor((|v| + u·step)/step)·step`` capped at 6, sign restored. We evaluate that floor exactly as
-``floor(a) + [frac(a) >= 1 - u]`` with ``a = |v|/step`` (all terms exact in FP32), so the FP32 sum
-``|v| + u·step`` can never round across a grid point. The result is always one of the two grid
-neighbours; its mean is ``step·(floor(a) + floor(256·frac(a))/256)``: unbiased up to the 8-bit
-quantization of u, a bias toward zero of less than ``step/256``.
+Stochastic rounding: ``floor((|v| + u·step)/step)·step`` capped at 6, sign restored, with ``u = r/256``
+for an 8-bit random ``r`` and the grid step (0.5 below 2, 1 below 4, else 2); evaluated exactly as
+``floor(a) + [frac(a) >= 1 - u]``, ``a = |v|/step``. Unbiased up to a bias toward zero below ``step/256``.
 
-Packing: two codes per byte, the even element in the low nibble.
-
-E4M3 (``torch.float8_e4m3fn``): NVFP4's block scale. Torch's FP32→E4M3 cast is round-half-even
-but not saturating on every version, so :func:`e4m3_round` clamps to ±448 first.
-
-E8M0: MX's power-of-two scale, stored as the biased exponent byte (bias 127, 255 = NaN) in uint8,
-because ``torch.float8_e8m0fnu`` is not usable on every torch version we support.
+E4M3: NVFP4's block scale; torch's cast does not saturate on every version, so :func:`e4m3_round`
+clamps first. E8M0: MX's power-of-two scale as a uint8 biased exponent (bias 127, 255 = NaN), since
+``torch.float8_e8m0fnu`` is not usable on every supported torch.
 """
 
 from __future__ import annotations
@@ -85,8 +73,7 @@ def random_bytes(
 
 
 def _grid_step_exponent(magnitude: torch.Tensor) -> torch.Tensor:
-    """Biased FP32 exponent of the E2M1 grid step at ``magnitude`` in [0, 6]: 2^-1 below 2, 2^0 in
-    [2, 4), 2^1 from 4 (read from the exponent bits: no branches)."""
+    """Biased FP32 exponent of the E2M1 grid step at ``magnitude`` in [0, 6] (2^-1, 2^0, 2^1), from bits."""
     return (magnitude.view(torch.int32) >> 23).clamp_(127, 129) - 1
 
 
@@ -142,8 +129,7 @@ def e8m0_from_exponent(exponent: torch.Tensor) -> torch.Tensor:
 
 
 def e8m0_to_float(scale_bytes: torch.Tensor) -> torch.Tensor:
-    """E8M0 bytes -> FP32 powers of two, built from bits so every value is exact (2^-127 is an FP32
-    subnormal); byte 255 decodes to NaN."""
+    """E8M0 bytes -> FP32 powers of two built from bits (2^-127 is subnormal); byte 255 -> NaN."""
     biased = scale_bytes.to(torch.int32)
     bits = torch.where(biased == 0, torch.full_like(biased, 1 << 22), biased << 23)
     values = bits.view(torch.float32)
@@ -156,7 +142,7 @@ def pow2_float(exponent: torch.Tensor) -> torch.Tensor:
 
 
 def floor_log2(x: torch.Tensor) -> torch.Tensor:
-    """``floor(log2(x))`` of non-negative FP32 values read from the exponent bits (int32). Zero and FP32
-    subnormals (< 2^-126) report -127, the E8M0 floor, where every caller clamps anyway."""
+    """``floor(log2(x))`` of non-negative FP32 values from the exponent bits; zero and subnormals give
+    -127, the E8M0 floor."""
     biased = (x.float().view(torch.int32) >> 23) & 0xFF
     return biased - E8M0_BIAS

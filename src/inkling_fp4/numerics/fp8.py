@@ -1,34 +1,21 @@
 """FP8 (E4M3 / E5M2) with current scaling: per tensor, or per block with FP32 scales.
 
-Why: the paper's baseline (arXiv 2509.25149, section 4) is FP8 with E4M3 for all GEMM operands,
-1×128 blocks for activations and gradients, 128×128 blocks for weights and FP32 scales, the
-DeepSeek-V3 style recipe. compare-baseline trains with these quantizers so that the loss gap it
-reports is NVFP4 against the paper's baseline, not against a stronger or weaker one.
-
-Current scaling, per tensor or per block, in FP32 (Transformer Engine's rule):
+The paper's baseline (arXiv 2509.25149, section 4; the DeepSeek-V3 recipe) is E4M3 for all GEMM
+operands with FP32 scales per 1×128 block (activations, gradients) or 128×128 block (weights);
+compare-baseline trains with these quantizers. Scaling, per tensor or block (Transformer Engine's rule):
 
     scale     = fp8_max / amax     (1 when amax == 0; FLT_MAX if the quotient overflows)
     data      = fp8(clamp(x · scale, -fp8_max, fp8_max))   (one round-half-even)
     scale_inv = 1 / scale          (stored; dequantize is data · scale_inv)
 
-The clamp is not cosmetic: torch's FP32→FP8 cast does not saturate on every version (E5M2
-overflows to Inf), and ``x · scale`` can exceed fp8_max by one rounding.
+NOTE the clamp is needed: torch's FP32→FP8 cast does not saturate on every version, and ``x · scale``
+can exceed fp8_max by one rounding.
 
-128×128 blocks allow M not a multiple of 128: the last row tile is partial and takes the amax of
-the rows it has, so ``scale_inv`` is ``[ceil(M/128), N/128]``. The last dim must be a multiple of
-the block width, unless the caller asks for ``pad=True``: then the result is that of x zero-padded to
-NP = ceil(N/bn)·bn columns (``data [..., NP]``, ``scale_inv [..., NP/bn]``; zeros change no block amax
-and quantize to 0), which is what the GEMM needs when its other operand is padded along the same
-contraction dim. The CUDA kernels write that padding themselves (no padded copy of x); the reference
-pads with ``F.pad``. 1×bn blocks keep any leading dims (``scale_inv [..., N/bn]``); bm×bn tiles need
-2-D x.
-
-On CUDA, ``quantize_tensorwise`` / ``quantize_blockwise`` / ``quantize_blockwise_t`` /
-``quantize_blockwise_pair`` run the Triton
-kernels of ``numerics/kernels/fp8_quantize.py`` (same bits, scales computed on the device); the
-``*_ref`` functions here are the reference and the CPU path. ``check=False`` skips the finiteness
-test, the one host sync: a NaN/Inf input then shows as an Inf ``scale_inv`` (and a non-finite GEMM
-output) instead of an error.
+Shapes: 1×bn blocks keep any leading dims (``scale_inv [..., N/bn]``); bm×bn tiles need 2-D x, with a
+partial last row tile allowed (``scale_inv [ceil(M/bm), N/bn]``). N must be a multiple of bn unless
+``pad``, which quantizes x zero-padded to ceil(N/bn)·bn columns (for a GEMM whose other operand is
+padded). On CUDA the public functions run ``numerics/kernels/fp8_quantize.py`` (same bits); the
+``*_ref`` functions are the reference. ``check=False`` skips the finiteness test (a host sync).
 """
 
 from __future__ import annotations
@@ -101,11 +88,8 @@ def quantize_tensorwise_ref(
     amax: torch.Tensor | None = None,
     record: torch.Tensor | None = None,
 ) -> FP8Tensor:
-    """One FP32 scale for the whole tensor; the torch reference.
-
-    Current scaling takes the scale from x's own amax. Delayed scaling passes ``amax`` (earlier
-    steps' amax: values above it saturate to ±fp8_max) and ``record`` (an FP32 word that gets
-    ``max(record, max|x|)``, this step's amax for the history)."""
+    """One FP32 scale for the whole tensor; the torch reference. Delayed scaling passes ``amax`` (values
+    above it saturate) and ``record`` (an FP32 word that gets ``max(record, max|x|)``)."""
     op = "fp8.quantize_tensorwise"
     fp8_max = _fp8_max(dtype, op)
     checks.check_dtype(x, op=op, name=name)
@@ -169,7 +153,6 @@ def _kernels() -> ModuleType | None:
 
 
 def _pad_last(x: torch.Tensor, block: int) -> torch.Tensor:
-    """x zero-padded along its last dim to a multiple of ``block`` (x itself if it is one)."""
     pad = -x.shape[-1] % block if x.dim() else 0
     return F.pad(x, (0, pad)) if pad else x
 
@@ -188,8 +171,7 @@ def quantize_tensorwise(
     amax: torch.Tensor | None = None,
     record: torch.Tensor | None = None,
 ) -> FP8Tensor:
-    """One FP32 scale for the whole tensor; Triton on CUDA (two passes: amax, then cast; one pass
-    with delayed scaling's ``amax`` and ``record``, as :func:`quantize_tensorwise_ref` describes)."""
+    """One FP32 scale for the whole tensor; Triton on CUDA."""
     if not (x.is_cuda and x.dim() > 0 and x.numel() and _kernels()):
         return quantize_tensorwise_ref(x, dtype=dtype, name=name, amax=amax, record=record)
     checks.check_dtype(x, op="fp8.quantize_tensorwise", name=name)
@@ -198,8 +180,6 @@ def quantize_tensorwise(
 
 
 def _tensorwise_kernel(x, dtype, op: str, name, check: bool, amax, record, *, cols: bool) -> dict:
-    """The Triton tensorwise quantizer on x (rows, and xᵀ if ``cols``): the scale from x's own amax
-    (an amax pass first) or from the given delayed ``amax``; x's finiteness checked if ``check``."""
     from inkling_fp4.numerics.kernels.amax import abs_max  # needs triton
 
     _fp8_max(dtype, op)
@@ -225,13 +205,7 @@ def quantize_tensorwise_pair(
     record: torch.Tensor | None = None,
 ) -> tuple[FP8Tensor, FP8Tensor]:
     """(x [M, N], xᵀ [N, M]) in tensorwise FP8 for 2-D x: one scale, so xᵀ's codes are x's transposed.
-
-    Why both: Hopper's FP8 GEMMs take each operand with its contraction dim contiguous, so x's codes
-    serve the fprop and xᵀ's the wgrad (and a gradient's the dgrad and the wgrad). Transposing FP8
-    bytes with a torch copy is an elementwise kernel far from copy bandwidth (0.3-0.6 ms per operand
-    at hybrid-350m's shapes); on CUDA one kernel reads x once and writes both layouts instead.
-    ``amax`` / ``record``: delayed scaling (:func:`quantize_tensorwise_ref`); then x is read once, not
-    twice (no amax pass), unless ``check`` needs x's own amax."""
+    Hopper's FP8 GEMMs want the contraction dim contiguous: x serves the fprop, xᵀ the wgrad."""
     op = "fp8.quantize_tensorwise_pair"
     checks.check_input(x, op=op, block=1, name=name, ndim=2)
     if not (x.is_cuda and x.numel() and _kernels()):
@@ -245,8 +219,7 @@ def quantize_tensorwise_pair(
 
 
 def transpose_fp8(data: torch.Tensor) -> torch.Tensor:
-    """``data.t().contiguous()`` for 2-D FP8 data [M, N] -> [N, M]: one Triton pass over the bytes on
-    CUDA, where a torch copy of transposed 1-byte elements runs far below copy bandwidth."""
+    """``data.t().contiguous()`` for 2-D FP8 data, in one Triton pass on CUDA (torch's is slow)."""
     op = "fp8.transpose_fp8"
     _fp8_max(data.dtype, op)
     if data.dim() != 2:
@@ -259,9 +232,7 @@ def transpose_fp8(data: torch.Tensor) -> torch.Tensor:
 
 
 def tensorwise_pair_from_rows(rows: torch.Tensor, amax: torch.Tensor) -> tuple[FP8Tensor, FP8Tensor]:
-    """The tensorwise pair (x, xᵀ) of FP8 bytes [M, N] that their producer wrote under the delayed
-    ``amax`` (``numerics/kernels/fp8_epilogue.py``): the transposed bytes and the scale_inv the
-    quantizer would have written, in one launch on CUDA."""
+    """(x, xᵀ) from FP8 bytes [M, N] a producer wrote under the delayed ``amax`` (``fp8_epilogue.py``)."""
     op = "fp8.tensorwise_pair_from_rows"
     fp8_max = _fp8_max(rows.dtype, op)
     if rows.dim() != 2:
@@ -277,9 +248,8 @@ def tensorwise_pair_from_rows(rows: torch.Tensor, amax: torch.Tensor) -> tuple[F
 
 
 def squared_relu_ref(h: torch.Tensor, dout: torch.Tensor | None = None) -> torch.Tensor:
-    """relu(h)², or with ``dout`` the squared ReLU's gradient 2·dout·h where h > 0 (else 0), in h's
-    dtype with one rounding: the tensor :func:`quantize_squared_relu_pair` quantizes (the model's
-    squared ReLU, ``inkling_fp4.model.mlp.squared_relu``, forward and backward)."""
+    """relu(h)², or with ``dout`` its gradient 2·dout·h where h > 0, in h's dtype with one rounding
+    (the model's squared ReLU, ``model/mlp.py``)."""
     hf = h.float()
     if dout is None:
         r = torch.relu(hf)
@@ -297,14 +267,8 @@ def quantize_squared_relu_pair(
     record: torch.Tensor | None = None,
     check: bool = True,
 ) -> tuple[FP8Tensor, FP8Tensor]:
-    """:func:`quantize_tensorwise_pair` of ``squared_relu_ref(h, dout)`` for BF16 h [M, N] under a
-    delayed scale (``amax``, ``record``), without that tensor: on CUDA the quantizer computes it from
-    h (and dout) as it reads them.
-
-    Why: in the MLP the squared ReLU's output is the second linear's x and its gradient is the first
-    linear's dy; in BF16 each costs a write and a read of [tokens, ffn] that only the quantizer
-    consumes. A delayed scale is known before the tensor exists, which is what allows this; a current
-    scale would need its amax first."""
+    """:func:`quantize_tensorwise_pair` of ``squared_relu_ref(h, dout)`` for BF16 h [M, N], without storing
+    that [tokens, ffn] tensor on CUDA. Needs a delayed scale: a current one would need its amax first."""
     op = "fp8.quantize_squared_relu_pair"
     checks.check_input(h, op=op, block=1, name=name, ndim=2)
     if h.dtype != torch.bfloat16 or (dout is not None and (dout.shape != h.shape or dout.dtype != h.dtype)):
@@ -341,12 +305,8 @@ def quantize_blockwise(
     check: bool = True,
     pad: bool = False,
 ) -> FP8BlockTensor:
-    """Blockwise FP8 (see ``quantize_blockwise_ref``); Triton on CUDA for (1, 128) and (128, 128).
-
-    ``pad``: a last dim N that is not a multiple of the block width gives the result for x
-    zero-padded to NP = ceil(N/bn)·bn (data [..., NP]); without it such an N is an error.
-    The kernel's 1×128 ``scale_inv`` is a transposed view (outer-dim major, what the GEMM reads).
-    """
+    """Blockwise FP8 (see ``quantize_blockwise_ref``); Triton on CUDA for (1, 128) and (128, 128), whose
+    1×128 ``scale_inv`` is a transposed view (outer-dim major, what the GEMM reads)."""
     kernels = _kernels() if x.is_cuda and block in ((1, 128), (128, 128)) else None
     if kernels is None:
         return quantize_blockwise_ref(
@@ -370,11 +330,7 @@ def quantize_blockwise(
 def quantize_blockwise_t(
     x: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn, name: str | None = None, *, check: bool = True
 ) -> FP8BlockTensor:
-    """xᵀ [N, M] in 1×128 blocks along the tokens, for x: [M, N] (M % 128 == 0, any N): the wgrad
-    operands.
-
-    On CUDA one kernel reads x and writes xᵀ's codes, with no transposed copy of x.
-    """
+    """xᵀ [N, M] in 1×128 blocks along the tokens for x [M, N] (M % 128 == 0): a wgrad operand."""
     out = _along_tokens(x, dtype, name, check, rows=False, op="fp8.quantize_blockwise_t")
     if out is None:
         return quantize_blockwise_t_ref(x, dtype=dtype, name=name)
@@ -389,14 +345,8 @@ def quantize_blockwise_pair(
     check: bool = True,
     pad: bool = False,
 ) -> tuple[FP8BlockTensor, FP8BlockTensor]:
-    """(x [M, N] in 1×128 blocks along N, xᵀ [N, M] in 1×128 blocks along M) for 2-D x with M and N
-    multiples of 128: an activation's fprop and wgrad operands (or a gradient's dgrad and wgrad ones).
-
-    ``pad``: N need not be a multiple of 128; the results are those of x zero-padded to
-    NP = ceil(N/128)·128 columns: x [M, NP] and xᵀ [NP, M] (pad rows: 0 codes, scale_inv 1).
-    On CUDA one kernel reads x once and writes both, where :func:`quantize_blockwise` and
-    :func:`quantize_blockwise_t` would read it twice; the bits are theirs (of the padded x).
-    """
+    """(x [M, NP] in 1×128 blocks along N, xᵀ [NP, M] along M) for 2-D x, M % 128 == 0, from one read on
+    CUDA: an activation's fprop and wgrad operands. NP = N, or ceil(N/128)·128 with ``pad``."""
     out = _along_tokens(x, dtype, name, check, rows=True, op="fp8.quantize_blockwise_pair", pad=pad)
     if out is None:
         xp = _pad_last(x, 128) if pad else x
@@ -410,9 +360,7 @@ def quantize_blockwise_pair(
 def _along_tokens(
     x: torch.Tensor, dtype, name, check: bool, *, rows: bool, op: str, pad: bool = False
 ) -> dict | None:
-    """The kernel's outputs for xᵀ in 1×128 blocks along the tokens (and for x along its rows too if
-    ``rows``), over N zero-padded to a multiple of 128 if ``pad``; None off CUDA, where the caller
-    runs the reference."""
+    """Kernel outputs for xᵀ in 1×128 token blocks (and x in row blocks if ``rows``); None off CUDA."""
     kernels = _kernels() if x.is_cuda else None
     if kernels is None:
         return None

@@ -1,16 +1,12 @@
 """The 16-point random Hadamard transform (RHT) matrix used on NVFP4 wgrad operands.
 
-Why: the weight gradient ``dW = dYᵀ·X`` contracts over tokens, and a few outlier tokens would blow up
-the E4M3 block scales of dYᵀ and Xᵀ. Multiplying both operands by the same orthogonal matrix R along
-the token dimension spreads outliers over 16 elements and leaves the product unchanged in exact
-arithmetic: ``(dYᵀ R)(Xᵀ R)ᵀ = dYᵀ R Rᵀ X = dYᵀ X`` (paper section 4.2).
+A few outlier tokens would blow up the block scales of dYᵀ and Xᵀ in ``dW = dYᵀ·X``; multiplying both by
+the same orthogonal R along the tokens spreads outliers over 16 elements and leaves the product
+unchanged: ``(dYᵀ R)(Xᵀ R)ᵀ = dYᵀ X`` (paper section 4.2).
 
-R = diag(s) · H16 / 4, applied on the right of 16-element row blocks (``x_blocks @ R``), i.e. the
-signs multiply the *input* before the Hadamard butterfly. This is Transformer Engine's convention
-(its rht matrix is ``sign_matrix @ hadamard``), so our wgrad operands equal TE's bit for bit. H16 is
-the Sylvester construction, ``H[i, j] = (-1)^popcount(i & j)``, and ``H·Hᵀ = 16·I`` makes R orthogonal.
-The fixed sign vector is the one Transformer Engine hard-codes for wgrad; a seeded random one is
-available for experiments.
+R = diag(s) · H16 / 4, applied as ``x_blocks @ R`` (the signs multiply the input first): Transformer
+Engine's convention, so the wgrad operands equal TE's bit for bit. H16 is Sylvester's,
+``H[i, j] = (-1)^popcount(i & j)``. The fixed sign vector is TE's wgrad one.
 """
 
 from __future__ import annotations

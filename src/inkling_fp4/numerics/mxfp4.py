@@ -1,30 +1,20 @@
 """MXFP4 (OCP Microscaling): E2M1 elements, one E8M0 power-of-two scale per 32 elements.
 
-Why it is here: the paper (arXiv 2509.25149, section 5) compares NVFP4 with MXFP4 to show what the
-finer 16-element E4M3 scales and the FP32 tensor scale buy; this is that comparison's quantizer.
-
-The scale rule is the OCP Microscaling Formats (MX) Specification v1.0 (Sept. 2023), section 6.3
-"Conversion from vector of scalar float to MX format":
+The paper (arXiv 2509.25149, section 5) compares NVFP4 with MXFP4 to show what the finer E4M3 scales
+and the FP32 tensor scale buy; this is that comparison's quantizer. The scale rule is the OCP MX
+Specification v1.0, section 6.3:
 
     shared_exp = floor(log2(max_i |V_i|)) - emax_elem      (emax_elem = 2 for E2M1: 6 = 1.5·2^2)
     X          = 2^shared_exp, shared_exp clamped to E8M0's [-127, 127]
     P_i        = E2M1_RNE(clamp(V_i / X, -6, 6))           (saturate to the max normal)
 
-So the block amax lands in [4, 8) after scaling and values in (6, 8) saturate to 6: the rounding
-error the paper's NVFP4 scale rule (amax maps to exactly 6) avoids. An all-zero block has
-floor(log2 0) = -inf, clamped to -127: scale byte 0. V_i / X is a multiplication by an exact power
-of two, so it is exact in FP32; the one rounding is E2M1's. There is no tensor scale
-(``decode_scale`` is 1), so ``block_values`` equals ``dequantize``.
+So the block amax lands in [4, 8) after scaling and values in (6, 8) saturate to 6: the rounding error
+NVFP4's scale rule (amax maps to exactly 6) avoids. V_i / X is exact; there is no tensor scale, so
+``block_values`` equals ``dequantize``.
 
-Layout: ``x: [..., N]`` with N a multiple of 32 -> ``codes [..., N//2]`` (even element in the low
-nibble), ``scales`` uint8 E8M0 bytes (bias 127) ``[..., N//32]``.
-
-On CUDA, :func:`quantize` calls the one-pass Triton kernel in ``numerics/kernels/mxfp4_quantize.py``
-when Triton is installed: same arguments, same codes and scale bytes for round-to-nearest, the same
-distribution for stochastic rounding. ``quantize_ref`` is the torch code: the CPU path and the
-kernel's oracle. :func:`quantize_with_values` also returns the BF16 block values, which an emulated
-GEMM multiplies: on CUDA the kernel writes them in the same pass (and can skip the codes of an
-operand that is not saved), so the decode's full-size temporaries never exist.
+Layout: ``x: [..., N]``, N % 32 == 0 -> ``codes [..., N//2]``, ``scales`` E8M0 bytes ``[..., N//32]``.
+On CUDA the one-pass kernel of ``numerics/kernels/mxfp4_quantize.py`` runs; ``quantize_ref`` is the
+CPU path and oracle.
 """
 
 from __future__ import annotations
@@ -85,12 +75,8 @@ def quantize(
     name: str | None = None,
     check: bool = True,
 ) -> MXFP4Tensor:
-    """MXFP4-quantize ``x: [..., N]`` in 1×32 blocks along N (round-half-even or stochastic).
-
-    CUDA tensors go through the Triton kernel. There, ``check=False`` skips the NaN/Inf check (one
-    host sync): a non-finite block then gets the E8M0 NaN scale byte and dequantizes to NaN. The
-    CPU path always checks.
-    """
+    """MXFP4-quantize ``x: [..., N]`` in 1×32 blocks along N. On CUDA ``check=False`` skips the NaN/Inf
+    check (a host sync): a non-finite block then gets the NaN scale byte and dequantizes to NaN."""
     t, _ = quantize_with_values(x, stochastic, generator, name, check, keep_codes=True, dtype=None)
     return t
 
@@ -104,13 +90,8 @@ def quantize_with_values(
     keep_codes: bool = True,
     dtype: torch.dtype | None = torch.bfloat16,
 ) -> tuple[MXFP4Tensor | None, torch.Tensor | None]:
-    """``(t, t.block_values(dtype))`` for ``t`` the quantized x, the packed ``t`` only if
-    ``keep_codes`` (None otherwise) and the values only if ``dtype`` (BF16 or FP32, both hold every
-    value exactly; None: no values).
-
-    CUDA tensors go through the Triton kernel, one pass for both; ``check`` as in :func:`quantize`
-    (unchecked, a non-finite block's values are NaN). The CPU path is ``quantize_ref`` and its decode.
-    """
+    """``(t, t.block_values(dtype))`` for the quantized x, None where not asked for (``keep_codes``,
+    ``dtype``); one kernel pass for both on CUDA."""
     if not (x.is_cuda and kernels.available()):
         t = quantize_ref(x, stochastic=stochastic, generator=generator, name=name)
         return (t if keep_codes else None), (None if dtype is None else t.block_values(dtype))

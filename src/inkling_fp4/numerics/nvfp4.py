@@ -1,10 +1,8 @@
 """NVFP4: E2M1 elements, one E4M3 scale per 16 elements, one FP32 scale per tensor.
 
-Why this file is the reference: off Blackwell there is no FP4 hardware, so this code *is* the
-format. Its codes and scale bytes must equal what Transformer Engine / the tensor cores would
-produce, rounding by rounding (paper arXiv 2509.25149, section 2 and appendix; DESIGN.md).
-
-The recipe, every step an FP32 operation with one rounding (IEEE, subnormals kept):
+Off Blackwell there is no FP4 hardware, so this code *is* the format: its codes and scale bytes must
+equal what Transformer Engine / the tensor cores would produce, rounding by rounding (arXiv 2509.25149,
+section 2 and appendix; DESIGN.md). Every step is an FP32 operation with one rounding:
 
     amax    = max |x|                                   (over the whole tensor)
     S_enc   = min(448·6 / amax, FLT_MAX)                (1 when amax == 0)
@@ -14,29 +12,17 @@ The recipe, every step an FP32 operation with one rounding (IEEE, subnormals kep
     code    = E2M1_RNE(clamp(x · enc_b, -6, 6))         (or stochastic rounding)
     x̂       = code · fp32(s_b) · S_dec
 
-A block whose scaled amax underflows E4M3 (below 2^-10) gets ``s_b = 0``; then ``enc_b = FLT_MAX``,
-its elements land on ±6 or 0, and they all decode to (signed) zero because ``code · 0 = 0``: the
-codes are deterministic, the values are 0, nothing is NaN.
+A block whose scaled amax underflows E4M3 gets ``s_b = 0`` and decodes to (signed) zero, never NaN.
+``code · s_b`` is exact in BF16, so :meth:`NVFP4Tensor.block_values` is what an emulated GEMM
+multiplies; both operands' ``S_dec`` go on the FP32 output, never into the BF16 operand.
 
-``code · s_b`` has at most 6 significant bits and lies in [2^-10, 2688], so it is exact in BF16
-(and FP16): :meth:`NVFP4Tensor.block_values` is what an emulated GEMM multiplies, with ``S_dec``
-of both operands applied to the FP32 output (never folded into the BF16 operand).
+Row mode (:func:`quantize_rows`): the recipe per row, ``amax`` and ``S_dec`` [..., 1]. 2D mode
+(weights, 2-D x): one scale per 16×16 tile, stored repeated per row; a tile's amax is the same for W
+and Wᵀ, so ``quantize(W, block_2d=True)`` and ``quantize(W.t(), block_2d=True)`` hold one W (fprop and
+dgrad agree).
 
-Row mode (:func:`quantize_rows`, activations under ``precision.activation_scale=row``): the
-recipe above applied to each row on its own, so ``amax`` and ``S_dec`` are [..., 1], one per row.
-
-2D mode (weights): one scale per 16×16 tile, from the tile's amax, stored repeated for the tile's
-16 rows. Because a tile's amax is the same for W and Wᵀ, the values of ``quantize(W, block_2d=True)``
-equal the transpose of those of ``quantize(W.t(), block_2d=True)``: fprop and dgrad see one W.
-A last partial tile (rows not a multiple of 16) takes the amax of the rows it has.
-
-Layout: ``x: [..., N]`` keeps its leading dims: ``codes [..., N//2]`` (even element in the low
-nibble), ``scales [..., N//16]``. 2D mode needs a 2-D ``x``.
-
-On CUDA, :func:`quantize` and :func:`quantize_rht_t` call the Triton kernels in
-``numerics/kernels/triton_nvfp4.py`` when Triton is installed; they take the same arguments and
-return the same :class:`NVFP4Tensor` as ``quantize_ref`` / ``quantize_rht_t_ref`` (same codes and
-scale bytes for round-to-nearest; the same distribution for stochastic rounding).
+Layout: ``x: [..., N]`` -> ``codes [..., N//2]`` (even element in the low nibble), ``scales [..., N//16]``.
+On CUDA :func:`quantize` and :func:`quantize_rht_t` run ``numerics/kernels/triton_nvfp4.py``.
 """
 
 from __future__ import annotations
@@ -160,15 +146,9 @@ def quantize_ref(
 
 
 def quantize_rows(x: torch.Tensor, name: str | None = None, check: bool = True) -> NVFP4Tensor:
-    """Row-scaled NVFP4 (round to nearest): every row of ``x: [..., N]`` is quantized exactly as
-    :func:`quantize_ref` quantizes that row alone, with its own FP32 scale from its own amax.
-
-    ``amax`` (and so ``decode_scale``) has shape [..., 1]: an emulated GEMM applies it to the rows
-    of its FP32 output, as it applies a tensor scale to the whole output. Every operation after the
-    per-row amax is elementwise, so no row's codes or scales depend on any other row: a token's
-    forward pass does not depend on the batch it is in (``precision.activation_scale=row``).
-    ``check``: raise on NaN/Inf now (a host sync); without it a caller defers the check to the amax.
-    """
+    """Row-scaled NVFP4 (round to nearest): each row of ``x: [..., N]`` quantized as :func:`quantize_ref`
+    would quantize it alone. A token's output then does not depend on the batch it is in. ``check``:
+    raise on NaN/Inf now (a host sync), else the caller checks the amax."""
     op = "nvfp4.quantize_rows"
     checks.check_input(x, op=op, block=BLOCK, name=name)
     shape, n = x.shape, x.shape[-1]

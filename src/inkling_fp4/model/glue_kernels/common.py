@@ -1,40 +1,18 @@
-"""What every glue kernel shares: the numerics contract, FP32 helpers that behave the same on the GPU
-and under the interpreter, the tile choice and the launch plumbing.
+"""What every glue kernel shares: the numerics contract, interpreter-safe FP32 helpers, the tile
+choice and the launch plumbing.
 
-Numerics. All math in FP32 whatever the input dtypes (BF16, FP16 or FP32; FP64 is refused), each
-output rounded once to its dtype, to nearest even. Forward kernels compile without FMA contraction
-(``enable_fp_fusion=False``), so ``x + y`` and ``y + x D`` round like the eager reference's separate
-ops: whatever the reference computes elementwise before a reduction is bit-exact. What is not: a
-norm's sum over its width runs in another order (last FP32 bits of its r, hence at most one BF16 ulp
-where an output sits at a rounding midpoint), and transcendental functions are libm-dependent in
-their last bit. On the GPU rsqrt, exp and log1p are libdevice's, the functions inductor emits for the
-compiled references. Backward kernels also run in FP32 and round each gradient once (the reference
-rounds some intermediates, e.g. the BF16 h of an all-BF16 add), so gradients agree closely, not
-bitwise; they may contract multiply-adds.
+Numerics: FP32 math, each output rounded once. Forward kernels compile without FMA contraction
+(``enable_fp_fusion=False``), so elementwise math matches the eager reference bit for bit (a norm's row
+sum and transcendentals may differ in the last bit); gradients agree closely, not bitwise. Parameter
+gradients are summed per program over fixed row chunks into an FP32 buffer: deterministic, no atomics.
 
-Parameter gradients (norm weights, D, dt_bias) are summed per program over a fixed chunk of rows into
-an FP32 buffer [programs, width] that PyTorch then reduces: deterministic, no atomics, and the
-summation order does not depend on the launch configuration's timing.
+A program covers [BLOCK_R, BLOCK_W] rows by the whole width (row-strided, last dim contiguous), so a
+row's reduction never leaves it. Under ``TRITON_INTERPRET=1`` the helpers use numpy math and convert
+BF16 through its bits (no libdevice there, and its BF16 casts truncate).
 
-Strides: rows are the flattened leading dims, read with a row stride; only the last dim must be
-contiguous, so the model's views cost no copy (dt_raw, a column slice of in_proj's output; the gated
-norm's x [.., H, P] and z, views of the conv and in_proj outputs; y, the scan's output). A tensor
-whose leading dims do not collapse to one stride is copied (``reshape``).
-
-Under ``TRITON_INTERPRET=1`` (the CPU tests) the interpreter runs the kernels as numpy: it lacks
-libdevice, and its FP32 <-> BF16 casts truncate and mangle subnormals. The helpers below substitute
-numpy math (log1p in FP64) and convert BF16 through its bits, rounding to nearest even, so the
-interpreter reads and stores the same BF16 values as the GPU.
-
-Tiles: a program covers a [BLOCK_R, BLOCK_W] tile of rows by (a power of two covering) the whole
-normalised width, so a row's reduction never leaves the program. The sizes below were chosen on an
-H200 (sm_90) for register pressure and occupancy.
-
-NOTE a kernel's FP8 variant (``fp8_epilogue_kwargs``) sums a row in its BF16 variant's order only
-where Triton lays the two out alike. On an H200 with Triton 3.6 the norm's and the gated norm's FP8
-forwards at 4 and 8 warps put 7 of 33.5M and 18 of 67M bytes one code off the BF16 variant's output
-quantized (the conversion instruction and the integer conversion agreed, so the values differed),
-and none at their 16. The GPU tests compare every byte; run them after any tile or warp change.
+NOTE a kernel's FP8 variant (``fp8_epilogue_kwargs``) sums a row in its BF16 variant's order only where
+Triton lays the two out alike: on an H200 (Triton 3.6) the norm's and gated norm's FP8 forwards at 4 and
+8 warps put a few bytes one code off. The GPU tests compare every byte; run them after any tile change.
 """
 
 from __future__ import annotations
@@ -59,22 +37,18 @@ TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float
 
 if INTERPRET:
     # Plain functions, not @triton.jit: the interpreter re-patches triton.language per jit call.
-    # NOTE the interpreter's FP32 <-> BF16 casts truncate and mangle subnormals, so BF16 is converted
-    # here through its bits: a BF16 number is the top half of the FP32 number with the same value.
+    # BF16 goes through its bits: a BF16 number is the top half of the FP32 number of the same value.
 
     def to_f32(v):
-        """v in FP32 (exact)."""
         if v.dtype != tl.bfloat16:
             return v.to(tl.float32)
         return (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 
     def load_f32(ptrs, mask):
-        """tl.load(ptrs, mask, other=0) in FP32."""
         return to_f32(tl.load(ptrs, mask=mask, other=0.0))
 
     def round_to(v, DTYPE):
-        """FP32 v rounded to DTYPE, to nearest even (for BF16: add half an ulp minus one plus the parity
-        bit, keep the top half; a NaN stays a NaN)."""
+        """FP32 v rounded to DTYPE, to nearest even (BF16 through its bits; NaN stays NaN)."""
         if DTYPE != tl.bfloat16:
             return v.to(DTYPE)
         bits = v.to(tl.uint32, bitcast=True)
@@ -147,11 +121,8 @@ def as_rows(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def grad_buffer(into, like: torch.Tensor) -> torch.Tensor | FP8GradBlock:
-    """The tensor a backward writes the gradient of ``like`` into: ``into()`` when ``into`` is given (a
-    column block of a shared gradient buffer, :mod:`~inkling_fp4.model.grad_slab`), else a new one.
-    ``into()`` must have like's shape and dtype, unit column stride and rows of one stride; or be an
-    :class:`FP8GradBlock` whose bytes are laid out so (the kernel then stores FP8, see
-    :func:`epilogue_args`)."""
+    """The tensor a backward writes like's gradient into: ``into()`` (a column block of a shared buffer,
+    ``model/grad_slab.py``, or an :class:`FP8GradBlock`) or a new one."""
     if into is None:
         return torch.empty(like.shape, device=like.device, dtype=like.dtype)
     target = into()
@@ -167,18 +138,15 @@ def grad_buffer(into, like: torch.Tensor) -> torch.Tensor | FP8GradBlock:
 
 
 def epilogue_args(target: torch.Tensor | FP8GradBlock) -> tuple[torch.Tensor, dict, torch.Tensor]:
-    """(the tensor the kernel stores into, the FP8 epilogue's launch arguments, what the backward
-    returns as the gradient) for a :func:`grad_buffer` target: for an FP8 block, its bytes, its
-    scaling (``numerics/kernels/fp8_epilogue.py``) and its placeholder; for a tensor, FP8=False."""
+    """(tensor the kernel stores into, FP8 epilogue launch arguments, gradient the backward returns)."""
     if isinstance(target, FP8GradBlock):
         return target.data, fp8_epilogue_kwargs(target.scaling, target.data), target.placeholder
     return target, fp8_epilogue_kwargs(None, target), target
 
 
 def fp8_epilogue_kwargs(scaling: FP8Scaling | None, out: torch.Tensor) -> dict:
-    """The FP8 epilogue's launch arguments for a kernel storing into ``out``: the delayed amax and
-    record words, the format and whether the GPU's conversion instruction makes the bytes; with no
-    ``scaling``, FP8=False (``out`` fills the unused pointer slots)."""
+    """The FP8 epilogue's launch arguments (``numerics/kernels/fp8_epilogue.py``); FP8=False without
+    ``scaling``."""
     if scaling is None:
         return dict(amax_ptr=out, record_ptr=out, FP8=False, E5M2=False, HW=False)
     hw = conversion_instruction(out.device)
@@ -199,24 +167,20 @@ def cdiv(a: int, b: int) -> int:
 
 @functools.cache
 def _tile(width: int, elems: int, per_thread: int) -> tuple[int, int, int]:
-    """(BLOCK_W, BLOCK_R, num_warps) of a [BLOCK_R, BLOCK_W] tile of about ``elems`` elements, at
-    about ``per_thread`` elements per thread (4 to 16 warps).
+    """(BLOCK_W, BLOCK_R, num_warps) of a tile of about ``elems`` elements, ``per_thread`` per thread.
 
-    NOTE plain Python on purpose, and cached: ``triton.next_power_of_2`` and ``triton.cdiv`` are jit
-    functions in triton 3.9, a few microseconds of host time per call from Python."""
+    NOTE plain Python, cached: ``triton.next_power_of_2`` and ``triton.cdiv`` are jit functions in triton
+    3.9, microseconds of host time per call."""
     block_w = 1 << (width - 1).bit_length()
     block_r = max(1, elems // block_w)
     return block_w, block_r, max(4, min(16, block_r * block_w // (32 * per_thread)))
 
 
 def forward_tile(width: int) -> tuple[int, int, int]:
-    """(BLOCK_W, BLOCK_R, num_warps) of a forward program over rows of ``width`` elements."""
     return _tile(width, TILE_FWD, PER_THREAD)
 
 
 def backward_tile(width: int, per_thread: int | None = None, chunk_rows: int | None = None):
-    """(BLOCK_W, BLOCK_R, num_warps, CHUNK) of a backward program that walks CHUNK rows (a multiple of
-    BLOCK_R) tile by tile, summing its parameter gradients; ``per_thread`` and ``chunk_rows`` override
-    PER_THREAD and CHUNK_ROWS for one kernel."""
+    """(BLOCK_W, BLOCK_R, num_warps, CHUNK) of a backward program walking CHUNK rows tile by tile."""
     block_w, block_r, warps = _tile(width, TILE_BWD, per_thread or PER_THREAD)
     return block_w, block_r, warps, max(chunk_rows or CHUNK_ROWS, block_r)

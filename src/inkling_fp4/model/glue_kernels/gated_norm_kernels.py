@@ -1,6 +1,6 @@
 """Mamba-2's output, the D skip and the gated group RMS norm, as Triton kernels behind an autograd
-Function. The math of :func:`inkling_fp4.model.norm.skip_gated_rms_norm`, per row and group of
-GW = E/G channels (channel c = h P + p):
+Function. The math of ``model/norm.py``'s skip_gated_rms_norm, per row and group of GW = E/G channels
+(channel c = h P + p):
 
     s  = y + x D_h          (rounded like the reference: x D_h, then the sum, each to the skip dtype)
     u  = s silu(z),   r = (mean_GW u^2 + eps)^-1/2,   u^ = u r,   out = u^ w
@@ -8,13 +8,10 @@ GW = E/G channels (channel c = h P + p):
     du = r (g - u^ mean_GW(g u^));   ds = du silu(z);   dz = du s silu'(z)
     dy = ds;   dx = ds D_h;   dD_h = sum_{rows, p} ds x;   dw = sum_rows dout u^
 
-with silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z))). Neither s nor u is saved: the backward recomputes
-them from y, x, z (three reads it makes anyway for the gradients), so the forward saves only r [R, G].
-One program handles one group of BLOCK_R rows, so a group's statistics never leave it. Numerics:
-:mod:`.common`.
+The backward recomputes s and u from y, x, z (which it reads anyway), so the forward saves only
+r [R, G]. One program handles one group of BLOCK_R rows.
 
-Shape letters: R rows (the flattened leading dims), E d_inner (= H P), G groups, GW = E/G, H heads,
-P head dim.
+Shape letters: R rows, E d_inner (= H P), G groups, GW = E/G, H heads, P head dim.
 """
 
 from __future__ import annotations
@@ -45,21 +42,17 @@ from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale,
 from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
 
 # The backward's tile: 8 elements per thread (a group row of 256 is then one warp's, so its sums stay in
-# the warp) and 128 rows per program. On an H200 at hybrid-350m's shape (32768 rows, 8 groups of 256)
-# forward + backward took 475 us against 552 us with the shared defaults (4 per thread, 64 rows).
+# the warp) and 128 rows per program; faster than the shared defaults on an H200.
 BWD_PER_THREAD = 8
 BWD_CHUNK_ROWS = 128
-# The backward's FP8 variant is held at the BF16 variant's 128 registers a thread (sm_90, ptxas): the
-# epilogue's conversion and running amax took it to 146, so 3 programs of 4 warps fit an SM instead of
-# 4 and it ran slower than the BF16 variant while storing half the bytes for dz. Capped, ptxas spills
-# 4 bytes; on an H200 at hybrid-350m's shape 283 us a launch instead of 329 (the BF16 variant: 296).
+# The backward's FP8 variant is capped at the BF16 variant's 128 registers a thread (sm_90): uncapped,
+# the epilogue takes it past 128, fewer programs fit an SM and it runs slower than the BF16 variant.
 BWD_FP8_REGS = 128
 
 
 def _skip_gate_math(y_ptr, x_ptr, d, z_ptr, rows, cols, mask, sy, sx, sz, S_DTYPE: tl.constexpr):
-    """s = y + x D_h (rounded to the skip sum's dtype, op by op as the reference), z and x in FP32.
-    d: D_h of each column [BLOCK_C] in FP32, loaded once per program (a load inside the backward's loop
-    would be re-laid-out through shared memory on every iteration)."""
+    """s = y + x D_h (rounded op by op as the reference), z and x in FP32. d: D_h per column, loaded once
+    per program (a load inside the backward's loop would go through shared memory every iteration)."""
     y = load_f32(y_ptr + rows[:, None] * sy + cols[None, :], mask)
     x = load_f32(x_ptr + rows[:, None] * sx + cols[None, :], mask)
     s = to_f32(round_to(y + to_f32(round_to(x * d[None, :], S_DTYPE)), S_DTYPE))
@@ -75,8 +68,7 @@ _skip_gate = _skip_gate_math if INTERPRET else triton.jit(_skip_gate_math)
 def _gated_fwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, out_ptr, rstd_ptr, R, E, GW, sy, sx, sz, eps,
                P: tl.constexpr, S_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
                amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr):  # fmt: skip
-    """Group program_id(1) of BLOCK_R rows: out = (u r) w, u = (y + x D) silu(z). ``FP8``: out as
-    delayed-scaled FP8 bytes (of out rounded to BF16), its amax recorded (``fp8_epilogue.py``)."""
+    """Group program_id(1) of BLOCK_R rows: out = (u r) w. ``FP8``: out as delayed-scaled FP8 bytes."""
     grp = tl.program_id(1)
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     lane = tl.arange(0, BLOCK_C)
@@ -104,9 +96,8 @@ def _gated_bwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, rstd_ptr, dout_ptr, dy_ptr, dx
                R, E, GW, sy, sx, sz, sdo, sdz, P: tl.constexpr, S_DTYPE: tl.constexpr, CHUNK: tl.constexpr,
                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, amax_ptr, record_ptr, FP8: tl.constexpr,
                E5M2: tl.constexpr, HW: tl.constexpr):  # fmt: skip
-    """dy, dx, dz of group program_id(1) over this program's CHUNK rows; its sums of dout u^ and ds x
-    go to row program_id(0) of the partial sums [programs, 2, E]. ``FP8``: dz as delayed-scaled FP8
-    bytes, its amax recorded (``numerics/kernels/fp8_epilogue.py``)."""
+    """dy, dx, dz of group program_id(1) over CHUNK rows; the sums of dout u^ and ds x go to row
+    program_id(0) of the partial sums [programs, 2, E]. ``FP8``: dz as delayed-scaled FP8 bytes."""
     pid = tl.program_id(0)
     grp = tl.program_id(1)
     lane = tl.arange(0, BLOCK_C)
@@ -157,9 +148,7 @@ def _gated_bwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, rstd_ptr, dout_ptr, dy_ptr, dx
 def gated_forward(
     y, x, D, z, weight, n_groups: int, eps: float, out_dtype, fp8_out: FP8Scaling | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [..., E], rstd [R, G]) of the forward kernel (the arguments of :func:`skip_gated_rms_norm`).
-    ``fp8_out``: out as uint8 FP8 bytes, the BF16 values scaled by ``fp8_out``'s delayed amax, their
-    amax folded into its record word (out_dtype must then be BF16)."""
+    """(out [..., E], rstd [R, G]); ``fp8_out``: out as FP8 bytes of the BF16 values (out_dtype BF16)."""
     H, P = y.shape[-2:]
     E = H * P
     s_dtype = skip_dtype(y, x, D)
@@ -181,8 +170,7 @@ def gated_forward(
 
 
 def gated_backward(y, x, D, z, weight, rstd, dout, dz_into=None):
-    """(dy, dx, dD, dz, dweight) for dout [..., E], from the forward's inputs and rstd. ``dz_into``: as
-    for :func:`skip_gated_rms_norm` (dz is then its placeholder where the kernel stored FP8 bytes)."""
+    """(dy, dx, dD, dz, dweight) for dout [..., E]; ``dz_into`` as for :func:`skip_gated_rms_norm`."""
     H, P = y.shape[-2:]
     E = H * P
     y2, x2, z2, dout2 = as_rows(y, E), as_rows(x, E), as_rows(z, E), as_rows(dout, E)
@@ -240,11 +228,9 @@ def skip_gated_rms_norm(
     out_dtype: torch.dtype | None = None,
     dz_into=None,
 ) -> torch.Tensor:
-    """Mamba-2's output ``gated_rms_norm(y + D x, z)``. y, x: [..., H, P] (x may be a view with strided
-    rows); D: [H]; z: [..., H P]; weight: [H P] -> [..., H P] in ``out_dtype``, default the skip sum's
-    dtype (the promoted dtype of y, x and D). ``dz_into``: None, or a function returning the tensor
-    (z's shape and dtype, rows of one stride) that the backward writes dz into
-    (:mod:`~inkling_fp4.model.grad_slab`)."""
+    """Mamba-2's output ``gated_rms_norm(y + D x, z)``: y, x [..., H, P] (x may have strided rows), D [H],
+    z [..., H P], weight [H P] -> [..., H P]. ``dz_into``: None, or a function returning the tensor the
+    backward writes dz into (``model/grad_slab.py``)."""
     check_inputs(y, x, D, z, weight)
     H, P = y.shape[-2:]
     if x.shape != y.shape or z.shape != y.shape[:-2] + (H * P,) or D.shape != (H,) or (H * P) % n_groups:

@@ -1,14 +1,12 @@
 """RMS norm, and the residual add fused with the next RMS norm, as Triton kernels behind autograd
-Functions. The math of :func:`inkling_fp4.model.norm.rms_norm` and ``add_rms_norm``, per row of D:
+Functions. The math of ``model/norm.py``'s rms_norm and add_rms_norm, per row of D:
 
     rms_norm       out = (x r) w,   r = (mean_D x^2 + eps)^-1/2,   x^ = x r,   g = dout w
                    dx = r (g - x^ mean_D(g x^)),   dw = sum_rows dout x^
     add_rms_norm   h = x + y (rounded once to h's dtype), normed = rms_norm(h); the backward is one
                    kernel: dh_total = dh + the norm's dx, returned as dx (x's dtype) and dy (y's dtype)
 
-The forward saves r [R] (FP32) for the backward, which therefore reads h, dout (and dh) once and never
-recomputes the sum of squares. add_rms_norm writes h once and normalises the value it wrote, so the
-norm sees exactly the h that the residual stream keeps. Numerics: :mod:`.common`.
+The forward saves r [R] (FP32). add_rms_norm normalises the h it stored, as the residual stream keeps it.
 
 Shape letters: R rows (the flattened leading dims), D normalised width.
 """
@@ -44,7 +42,7 @@ def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
               ADD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
               amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr):  # fmt: skip
     """rms_norm of BLOCK_R rows: out = (h r) w, h = x, or with ADD h = x + y (also stored). ``FP8``: out
-    as delayed-scaled FP8 bytes (of out rounded to BF16), its amax recorded (``fp8_epilogue.py``)."""
+    as delayed-scaled FP8 bytes."""
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (cols < D)[None, :]
@@ -73,9 +71,8 @@ def _norm_bwd(h_ptr, w_ptr, rstd_ptr, dout_ptr, dh_ptr, dx_ptr, dy_ptr, dw_ptr, 
               HAS_DH: tl.constexpr, TWO: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
               BLOCK_D: tl.constexpr, amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr,
               HW: tl.constexpr):  # fmt: skip
-    """dx (= dh + the norm's gradient when HAS_DH; also stored as dy, in its dtype, when TWO) of this
-    program's CHUNK rows, and their sum of dout h^ (this program's row of the dweight partial sums).
-    ``FP8``: dy as delayed-scaled FP8 bytes (of dx rounded to BF16), its amax recorded."""
+    """dx (plus dh when HAS_DH; also stored as dy when TWO) of this program's CHUNK rows, and their sum of
+    dout h^ into its row of the dweight partial sums. ``FP8``: dy as delayed-scaled FP8 bytes."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < D
@@ -112,9 +109,8 @@ def _norm_bwd(h_ptr, w_ptr, rstd_ptr, dout_ptr, dh_ptr, dx_ptr, dy_ptr, dw_ptr, 
 
 
 def norm_forward(x, y, weight, eps, out_dtype, h, fp8_out: FP8Scaling | None = None):
-    """Launch the (add +) rms_norm forward (h: the buffer for x + y, or None); returns (normed, rstd [R]).
-    ``fp8_out``: normed as uint8 FP8 bytes, the BF16 values scaled by its delayed amax, their amax
-    folded into its record word (out_dtype must then be BF16)."""
+    """Launch the (add +) rms_norm forward (h: the buffer for x + y, or None) -> (normed, rstd [R]).
+    ``fp8_out``: normed as FP8 bytes of the BF16 values under its delayed amax (out_dtype must be BF16)."""
     D = x.shape[-1]
     x2 = as_rows(x, D)
     y2 = x2 if y is None else as_rows(y, D)
@@ -133,9 +129,8 @@ def norm_forward(x, y, weight, eps, out_dtype, h, fp8_out: FP8Scaling | None = N
 
 
 def norm_backward(h, weight, rstd, dout, dh, dx_dtype, dy_dtype, dy_into=None):
-    """The (add +) rms_norm backward: dx, dy (dx itself when the dtypes agree) and dweight.
-    ``dy_into``: where dy goes (:func:`~.common.grad_buffer`); for an FP8 block of a gradient slab
-    (``model/residual_fp8.py``) the kernel stores dy as its FP8 bytes and dy is its placeholder."""
+    """The (add +) rms_norm backward: dx, dy (dx itself when the dtypes agree) and dweight; ``dy_into``:
+    where dy goes (``common.grad_buffer``)."""
     D = h.shape[-1]
     h2, dout2 = as_rows(h, D), as_rows(dout, D)
     dh2 = None if dh is None else as_rows(dh, D)
@@ -205,8 +200,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
 def add_rms_norm(
     x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype, dy_into=None
 ):
-    """x, y: [..., D] (same shape) -> (h = x + y in the promoted dtype, rms_norm(h) in ``out_dtype``);
-    the backward returns dh + the norm's gradient as dx and dy (dy written where ``dy_into`` says)."""
+    """x, y: [..., D] -> (h = x + y in the promoted dtype, rms_norm(h) in ``out_dtype``)."""
     check_inputs(x, y, weight)
     if x.shape != y.shape:
         raise ValueError(

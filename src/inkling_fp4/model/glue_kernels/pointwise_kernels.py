@@ -1,15 +1,11 @@
 """The two elementwise glue functions without a reduction, as Triton kernels behind autograd Functions:
-the MLP's squared ReLU (:func:`inkling_fp4.model.mlp.squared_relu`) and Mamba-2's step size
-(:func:`inkling_fp4.model.mamba2.dt_softplus`):
 
     squared_relu   out = r r,  r = relu(h);          dh = 2 dout h where h > 0, else 0
     dt_softplus    v = dt + bias;  out = v if v > 20 else log1p(exp(v)) (FP32);
                    dv = dout e / (e + 1), e = exp(v) (dout above the threshold);  ddt_bias = sum_rows dv
 
-squared_relu is exact forward and backward: the product of two BF16 (or FP16) numbers is exact in
-FP32, so it rounds once as the reference's does, and ``2 dout h`` is the reference's ``dout r + dout r``
-for normal numbers. dt_softplus reads dt_raw as the strided column slice of in_proj's output that it
-is, and saves only its inputs (the backward recomputes exp). Numerics: :mod:`.common`.
+squared_relu is exact both ways: a BF16 (or FP16) product is exact in FP32, and ``2 dout h`` is the
+reference's ``dout r + dout r`` for normal numbers.
 
 Shape letters: R rows (B L tokens), H heads.
 """
@@ -61,9 +57,8 @@ def _squared_relu(h_ptr, dout_ptr, out_ptr, n, GRAD: tl.constexpr, BLOCK: tl.con
 def _dt_softplus(dt_ptr, bias_ptr, dout_ptr, out_ptr, part_ptr, R, H, sdt, sdo, sout,
                  GRAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, amax_ptr, record_ptr,
                  FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr):  # fmt: skip
-    """out = softplus(dt + bias) in FP32, or with GRAD out = d dt (dt's dtype) and this tile's sum of
-    it, row program_id(0) of the dt_bias partial sums [programs, H]. ``FP8`` (with GRAD): d dt as
-    delayed-scaled FP8 bytes, its amax recorded (``numerics/kernels/fp8_epilogue.py``)."""
+    """out = softplus(dt + bias) in FP32, or with GRAD out = d dt and this tile's sum of it into row
+    program_id(0) of the dt_bias partial sums. ``FP8`` (with GRAD): d dt as delayed-scaled FP8 bytes."""
     pid = tl.program_id(0)
     rows = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
@@ -91,7 +86,6 @@ def _dt_softplus(dt_ptr, bias_ptr, dout_ptr, out_ptr, part_ptr, R, H, sdt, sdo, 
 
 
 def _squared_relu_pass(h: torch.Tensor, dout: torch.Tensor | None) -> torch.Tensor:
-    """relu(h)^2, or with ``dout`` the gradient dh; h and dout contiguous, the result in h's dtype."""
     out = torch.empty_like(h)
     with on_device(h):
         _squared_relu[(max(1, cdiv(h.numel(), SQUARED_RELU_BLOCK)),)](
@@ -161,7 +155,6 @@ def squared_relu(h: torch.Tensor) -> torch.Tensor:
 
 def dt_softplus(dt_raw: torch.Tensor, dt_bias: torch.Tensor, ddt_into=None) -> torch.Tensor:
     """dt_raw: [..., H] (a strided view is fine); dt_bias: [H] -> softplus(dt_raw + dt_bias) in FP32.
-    ``ddt_into``: None, or a function returning the tensor (dt_raw's shape and dtype, rows of one
-    stride) that the backward writes d dt_raw into (:mod:`~inkling_fp4.model.grad_slab`)."""
+    ``ddt_into``: None, or a function returning where the backward writes d dt_raw (``grad_slab.py``)."""
     check_inputs(dt_raw, dt_bias)
     return _DtSoftplus.apply(dt_raw, dt_bias, ddt_into)

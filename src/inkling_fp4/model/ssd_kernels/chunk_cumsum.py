@@ -2,9 +2,8 @@
 
     G[t] = sum_{s <= t, s in the chunk of t} dt_s A        (<= 0, FP32)
 
-Every later kernel reads decays as exp(G_t - G_s) (positions s..t of one chunk) or exp(G_end - G_s),
-from this one [b, h, c*q] FP32 buffer. dt is copied next to it in the same layout ([b, h, c*q], FP32,
-zero past l), so later kernels load q contiguous values instead of q values h apart.
+Later kernels read decays as exp(G_t - G_s) or exp(G_end - G_s) from this [b, h, c*q] FP32 buffer. dt
+is copied beside it in the same layout (zero past l), so later kernels load q contiguous values.
 """
 
 from __future__ import annotations

@@ -5,14 +5,13 @@ Per head, the recurrence over whole chunks (the chunk state and the state passin
     S_{c+1} = carry_c exp(G_end) S_c + sum_s m_out[s] exp(G_end - G_s) dt_s x_s B_s^T
               [p, n]                     (x_s dt_s w_s)^T: [p, q] @ B: [q, n]
 
-Each program owns one [BLOCK_P, BLOCK_N] tile of one head's state and walks the c chunks in order,
-storing S_c before adding chunk c. The tiles of a head are independent, so the grid is
-(n / BLOCK_N, p / BLOCK_P, b * h) programs, each a loop of c small matmuls: the states are written
-once and never re-read to be passed on, unlike a separate state-passing pass.
+Each program owns one [BLOCK_P, BLOCK_N] tile of one head's state (the tiles are independent) and walks
+the c chunks in order, storing S_c before adding chunk c: the states are written once and never
+re-read to be passed on.
 
-The recurrence runs in FP32 (registers) and the final state is stored in FP32. The stored snapshots S_c
-are read only as matmul operands, which are rounded to the input dtype anyway, so they are stored in the
-input dtype (BF16 in training): the same numbers, half the largest memory traffic of the scan.
+The recurrence and the final state are FP32. The snapshots S_c are read only as matmul operands,
+rounded to the input dtype anyway, so they are stored in it (BF16 in training): the same numbers, half
+the scan's largest memory traffic.
 """
 
 from __future__ import annotations

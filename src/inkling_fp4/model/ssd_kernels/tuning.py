@@ -1,26 +1,14 @@
 """How the SSD kernels are compiled: matmul operand types, autotune configs, the interpreter switch,
 and the fixed-config switch of deterministic runs.
 
-All chunk matmuls go through :func:`mma`: operands rounded to the input dtype (BF16 on the fast path,
-as tensor cores take them), FP32 accumulation. Two facts shape it:
+Chunk matmuls go through :func:`mma`: operands rounded to the input dtype (BF16 on the fast path),
+FP32 accumulation; FP32 inputs get ``input_precision="ieee"`` (no TF32). Triton's interpreter
+(``TRITON_INTERPRET=1``) multiplies BF16 operands as raw integers and truncates FP32 -> BF16, so there
+:func:`cast_rne` rounds operands to BF16 and widens them to FP32: the GPU's products, exactly.
 
-- Triton's CPU interpreter (``TRITON_INTERPRET=1``, what the CPU tests run) multiplies BF16 operands as
-  their raw 16-bit integers, and rounds FP32 -> BF16 by truncation. Under the interpreter, operands are
-  rounded to BF16 to nearest by :func:`cast_rne` and then widened to FP32 (exact), so the
-  interpreter computes the same products, and stores the same BF16 outputs, as the GPU.
-- FP32 inputs get ``input_precision="ieee"`` (true FP32 products, no TF32), so the FP32 path is an
-  accurate check of the algorithm rather than of TF32 rounding.
-
-Autotuning tries a handful of configs per kernel on the GPU (keyed on the shapes that change the
-best choice) and exactly one under the interpreter, where timing means nothing.
-
-Deterministic runs (``train.deterministic``) need one more thing. The config is chosen by timing, in
-each process, and the candidates differ in the block sizes of the reduction loops (BLOCK_K, BLOCK_N):
-a different block size sums the same products in a different order, so two processes that time
-differently compute different last bits, which training then amplifies. :func:`set_fixed_configs`
-makes every kernel of the package take its first candidate without timing: every kernel is declared
-with :func:`autotune`, which hands triton the hook :func:`first_config_when_fixed` and remembers the
-tuner, so that switching the mode also forgets the choices already made.
+Deterministic runs (``train.deterministic``): autotune candidates differ in their reduction block
+sizes, so a choice made by timing changes the last bits from process to process.
+:func:`set_fixed_configs` makes every kernel declared with :func:`autotune` take its first candidate.
 """
 
 from __future__ import annotations
@@ -93,10 +81,8 @@ def fixed_configs() -> bool:
 
 
 def set_fixed_configs(on: bool) -> None:
-    """Run every SSD kernel with its first candidate config (on) or the fastest by timing (off).
-
-    The choices already made in this process are forgotten when the mode changes: triton calls the
-    prune hook only for shapes it has not tuned yet, so a kept choice would outlive the switch."""
+    """Run every SSD kernel with its first candidate config (on) or the fastest by timing (off). Changing
+    the mode forgets the choices made: triton calls the prune hook only for shapes it has not tuned yet."""
     global _fixed_configs
     if on != _fixed_configs:
         for tuner in _tuners:
@@ -105,10 +91,8 @@ def set_fixed_configs(on: bool) -> None:
 
 
 def first_config_when_fixed(configs: list, named_args: dict | None = None, **kwargs) -> list:
-    """triton's ``early_config_prune`` hook: only ``configs[0]`` in fixed mode, else all of them.
-
-    NOTE triton 3.6 and 3.9 both call ``hook(configs, named_args, **kernel_kwargs)``; older releases
-    passed only the first two, hence the defaults. Returning one config skips the timing entirely."""
+    """triton's ``early_config_prune`` hook: only ``configs[0]`` in fixed mode (no timing), else all.
+    NOTE older triton passed only (configs, named_args), hence the defaults."""
     return list(configs[:1]) if _fixed_configs else list(configs)
 
 

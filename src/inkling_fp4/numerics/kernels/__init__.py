@@ -1,22 +1,8 @@
-"""Triton kernels for the number formats: the fast CUDA path of ``numerics``.
-
-Why a separate package: the torch code in ``numerics`` is the reference and runs everywhere; these
-kernels reproduce it bit for bit (round to nearest) at memory bandwidth on CUDA, and nothing outside
-``numerics`` imports them directly except for the fused ``fake_quantize*`` entry points. Files:
-
-- ``common.py``: shared device functions (tensor scale, E4M3 rounding, E2M1 codes, packing, RNG);
-- ``amax.py``: the global abs-max pass;
-- ``nvfp4_quantize.py``: 1x16 / 16x16 quantization along rows;
-- ``nvfp4_rht.py``: the fused RHT + transpose + quantize of the wgrad operands;
-- ``nvfp4_block_values.py``: packed codes + scales -> BF16 block values;
-- ``triton_nvfp4.py``: the public API (allocation, seeds, the NVFP4Tensor results);
-- ``fp8_quantize.py``: FP8 quantization, tensorwise (current or delayed, optionally of the squared
-  ReLU or its gradient) and blockwise, in the layouts the GEMMs read;
-- ``fp8_epilogue.py``: FP8 bytes stored by the kernel that produces a tensor (the Mamba-2 backward
-  kernels), and a byte transpose.
-
-The kernels also run on CPU under ``TRITON_INTERPRET=1`` (slowly), which is how the tests check
-them without a GPU.
+"""Triton kernels for the number formats: the fast CUDA path of ``numerics``, bit for bit the torch
+reference (round to nearest) at memory bandwidth. common.py holds the shared device functions;
+amax.py, nvfp4_quantize.py, nvfp4_rht.py (the wgrad operands), nvfp4_block_values.py and
+triton_nvfp4.py (the API) are NVFP4; mxfp4_quantize.py is MXFP4; fp8_quantize.py and
+fp8_epilogue.py are FP8. The tests run them on CPU under ``TRITON_INTERPRET=1``.
 """
 
 import importlib.util

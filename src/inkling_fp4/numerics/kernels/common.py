@@ -1,24 +1,12 @@
 """Shared Triton device functions for the NVFP4 kernels: tensor scale, E4M3 block scale, E2M1 codes.
 
-Why integer and magic-number arithmetic instead of ``.to(tl.float8e4nv)`` and a table: every step
-here must reproduce the torch reference (``numerics/formats.py``, ``numerics/nvfp4.py``) bit for bit,
-on every GPU and under ``TRITON_INTERPRET=1``. Native FP8 casts need sm_89 or newer, and the
-interpreter's float downcasts truncate instead of rounding; FP32 bit manipulation is exact
-everywhere and costs a few integer ops per 16-element block.
+Each step reproduces the torch reference (the recipe in ``numerics/nvfp4.py``) bit for bit on every GPU
+and under ``TRITON_INTERPRET=1``, hence integer and magic-number arithmetic on FP32 bits rather than
+``.to(tl.float8e4nv)`` (sm_89+ only; the interpreter's downcasts truncate). Divisions are ``div_rn``:
+Triton's ``/`` on FP32 is approximate on CUDA.
 
-Cost model: these kernels must run at memory bandwidth, and on Hopper the integer/compare pipe has
-half the FP32 throughput, so the per-element work is a handful of ops: one magic-number add rounds
-to the E2M1 grid, and the block-level work (scale, one correctly rounded reciprocal) is amortized
-over the 16 elements of a block that one thread holds.
-
-Recipe (DESIGN.md): ``S_enc = min(448·6 / amax, FLT_MAX)`` (1 when amax is 0); block scale
-``e4m3(min(block_amax · (S_enc · (1/6)), 448))``, one round-half-even, no lower clamp; element
-encode ``x · min(1 / (scale · (1/S_enc)), FLT_MAX)``, clamp to ±6, E2M1. All divisions are
-correctly rounded (``div_rn``): Triton's ``/`` on FP32 is an approximate division on CUDA.
-
-NOTE fused multiply-add: the GPU backend contracts ``a*b + c`` into one FMA, which skips the
-rounding of the product. Every product below that feeds an addition is exact (a power-of-two
-factor), or is separated from the addition by a min/compare, so contraction cannot change a bit.
+NOTE the GPU backend contracts ``a*b + c`` into one FMA, skipping the product's rounding. Every product
+here that feeds an addition is exact (a power-of-two factor) or separated from it by a min/compare.
 """
 
 import triton
@@ -53,9 +41,8 @@ def tensor_scales(amax):
 
 @triton.jit
 def store_decode_scale(decode_ptr, decode_scale, partner_ptr, PARTNER: tl.constexpr):
-    """Program (0, 0) stores 1/S_enc at ``decode_ptr[0]`` and, with ``PARTNER``, the output scale of
-    a GEMM with another NVFP4 operand, ``1/S_enc · partner`` (one FP32 product, the same in either
-    order), at ``decode_ptr[1]``; ``partner_ptr`` holds that operand's decode scale."""
+    """Program (0, 0) stores 1/S_enc at ``decode_ptr[0]`` and, with ``PARTNER``, the output scale of a
+    GEMM with another NVFP4 operand, ``1/S_enc · partner`` (``partner_ptr``: its decode scale), at [1]."""
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(decode_ptr, decode_scale)
         if PARTNER:
@@ -64,11 +51,8 @@ def store_decode_scale(decode_ptr, decode_scale, partner_ptr, PARTNER: tl.conste
 
 @triton.jit
 def bf16_round(y, NATIVE: tl.constexpr):
-    """FP32 -> the nearest BF16 value (half to even), returned as FP32; NaN stays NaN.
-
-    ``NATIVE`` uses the hardware conversion (round to nearest even on CUDA); otherwise the FP32 bit
-    pattern is rounded, for the interpreter, whose cast truncates.
-    """
+    """FP32 -> the nearest BF16 value (half to even), as FP32; NaN stays NaN. Without ``NATIVE`` the bit
+    pattern is rounded, for the interpreter, whose cast truncates."""
     if NATIVE:
         return y.to(tl.bfloat16).to(tl.float32)
     bits = y.to(tl.int32, bitcast=True)
@@ -79,11 +63,8 @@ def bf16_round(y, NATIVE: tl.constexpr):
 @triton.jit
 def e4m3_round(v):
     """Non-negative FP32 ``v`` <= 448 -> (E4M3 byte as int32, its FP32 value), round half to even.
-
-    Normal range: round the 23-bit mantissa to 3 bits on the FP32 bit pattern (a carry moves into
-    the exponent, as it should). Subnormal range (v < 2^-6): the value is k·2^-9 with
-    k = rne(v·2^9) in 0..8, and k is also the byte (k = 8 is the smallest normal, byte 0x08).
-    """
+    Normal range: round the mantissa bits to 3 (a carry moves into the exponent). Subnormal (v < 2^-6):
+    v = k·2^-9 with k = rne(v·2^9) in 0..8, and k is the byte."""
     bits = v.to(tl.int32, bitcast=True)
     rounded = bits + 0x7FFFF + ((bits >> 20) & 1)
     normal_byte = (rounded >> 20) - E4M3_REBIAS
@@ -112,10 +93,7 @@ def encode_scale(scale, decode_scale):
 @triton.jit
 def _grid_exponent(v):
     """FP32 exponent field of ``v`` in [0, 6], raised to 127: 127 below 2, 128 in [2, 4), 129 above.
-
-    The E2M1 grid step is then 2^(e - 128): 0.5, 1 and 2, and the magnitude code of the range's
-    first grid point (0, 2 -> code 4, 4 -> code 6) is 2·e - 254.
-    """
+    The E2M1 grid step is then 2^(e - 128), and the code of the range's first grid point is 2·e - 254."""
     return tl.maximum(v.to(tl.int32, bitcast=True) >> 23, 127)
 
 
@@ -136,10 +114,8 @@ def with_sign_of(value, x):
 def e2m1_nearest(x, encode):
     """FP32 ``x`` times its block's encode scale -> (signed code 0..15 as int32, FP32 value ±E2M1).
 
-    Clamp |x·enc| to 6, then add the magic number 2^(e - 105) whose FP32 ulp is the grid step:
-    that one add rounds to the grid half to even (the even multiple of the step has the even
-    code). The code is the number of steps above the magic number plus the range's first code.
-    """
+    Adding the magic number 2^(e - 105), whose FP32 ulp is the grid step, rounds |x·enc| (clamped to 6)
+    to the grid half to even; the code is the steps above the magic number plus the range's first code."""
     v = tl.minimum(tl.abs(x) * encode, E2M1_MAX)
     e = _grid_exponent(v)
     magic_bits = (e + 22) << 23
@@ -219,11 +195,9 @@ def replay_seed(seed_ptr, delta):
 
 @triton.jit
 def encode_blocks(lo, hi, block_amax, s_enc, decode_scale, seed, block_index, STOCHASTIC: tl.constexpr):
-    """Encode 16-element blocks given as halves ``lo`` / ``hi`` [R, G, 8] (elements 0-7 / 8-15).
-
-    Returns (scale byte [R, G], FP32 scale [R, G], codes lo/hi [R, G, 8], FP32 values lo/hi).
-    Stochastic rounding takes 16 random bytes per block from one Philox call on ``block_index``.
-    """
+    """Encode 16-element blocks given as halves ``lo`` / ``hi`` [R, G, 8] -> (scale byte [R, G], FP32
+    scale [R, G], codes lo/hi [R, G, 8], FP32 values lo/hi). Stochastic rounding takes 16 random bytes
+    per block from one Philox call on ``block_index``."""
     scale_byte, scale = block_scale(block_amax, s_enc)
     encode = encode_scale(scale, decode_scale)[:, :, None]
     if STOCHASTIC:

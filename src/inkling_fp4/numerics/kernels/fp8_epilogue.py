@@ -1,20 +1,15 @@
 """Tensorwise FP8 written by the kernel that produces a tensor, and the transposed copy of those bytes.
 
-Why: under delayed scaling (``precision/amax_history.py``) a tensor's FP8 scale is known before the
-tensor exists, so the kernel computing it can store FP8 bytes instead of BF16 values and the separate
-quantizer pass (a read and two writes of the tensor) goes away. Mamba-2's backward kernels use this to
-write in_proj's output gradient (``model/grad_slab.py``). The pieces here are what such an epilogue
-needs, so that every producer rounds exactly as the quantizer does:
+Under delayed scaling a tensor's FP8 scale is known before the tensor exists, so its producer can store
+FP8 bytes instead of BF16 and the quantizer pass goes away (the ``model/*_fp8.py`` paths). These pieces
+make every producer round exactly as the quantizer does:
 
     v (FP32) -> BF16 value r (round half to even: the tensor the unfused path would have stored)
              -> byte = fp8(clamp(r · scale, ±fp8_max)),  scale = fp8_max / amax (the delayed amax)
              -> running max |r| (NaN kept), one atomic max per program into the amax record word
-                (``fp8_quantize.record_amax``, the quantizer's own)
 
-:func:`transpose_bytes` then makes the bytes' transposed copy (the wgrad operand) in one pass over
-1-byte elements, a third of the quantizer pair's traffic. A transpose of bytes loaded from memory is a
-plain layout change: the Triton issue with transposing the conversion instruction's output
-(``fp8_quantize._transposed_bytes``) does not arise, and the tests check every byte anyway.
+:func:`transpose_bytes` makes the wgrad layout. Bytes loaded from memory transpose as a plain layout
+change, free of the issue in ``fp8_quantize._transposed_bytes``.
 """
 
 from __future__ import annotations
@@ -26,8 +21,7 @@ import triton.language as tl
 from inkling_fp4.numerics.kernels.common import bf16_round
 from inkling_fp4.numerics.kernels.fp8_quantize import _fp8_bytes, _max_nan, _scales
 
-# A program transposes a [64, 256] byte tile (64-byte rows written): on an H200, 32768 x 4096 / 6176
-# bytes took 72 / 112 us against 90 / 134 us with [64, 64] tiles at 4 warps (3.6-3.7 TB/s read + write).
+# A program transposes a [64, 256] byte tile (64-byte rows written): faster than [64, 64] on an H200.
 TRANSPOSE_TILE = (64, 256)
 TRANSPOSE_WARPS = 8
 
@@ -45,7 +39,6 @@ def fp8_scale(amax_ptr, E5M2: tl.constexpr):
 @triton.jit
 def bf16_fp8_bytes(v, scale, E5M2: tl.constexpr, HW: tl.constexpr):
     """(FP8 bytes of v rounded to BF16 and scaled, that BF16 value in FP32) for FP32 v.
-
     ``HW``: the GPU's conversions (sm_89+); otherwise bit arithmetic (the interpreter truncates)."""
     r = bf16_round(v, HW)
     if E5M2:
@@ -66,8 +59,7 @@ def _transpose_bytes(
     src_ptr, dst_ptr, amax_ptr, scale_ptr, M, N, TILE_M: tl.constexpr, TILE_N: tl.constexpr,
     FP8_MAX: tl.constexpr,
 ):  # fmt: skip
-    """dst [N, M] = src [M, N]ᵀ by TILE_M x TILE_N tiles; with FP8_MAX > 0, program (0, 0) also stores
-    the tensorwise scale_inv of the delayed amax (what the quantizer would have written)."""
+    """dst [N, M] = src [M, N]ᵀ by tiles; with FP8_MAX > 0 program (0, 0) also stores scale_inv."""
     rows = tl.program_id(0) * TILE_M + tl.arange(0, TILE_M)
     cols = tl.program_id(1) * TILE_N + tl.arange(0, TILE_N)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
@@ -83,10 +75,8 @@ def _transpose_bytes(
 def transpose_bytes(
     data: torch.Tensor, amax: torch.Tensor | None = None, fp8_max: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(``data.t().contiguous()``, scale_inv or None) for a contiguous 2-D tensor of 1-byte elements
-    [M, N] -> [N, M], in one Triton pass (a torch copy of transposed FP8 bytes runs far below copy
-    bandwidth). With ``amax`` (FP32 [1]) and the format's ``fp8_max``, the same launch returns the
-    tensorwise scale_inv = 1 / (fp8_max / amax) of that delayed amax, bit for bit the quantizer's."""
+    """(``data.t().contiguous()``, scale_inv or None) for a contiguous 2-D byte tensor, in one Triton pass.
+    With ``amax`` and ``fp8_max`` the same launch returns the delayed amax's scale_inv, as the quantizer's."""
     if data.dim() != 2 or data.element_size() != 1 or not data.is_contiguous():
         raise ValueError(f"transpose_bytes takes a contiguous 2-D byte tensor, got {tuple(data.shape)}")
     m, n = data.shape

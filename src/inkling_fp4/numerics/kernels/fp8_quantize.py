@@ -1,47 +1,20 @@
 """FP8 (E4M3 / E5M2) current-scaling quantizers in Triton: tensorwise, 1x128, 128x128, transposed.
 
-Why: the native FP8 GEMMs on Hopper are fast enough that quantization dominates a linear layer when it
-is done with torch ops (abs, amax, divide, multiply, clamp, cast, transpose copies: many passes over
-x). Each kernel here reads x once per output and derives the scales on the device, so nothing waits
-on the host. The results equal ``numerics/fp8.py`` (the reference) bit for bit:
+Each kernel reads x once and derives the scales on the device, where torch ops would take many passes.
+The results equal ``numerics/fp8.py`` (the formulas are there) bit for bit; divisions are correctly
+rounded.
 
-    scale     = fp8_max / amax  (correctly rounded; 1 when amax == 0; at most FLT_MAX)
-    data      = fp8(clamp(x · scale, -fp8_max, fp8_max))   round half to even
-    scale_inv = 1 / scale       (correctly rounded)
+Modes, for a program's tile x[BLOCK_M rows, 128 cols]: ``ROWS`` 1x128 blocks along the last dim ->
+data [M, N]; ``COLS`` 1x128 blocks along the tokens, written transposed -> data_t [N, M] (the wgrad
+operands, with no transposed copy); ``TILE`` one scale per 128x128 tile (weights); ``TENSOR`` one scale
+from an amax read through a pointer, optionally folding x's own amax into ``record`` (delayed scaling).
 
-One kernel covers every layout; a program owns a tile x[BLOCK_M rows, 128 cols]:
+Block scales are in ``torch._scaled_mm``'s layout: 1x128 scales [R, C/128] outer-dim major (the
+transpose view of a contiguous [C/128, R]), 128x128 scales row-major [ceil(R/128), C/128].
 
-- ``ROWS``: 1x128 blocks along the last dim (one scale per row of the tile) -> data [M, N];
-- ``COLS``: 1x128 blocks along the first dim (tokens), written transposed -> data_t [N, M]: the
-  wgrad operands xᵀ and dyᵀ straight from x and dy, without a transposed copy (BLOCK_M = 128);
-- ``TILE``: one scale per 128x128 tile (weights; rows past M count as zeros);
-- ``TENSOR``: the scale from a global amax (``kernels.amax``) read through a pointer; writes data
-  and/or data_t. For delayed scaling that amax is an earlier steps' (``precision/amax_history.py``)
-  and ``record`` names a word into which the kernel folds x's own amax (an atomic max per program).
-
-Block scales are written in the layout ``torch._scaled_mm`` consumes, so the GEMM needs no copy:
-a 1x128 scale of logical shape [R, C/128] is stored "outer-dim major" (a contiguous [C/128, R]
-buffer, returned as its transpose view); 128x128 scales are row-major [ceil(R/128), C/128].
-
-Widths that are not a multiple of 128 (e.g. a Mamba in_proj output of 6176 = 48·128 + 32): with
-``pad_to_block`` the outputs are those of x zero-padded to NP = ceil(N/128)·128 columns, which is
-what the GEMM's other operand is padded to along the contraction. Loads stay masked by N (reading
-0 past it), stores are masked by NP, so the padding costs no copy of x (nor of xᵀ).
-
-The warp count and the column chunk are autotuned per (N, mode, layout) on the GPU: quantization is
-exact elementwise math and a max, so every candidate writes the same bits and the choice needs no
-fixing in deterministic runs (unlike the SSD kernels' reduction tiles).
-
-NOTE the FP8 byte: on sm_89+ GPUs the conversion instruction makes the bytes written in x's own
-layout (round to nearest even, as the reference) and, for BF16 x, the bytes written transposed; the
-transposed bytes of FP32 x, all bytes elsewhere and under the interpreter (whose float downcasts
-truncate) come from integer arithmetic on the FP32 bit pattern (as in ``common.py``; see
-``_transposed_bytes`` for why FP32 x's transposed bytes do). The two
-give the same byte for every input (tested on the GPU over every code, the ties between codes and
-their neighbours), and the instruction is cheaper: the integer form is about 20 integer ops per
-element, which bounded the rows quantizer to ~2.5 TB/s on an H200 (3.1-3.6 TB/s with the
-instruction). NaN in x becomes an Inf amax, hence an Inf ``scale_inv``: the caller checks finiteness
-from the scales; with a delayed scale (``record``) the recorded amax is Inf instead.
+NOTE the FP8 byte comes from the conversion instruction on sm_89+, else from integer arithmetic on the
+FP32 bits (the interpreter's downcasts truncate); both give the same byte. NaN in x gives an Inf amax,
+hence an Inf ``scale_inv``, which is how the caller detects it.
 """
 
 import functools
@@ -76,12 +49,8 @@ def _fp8_bytes(
 ):  # fmt: skip
     """FP32 ``x · scale`` clamped to ±FP8_MAX -> FP8 bytes (uint8), round half to even.
 
-    ``HW``: the GPU's own conversion (``cvt.rn.satfinite`` on sm_89+, one instruction per two values).
-    Otherwise integer arithmetic on the bit pattern, exact everywhere: normal range, round the 23-bit
-    mantissa to MANT bits (a carry moves into the exponent); subnormal range (|v| < 2^(1-BIAS)), the
-    value is k·2^(1-BIAS-MANT) and k is the byte. Both round v (in [0, FP8_MAX], never NaN: the min
-    drops it) to nearest even, so they give the same byte; the sign bit is x's either way.
-    """
+    ``HW``: the GPU's ``cvt.rn.satfinite``; else integer arithmetic on the bits (normal range: round the
+    mantissa to MANT bits; subnormal: v = k·2^(1-BIAS-MANT) and k is the byte)."""
     v = tl.minimum(tl.abs(x * scale), FP8_MAX)
     if HW:  # x's sign on v in FP32, then the conversion: no byte arithmetic after it
         signed = (v.to(tl.int32, bitcast=True) | (x.to(tl.int32, bitcast=True) & -(2**31))).to(
@@ -117,9 +86,8 @@ def _max_nan(a, b):
 
 @triton.jit
 def record_amax(record_ptr, seen):
-    """Fold a program's running max |x| (2-D, NaN kept) into the amax record word of delayed scaling:
-    one reduction per program, NaN counted as Inf, and only a program that would raise the word
-    contends for it (thousands share it; it only grows, so skipping a smaller value loses nothing)."""
+    """Fold a program's running max |x| (NaN as Inf) into the delayed-scaling amax word; only a program
+    that would raise the word does the atomic (thousands share it)."""
     m = tl.reduce(tl.reduce(seen, 1, _max_nan), 0, _max_nan)
     m = tl.where(m == m, m, float("inf"))
     if m > tl.load(record_ptr):
@@ -131,16 +99,10 @@ def _transposed_bytes(
     x, scale, scale_t, MANT: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
     SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr, HW_T: tl.constexpr,
 ):  # fmt: skip
-    """The bytes of x · scale transposed, [CHUNK, BLOCK_M] (x: [BLOCK_M, CHUNK]; ``scale`` broadcast
-    against x, ``scale_t`` against xᵀ): with ``HW_T`` by the conversion instruction on xᵀ (x is
-    transposed before it is converted), else integer bytes of x, transposed.
+    """Bytes of x · scale transposed, [CHUNK, BLOCK_M] from x [BLOCK_M, CHUNK].
 
-    NOTE what an H200 with Triton 3.6 gave, checked against the reference at every candidate tile:
-    the instruction's bytes put through a transpose (of the bytes, of the bytes widened to 32 bits,
-    or in an inline-asm form) are wrong at some or all tiles; the instruction on xᵀ is right for BF16
-    x at every tile and wrong for FP32 x at every tile. Hence :func:`quantize_fp8` picks HW_T for
-    BF16 input only, and the GPU tests check that choice at every tile.
-    """
+    NOTE on an H200 (Triton 3.6) the instruction's bytes put through a transpose are wrong at some tiles,
+    and the instruction on xᵀ is right for BF16 x only: hence ``HW_T`` for BF16 input alone (GPU-tested)."""
     if HW_T:
         return _fp8_bytes(tl.trans(x), scale_t, MANT, BIAS, FP8_MAX, SUB_FACTOR, MIN_NORMAL, True)
     else:
@@ -154,22 +116,11 @@ def _blocks_with_cols(
     FP8_MAX: tl.constexpr, SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr, HW: tl.constexpr,
     HW_T: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """1x128 blocks along the tokens (xᵀ, written transposed), and along the rows too if ``ROWS``,
-    for the tile x[rows (BLOCK_M = 128), 128 columns], CHUNK columns at a time.
+    """1x128 blocks along the tokens (written transposed), and along the rows too if ``ROWS``, for the tile
+    x[rows (BLOCK_M = 128), 128 columns], CHUNK columns at a time.
 
-    Why chunks: the whole [128, 128] FP32 tile with the byte arithmetic's temporaries needs more
-    registers than a thread has at any warp count (ptxas for sm_90: 255 registers and 724 bytes of
-    spills at 8 warps, 320 bytes at 16, with the integer bytes), so the tile went through local memory.
-    CHUNK is tuned with the warps (the bits do not depend on it). A column block needs only its own
-    chunk (all 128 tokens of it); a row block needs its whole row first, so a first sweep quantizes
-    the columns and takes the row amaxes, and a second re-reads the chunks (from L2) to quantize the
-    rows; with CHUNK = 128 the tile is still in registers and nothing is re-read. max is exact, so the
-    scales and codes are those of the one-shot tile.
-
-    The column blocks' bytes (written transposed) come from :func:`_transposed_bytes`: by the
-    conversion instruction on xᵀ (``HW_T``, BF16 x) or integer (see there for why). The row bytes
-    use the instruction (``HW``). Both are checked on the GPU at every candidate tile.
-    """
+    Chunks because the whole FP32 tile spills registers. Row blocks need whole rows, so a first sweep does
+    the columns and the row amaxes, and a second re-reads the chunks (from L2) for the rows."""
     row_amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     in_rows = rows < M
     for c0 in tl.static_range(0, 128, CHUNK):
@@ -209,10 +160,9 @@ def _blocks_with_cols(
 
 @triton.jit
 def _prologue(x, dout_ptr, offsets, mask, ACT: tl.constexpr, HW: tl.constexpr):
-    """The tensor to quantize, from the loaded BF16 x: x itself (``ACT_NONE``), relu(x)²
-    (``ACT_SQUARED_RELU``) or the squared ReLU's gradient 2·dout·x where x > 0
-    (``ACT_SQUARED_RELU_GRAD``), each rounded to BF16 as the model's squared ReLU kernel writes it
-    (``model/glue_kernels/pointwise_kernels.py``: the same FP32 products, one rounding), in FP32."""
+    """The FP32 tensor to quantize from BF16 x: x (``ACT_NONE``), relu(x)² (``ACT_SQUARED_RELU``) or
+    2·dout·x where x > 0 (``ACT_SQUARED_RELU_GRAD``); the last two rounded to BF16 exactly as
+    ``model/glue_kernels/pointwise_kernels.py`` writes them."""
     h = x.to(tl.float32)
     if ACT == 0:
         return h
@@ -232,13 +182,9 @@ def _tensor_scaled(
     BIAS: tl.constexpr, FP8_MAX: tl.constexpr, SUB_FACTOR: tl.constexpr, MIN_NORMAL: tl.constexpr,
     HW: tl.constexpr, HW_T: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
-    """One scale for the whole tensor: x[rows, 128 columns] -> its bytes (``ROWS``) and/or the same
-    bytes transposed (``COLS``, xᵀ's codes: one scale, so no second quantization), CHUNK columns at a
-    time; the transposed bytes in the form ``HW_T`` names (:func:`_transposed_bytes`).
-    ``RECORD``: also fold max|x| of the tile (NaN as Inf) into ``record_ptr`` (delayed scaling): an
-    elementwise running max (NaN kept) and one reduction per program, not one per chunk.
-    ``ACT``: quantize an elementwise function of x (and of ``dout``, laid out as x) instead of x
-    (:func:`_prologue`), so that the producer's output never goes through memory in BF16."""
+    """One scale for the whole tensor: x[rows, 128 columns] -> its bytes (``ROWS``) and/or the same bytes
+    transposed (``COLS``). ``RECORD``: fold max|x| into ``record_ptr``. ``ACT``: quantize :func:`_prologue`
+    of x, so the producer's BF16 output never goes through memory."""
     scale, scale_inv = _scales(tl.load(amax_ptr), FP8_MAX)
     in_rows = rows < M
     for c0 in tl.static_range(0, 128, CHUNK):
@@ -268,11 +214,9 @@ def _tensor_scaled(
         tl.store(scale_ptr, scale_inv)
 
 
-# CHUNK and warps: 64 or 128 columns, 4 or 8 warps were the fastest on an H200 at 32768 tokens x
-# 1024-6176 (a 128-token tile with CHUNK 128 at 4 warps spills: ptxas, 255 registers); the bits do not
-# depend on the choice.
+# 64 or 128 columns at 4 or 8 warps were the fastest on an H200; the bits do not depend on the choice.
 CANDIDATES = ((4, 64), (8, 64), (4, 128), (8, 128))
-"""(warps, CHUNK) pairs the GPU autotuner picks from."""
+"""(warps, CHUNK) pairs the GPU autotuner picks from; every pair writes the same bits."""
 _CONFIGS = (
     [triton.Config({"CHUNK": 32}, num_warps=8)]
     if os.environ.get("TRITON_INTERPRET") == "1"
@@ -325,10 +269,8 @@ def _quantize_fp8_kernel(
 
 
 def _default_block_m(mode: int, cols: bool) -> int:
-    """Tokens per program: 128 where a block runs along the tokens (``cols`` of the blocked modes) or
-    is a 128x128 tile; 64 for a tensorwise pair (x and xᵀ from one read): its [64, 128] tile ran
-    8-15% faster than [128, 128] on an H200 at 32768 tokens x 1024-6176 (e.g. 0.169 -> 0.155 ms at
-    4096 wide), the transposed stores in 64-byte rows; 32 for rows alone."""
+    """Tokens per program: 128 for blocks along the tokens or 128x128 tiles; 64 (the fastest) for a
+    tensorwise x/xᵀ pair; 32 for rows alone."""
     if mode == MODE_TILE or (cols and mode != MODE_TENSOR):
         return 128
     return 64 if cols else 32
@@ -336,8 +278,7 @@ def _default_block_m(mode: int, cols: bool) -> int:
 
 @functools.cache
 def conversion_instruction(device: torch.device) -> bool:
-    """Whether ``device``'s FP8 conversion instruction can make the bytes (CUDA sm_89+; the integer
-    arithmetic elsewhere, e.g. under the interpreter, whose downcasts truncate)."""
+    """Whether ``device`` has the FP8 conversion instruction (CUDA sm_89+)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
@@ -358,27 +299,14 @@ def quantize_fp8(
     transposed_cast: bool | None = None,
     config: tuple[int, int] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Launch the quantizer on x [M, N] (unit last-dim stride).
+    """Quantize x [M, N] (unit last-dim stride) -> the outputs asked for: ``data`` [M, NP] and
+    ``scale_inv``, ``data_t`` [NP, M] and ``scale_inv_t``.
 
-    Returns the outputs asked for: ``data`` [M, NP] and ``scale_inv``, ``data_t`` [NP, M] and
-    ``scale_inv_t`` (layouts in the module docstring). ``MODE_TENSOR`` needs ``amax`` (FP32 [1]); there
-    ``record`` (an FP32 word) gets ``max(record, max|x|)``, with NaN counted as Inf (delayed scaling).
-
-    NP is N, except with ``pad_to_block`` in a blocked mode: then NP = ceil(N/128)·128 and every
-    output is that of the zero-padded x [M, NP] (pad columns of ``data`` and pad rows of ``data_t``
-    are 0 codes; a pad-only 1×128 block of xᵀ has amax 0, hence scale_inv 1), written without a
-    padded copy of x. Without it, a blocked N must be a multiple of 128 where the blocks run along N
-    (``rows`` / ``MODE_TILE``); ``cols`` alone takes any N. ``cols`` in a blocked mode needs M % 128 == 0.
-
-    ``hardware_cast``: make the bytes with the FP8 conversion instruction (True) or integer arithmetic
-    (False); None picks the instruction on CUDA sm_89+. The bytes are the same; tests compare both.
-    ``transposed_cast``: make the bytes written transposed with the instruction too (True; see
-    :func:`_transposed_bytes` for why only for BF16 x), or with integer arithmetic (False); None: the
-    instruction where it makes the others and x is BF16. The bytes are the same.
-    ``act``: ``MODE_TENSOR`` of BF16 x only; quantize relu(x)² (``ACT_SQUARED_RELU``) or the squared
-    ReLU's gradient for the upstream gradient ``dout`` (``ACT_SQUARED_RELU_GRAD``, dout laid out as x)
-    instead of x: the bytes of quantizing that BF16 tensor, which is never written.
-    ``config``: (warps, CHUNK) instead of the autotuned pick (the tests run every candidate).
+    NP = N, or with ``pad_to_block`` (blocked modes) ceil(N/128)·128: the outputs of x zero-padded, with no
+    padded copy. Otherwise N must be a multiple of 128 where blocks run along N; ``cols`` in a blocked mode
+    needs M % 128 == 0. ``MODE_TENSOR`` needs ``amax`` (FP32 [1]). ``hardware_cast`` / ``transposed_cast``
+    force the conversion instruction (True) or integer bytes (False). ``act`` (``MODE_TENSOR``, BF16 x):
+    quantize relu(x)², or its gradient for ``dout``. ``config``: (warps, CHUNK) instead of autotuning.
     """
     mant, bias, fp8_max = FORMATS[dtype]
     m, n = x.shape

@@ -1,34 +1,16 @@
 """MXFP4 quantization along rows on CUDA through Triton: one pass, the codes of ``numerics/mxfp4.py``.
 
-Why a kernel: the torch reference makes a dozen full-size temporaries per call (|x|, the scaled
-values, seven comparisons, the codes before packing), so MXFP4 training ran at a quarter of NVFP4's
-speed. MX has no tensor scale, so unlike NVFP4 there is no global amax pass: each 32-element block
-is read once and written once (16 code bytes and one scale byte).
+MX has no tensor scale, so each 32-element block is read once and written once, where the torch
+reference makes a dozen full-size temporaries. The E8M0 byte is ``clamp(biased_exponent(amax) - 2, 0,
+254)`` (the reference's ``floor(log2 amax) - 2``), the amax being the integer max of the sign-cleared
+FP32 bit patterns: exact in any order, and NaN cannot vanish from it as from a float max. A block
+holding NaN or Inf gets the NaN byte 255, which the reference never writes (``mxfp4.quantize`` raises).
 
-Scale rule (OCP MX v1.0 section 6.3, as the reference computes it): ``shared_exp = floor(log2 amax)
-- 2`` clamped to [-127, 127], read from the FP32 exponent field of the block amax, so the E8M0 byte
-is ``clamp(biased_exponent(amax) - 2, 0, 254)``: zero and FP32-subnormal amaxes give byte 0 like the
-reference's ``floor_log2``, and no finite amax reaches the upper clamp. The amax is the integer max
-of the FP32 bit patterns with the sign cleared: equal to the float max for finite values and exact
-in every order, and NaN (whose pattern is above +Inf's) cannot vanish from it the way it does from
-a hardware float max. A block holding NaN or Inf gets the E8M0 NaN byte 255, which the reference
-never writes: ``mxfp4.quantize`` raises on it, and a caller that skips that check still sees NaN
-from ``dequantize``. Elements are multiplied by ``2^-shared_exp`` (exact, a normal FP32 power of two)
-and rounded to E2M1 by the shared device functions in ``common.py``.
+The same pass can write the block values ``E2M1 value · 2^shared_exp`` (what an emulated GEMM
+multiplies), exact in BF16: built from bits, which unlike the interpreter's cast is right for subnormals.
 
-Block values (what an emulated GEMM multiplies): the same pass can write ``E2M1 value · 2^shared_exp``
-as BF16 (or FP32) instead of, or besides, the codes, so an operand multiplied at once is never packed
-and decoded again (the torch decode costs several full-size temporaries per operand). The product
-is exact: an E2M1 value (at most 2 significant bits, 0.5..6) times a power of two in [2^-127, 2^125]
-(no finite block gets a scale byte above 252) lies in [2^-128, 1.5·2^127], within BF16's range and
-above its smallest subnormal 2^-133. 2^shared_exp is built from its bits (byte 0 is the FP32
-subnormal 2^-127, bit 22), and the FP32 product is stored as its upper 16 bits, which is exact for
-a value BF16 holds and, unlike the interpreter's FP32 -> BF16 cast, right for subnormals too. The
-NaN byte 255 gives NaN values, so a non-finite block still shows as NaN in the GEMM output.
-
-Layout: a program owns [BLOCK_M rows, BLOCK_N cols] = [BLOCK_M, G, 32] with G = BLOCK_N/32 blocks
-per row. Stochastic rounding takes 32 random bytes per block from two Philox calls keyed by
-(seed, 2·block index + 0/1); the seed comes from the caller's torch generator, as for NVFP4.
+Layout: a program owns [BLOCK_M, BLOCK_N] = [BLOCK_M, G, 32]. Stochastic rounding takes 32 random bytes
+per block from two Philox calls keyed by (seed, 2·block index + 0/1).
 """
 
 from __future__ import annotations
@@ -67,8 +49,7 @@ def _block_random_bytes(seed, block_index, R: tl.constexpr, G: tl.constexpr):
 
 @triton.jit
 def _load_fp32(ptrs, mask):
-    """Load as FP32. BF16 is widened on its bits (a 16-bit shift, exact for subnormals too: the
-    interpreter's BF16 cast is not)."""
+    """Load as FP32; BF16 widened on its bits (exact for subnormals, unlike the interpreter's cast)."""
     if ptrs.dtype.element_ty == tl.bfloat16:
         bits = tl.load(ptrs.to(tl.pointer_type(tl.int16)), mask=mask, other=0).to(tl.int32)
         return ((bits & 0xFFFF) << 16).to(tl.float32, bitcast=True)
@@ -85,8 +66,7 @@ def _e8m0_value(scale_byte):
 
 @triton.jit
 def _store_values(ptrs, values, mask):
-    """Store FP32 ``values`` that the destination dtype holds exactly. BF16 takes the upper 16 bits
-    of the FP32 pattern (the interpreter's FP32 -> BF16 cast mangles subnormals)."""
+    """Store FP32 ``values`` the destination holds exactly; BF16 as the upper 16 bits of the FP32 pattern."""
     if ptrs.dtype.element_ty == tl.bfloat16:
         bits = (values.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
         tl.store(ptrs.to(tl.pointer_type(tl.int16)), bits, mask=mask)
@@ -146,9 +126,8 @@ def quantize_rows(
     block_n: int = 256,
     num_warps: int = 2,
 ) -> None:
-    """Launch on x [M, N] (unit last-dim stride, N % 32 == 0): writes ``codes`` (uint8 [M, N/2]) with
-    ``scales`` (uint8 E8M0 [M, N/32]) and/or ``values`` (BF16 or FP32 [M, N], contiguous), whichever
-    are given; ``seed`` (a Philox seed >= 2^32) turns on stochastic rounding."""
+    """Launch on x [M, N] (unit last-dim stride, N % 32 == 0), writing ``codes`` [M, N/2] with ``scales``
+    [M, N/32] and/or ``values`` [M, N]; ``seed`` turns on stochastic rounding."""
     m, n = x.shape
     if n % BLOCK or x.stride(1) != 1 or block_n % BLOCK:
         raise ValueError(
@@ -178,15 +157,9 @@ def quantize_with_values(
     keep_codes: bool = True,
     values_dtype: torch.dtype | None = torch.bfloat16,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """MXFP4-quantize x [..., N] (N % 32 == 0; FP32/BF16/FP16) along its last dim in one pass, no
-    host sync: (codes uint8 [..., N/2] and E8M0 scale bytes [..., N/32] if ``keep_codes``, else None
-    and None; the block values [..., N] in ``values_dtype`` (BF16 or FP32), or None when it is None).
-
-    Round to nearest gives ``mxfp4.quantize_ref``'s codes and scale bytes bit for bit, and values
-    equal to its ``block_values``; stochastic rounding the same distribution, with values that are
-    the decode of the codes of the same call. Blocks holding NaN/Inf get scale byte 255 and NaN
-    values (the caller checks).
-    """
+    """MXFP4-quantize x [..., N] along its last dim in one pass, no host sync -> (codes [..., N/2], E8M0
+    scale bytes [..., N/32], block values [..., N]), None where not asked for. Bit for bit the reference's
+    for round to nearest; blocks holding NaN/Inf get scale byte 255 and NaN values (the caller checks)."""
     if values_dtype is not None and values_dtype not in VALUE_DTYPES:
         raise ValueError(f"mxfp4 quantize_with_values: values_dtype must be BF16 or FP32, got {values_dtype}")
     n = x.shape[-1]
@@ -212,11 +185,6 @@ def quantize_with_values(
 def quantize(
     x: torch.Tensor, stochastic: bool = False, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MXFP4-quantize x [..., N] (N % 32 == 0; FP32/BF16/FP16) along its last dim, no host sync:
-    (codes uint8 [..., N/2], E8M0 scale bytes [..., N/32]).
-
-    Round to nearest gives ``mxfp4.quantize_ref``'s codes and scale bytes bit for bit; stochastic
-    rounding the same distribution. Blocks holding NaN/Inf get scale byte 255 (the caller checks).
-    """
+    """(codes, E8M0 scale bytes) of x [..., N]: :func:`quantize_with_values` without values."""
     codes, scales, _ = quantize_with_values(x, stochastic, generator, keep_codes=True, values_dtype=None)
     return codes, scales

@@ -1,8 +1,7 @@
 """Packed NVFP4 (codes + E4M3 scales) -> block values ``code · block_scale`` in BF16.
 
-Why: operands saved for backward are kept packed (4.5 bits per element); the emulated GEMM that
-consumes them needs the BF16 block values back. Each program reads [BLOCK_M, G·8] code bytes and
-[BLOCK_M, G] scale bytes and writes [BLOCK_M, G·16] values, decoding both formats from their bits:
+Operands saved for backward are kept packed (4.5 bits per element); the emulated GEMM that consumes
+them needs the BF16 block values back. Both formats are decoded from their bits:
 
 - E2M1 magnitude code c (0..7): c·0.5 for c < 2, else 2^((c>>1) - 1)·(1 + (c&1)/2), built as the
   FP32 bit pattern ``((c>>1) + 126) << 23 | (c&1) << 22``; bit 3 is the sign.

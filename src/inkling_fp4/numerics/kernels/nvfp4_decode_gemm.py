@@ -2,28 +2,16 @@
 
     y [M, N] = bf16( (Qv(x) [M, K] · Wv [N, K]ᵀ)  ·  (1/S_enc(x) · 1/S_enc(W)) )
 
-Qv(x) are x's NVFP4 block values (1x16 blocks, round to nearest: ``code · block scale``, exact in
-BF16), Wv the weight's held block values (16x16 tiles, :meth:`QuantLinear.freeze_weights`). At decode
-sizes (M = the batch, at most a few hundred rows) each launch costs microseconds for well under a
-microsecond of work, so the unfused fprop (amax pass, quantize pass, FP32-output cuBLAS GEMM, the
-product of the decode scales, the BF16 epilogue: five launches) is mostly launches. Here:
+Qv(x) are x's NVFP4 block values (exact in BF16), Wv the weight's held block values
+(:meth:`QuantLinear.freeze_weights`). At decode sizes (M = the batch) the unfused fprop's five launches
+cost far more than their work. :func:`quantize_rows_whole` (``row`` activation scales) owns whole rows:
+each row's amax in a first loop over K, then Qv(x), the row's output scale and the largest row amax
+(for the NaN/Inf check); ``tensor`` scales take the amax pass plus ``nvfp4_quantize.quantize_rows``.
+:func:`scaled_gemm` then multiplies with the scale and BF16 rounding in its epilogue. Quantizing inside
+the GEMM instead would redo every row per column block.
 
-1. :func:`quantize_rows_whole`: with ``row`` activation scales (one S_enc per row), one launch: a
-   program owns whole rows, takes each row's amax in a first loop over K (the row is re-read from
-   L2) and writes Qv(x), the row's output scale ``1/S_enc(row) · 1/S_enc(W)`` and, by an atomic
-   max into one word, the largest row amax (what the NaN/Inf check reads). With ``tensor``
-   scales the amax of all of x is needed first, so that case is the amax pass plus the existing
-   quantize pass (``nvfp4_quantize.quantize_rows``, which writes the output scale with its partner).
-2. :func:`scaled_gemm`: ``tl.dot`` over BF16 values (exact products, FP32 sums) with the output scale
-   (one per row, or one) and the rounding to BF16 in its epilogue.
-
-Why not quantize x inside the GEMM: every column block of the GEMM would quantize all of its rows
-again, and at K = 3072 that redundant work made one such kernel 10x slower than cuBLAS (H200).
-
-The values are those of the unfused path: the quantization is the same device functions
-(``common.py``) on the same elements, so Qv(x) and the scales are bit for bit the reference's; only
-the order of the FP32 sums differs from cuBLAS's (as between any two GEMM libraries), and the
-epilogue is the same two roundings (the FP32 product with the output scale, then to nearest BF16).
+Qv(x) and the scales are bit for bit the reference's; only the order of the FP32 sums differs from
+cuBLAS's.
 """
 
 import os
@@ -40,7 +28,7 @@ MAX_ROWS = 256
 
 
 def _native() -> bool:
-    """Hardware BF16 conversion and BF16 tensor-core dots (not the interpreter, see ``common.py``)."""
+    """Hardware BF16 conversion and tensor-core dots: not under the interpreter (``common.py``)."""
     return os.environ.get("TRITON_INTERPRET") != "1"
 
 
@@ -89,9 +77,8 @@ def _quantize_rows_whole_kernel(
 def quantize_rows_whole(
     x: torch.Tensor, w_decode: torch.Tensor, *, block_m: int = 1, block_k: int = 256
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, K] (unit column stride, K % 16 == 0), one FP32 scale per row, in one launch ->
-    (BF16 block values [M, K], output scales ``1/S_enc(row) · w_decode`` FP32 [M], the largest row
-    amax [1]: +Inf where x holds NaN or Inf, for the deferred check without another launch)."""
+    """x [M, K] (unit column stride, K % 16 == 0), one scale per row -> (BF16 block values [M, K], output
+    scales ``1/S_enc(row) · w_decode`` FP32 [M], the largest row amax [1], +Inf for NaN/Inf)."""
     m, k = x.shape
     values = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)
     out_scale = torch.empty(m, dtype=torch.float32, device=x.device)
@@ -136,9 +123,8 @@ def _scaled_gemm_kernel(
 
 
 def _tiles(m: int, n: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps): the whole batch in one row tile up to 64 rows (the weight,
-    most of the bytes, is then read once), and column tiles narrow enough to fill the GPU. The
-    fastest of a sweep over a 158M model's decode GEMMs (H200, scripts/bench_decode_gemm.py)."""
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps): the whole batch in one row tile up to 64 rows, so the weight is
+    read once, and column tiles narrow enough to fill the GPU (``scripts/bench_decode_gemm.py``)."""
     if m > 64:
         return 64, 64, 128, 4
     return max(16, triton.next_power_of_2(m)), 32 if n <= 2048 else 64, 256, 4

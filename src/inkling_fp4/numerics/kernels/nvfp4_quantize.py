@@ -1,28 +1,13 @@
 """NVFP4 quantization along rows (1x16 blocks, or 16x16 tiles for weights): the second pass.
 
-Each program owns a tile of x [BLOCK_M rows, BLOCK_N cols] = [BLOCK_M, G, 16] with G = BLOCK_N/16
-blocks per row. A block is loaded as two 8-element halves (two 16-byte loads), so one thread holds
-a whole block: its amax, scale and codes need no data exchange between threads. The program writes
-any of:
+A program owns x [BLOCK_M, BLOCK_N] = [BLOCK_M, G, 16]; each block is loaded as two 8-element halves,
+so one thread holds a whole block and needs no exchange with others. It writes packed codes [M, N/2]
+with E4M3 scale bytes [M, N/16], and/or BF16 block values [M, N] (``code · block_scale``, exact: what an
+emulated GEMM multiplies). The amax comes through a pointer, so S_enc is derived on the device; the
+first program also stores 1/S_enc for the GEMM's output.
 
-- packed codes [M, N/2] (uint8, element 2i in the low nibble), 8 contiguous bytes per block, and
-  the E4M3 scale bytes [M, N/16];
-- block values [M, N] (BF16): ``code · block_scale``, exact in BF16 (at most 6 significant bits),
-  the operand an emulated GEMM multiplies directly; the FP32 tensor scale ``1/S_enc`` stays apart.
-
-The global amax comes in through a pointer (from the first pass), so the tensor scale is derived on
-the device and nothing waits on the host; the first program also stores the decode scale 1/S_enc
-that the GEMM applies to its output, so no eager op recomputes it. Stochastic rounding draws 16
-random bytes per block from one Philox call keyed by (seed, block index); the seed is a kernel
-argument drawn from the caller's torch generator.
-
-Row-scaled mode (``ROW_SCALED``, ``precision.activation_scale=row``): ``amax`` holds one amax per
-row [M] (from a first pass over the rows) and each row gets its own tensor scale, as
-``nvfp4.quantize_rows`` computes it; its decode scales [M] are then computed by the caller.
-
-2-D mode (``TILE_2D``): one scale per 16x16 tile, the max over the tile's 16 rows of the 1x16 block
-maxima, stored once per row so the scale tensor keeps the 1x16 layout. BLOCK_M is a multiple of 16
-then, and tile rows past M count as zeros (as in the reference).
+``ROW_SCALED``: one amax and tensor scale per row, as ``nvfp4.quantize_rows``. ``TILE_2D``: one scale
+per 16x16 tile (rows past M count as zeros), stored once per row in the 1x16 layout.
 """
 
 import torch
@@ -103,17 +88,10 @@ def quantize_rows(
     num_warps: int | None = None,
     row_scaled: bool = False,
 ) -> None:
-    """Launch the row quantizer on x [M, N] (unit last-dim stride, N % 16 == 0) given its amax
-    (FP32 [1]; with ``row_scaled`` one per row, [M], and no ``decode``, 2-D mode or ``seed``).
-
-    Writes into whichever of ``codes`` (uint8 [M, N/2]) with ``scales`` (uint8 view of E4M3
-    [M, N/16]), ``values`` ([M, N], BF16 or FP32) and ``decode`` (FP32 [1]: the tensor decode scale
-    1/S_enc, as ``nvfp4.tensor_scales`` computes it; FP32 [2] with ``partner``, another operand's
-    decode scale: then also ``1/S_enc · partner``) are given; ``seed`` (a Philox seed >= 2^32, or
-    a device seed inside a CUDA graph capture) turns on stochastic rounding. The default tile is the
-    fastest of an H200 sweep (16384x4096 BF16): 8 rows x 256 columns on 2 warps (1x16), 16 rows on 4
-    warps in 2-D mode (a whole tile).
-    """
+    """Launch the row quantizer on x [M, N] (unit last-dim stride, N % 16 == 0) given its amax (FP32 [1];
+    [M] with ``row_scaled``). Writes whichever of ``codes`` [M, N/2] with ``scales`` [M, N/16], ``values``
+    [M, N] and ``decode`` (1/S_enc; with ``partner``, also ``1/S_enc · partner``) are given; ``seed`` (a
+    Philox seed or a device seed) turns on stochastic rounding."""
     if block_m is None:
         block_m = 16 if block_2d else 8
     if num_warps is None:

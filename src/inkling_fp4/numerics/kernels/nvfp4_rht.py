@@ -1,32 +1,18 @@
 """Fused wgrad operand: ``quantize(rht(x.t()))`` for x [M, N] without materializing ``x.t()``.
 
-The weight gradient contracts over tokens, so its NVFP4 operands are blocked along the token dim M
-after a 16-point random Hadamard transform R = diag(s)·H16/4 along that same dim (hadamard.py).
-Each 16-token RHT group is exactly one 1x16 block of the output, so a program can transform,
-quantize and write a group without ever forming ``x.t()``.
+The wgrad's NVFP4 operands are blocked along the token dim M after a 16-point random Hadamard transform
+R = diag(s)·H16/4 along it (``hadamard.py``). A 16-token group is one 1x16 output block, so a program
+loads a group's 16 rows (coalesced along features) and joins them, each thread then holding all 16
+tokens of its features: y [BLOCK_N, 16]. The transform is the fast Walsh-Hadamard butterfly on
+in-thread pairs, the signs a compile-time bit mask folded into the first multiply by ±1/4; y is rounded
+once to BF16, as the reference ``rht``.
 
-Layout trick: a program loads the 16 token rows of a group as 16 separate row vectors x[m0 + i, n]
-(coalesced along features) and joins them, so each thread holds all 16 tokens of its features in
-registers: y [BLOCK_N, 16]. The transform is then the constant-geometry fast Walsh-Hadamard
-butterfly, four stages of ``(a, b) -> (a + b, a - b)`` on in-thread pairs (k, k + 8): 64 adds per
-16 values and no data exchange between threads. The sign vector is a compile-time bit mask (one
-compilation per sign vector) folded into the first multiply by ±1/4. The result is rounded once to
-BF16, as the reference ``rht`` does.
-
-Exactness: the ±1/4 products are exact, so y is the exact sum of 16 terms whenever that sum is
-representable in FP32 (for BF16 input: whenever the magnitudes inside a 16-token group span less
-than 2^12), and then any summation order, the reference's matmul included, gives the same BF16 y.
+Exactness: the ±1/4 products are exact, so y is the exact sum whenever it fits FP32 (for BF16 input,
+magnitudes in a group spanning less than 2^12), and any summation order gives the reference's BF16 y.
 FP32 input with a wider spread may differ from the reference in the last BF16 bit of a few values.
 
-Two launches, like the row quantizer: ``AMAX_ONLY`` reduces the global amax of y (a loop over
-GROUPS token groups, then one atomic max per program), then the same code recomputes y and
-quantizes it (GROUPS = 1, 2 or 4 groups per program), so both passes see identical values. The
-amax launch can also reduce ``max |x|`` from the same loads (``X_AMAX``): x and dy are quantized
-both along rows (fprop, dgrad) and after the RHT along tokens (wgrad), and the RHT changes the
-amax, so one read of the tensor gives both tensor scales.
-
-Defaults are the fastest configurations of an H200 sweep (16384x4096 BF16): 64 features x 2 groups
-on 2 warps for the quantize pass; 256 features x 8 groups on 4 warps for the amax pass.
+Two launches: ``AMAX_ONLY`` reduces the global amax of y (and with ``X_AMAX`` also ``max |x|`` from the
+same loads, x and dy being quantized along rows too), then the same code recomputes y and quantizes it.
 """
 
 import os
@@ -56,10 +42,7 @@ def _load_pair(ptrs, step, mask):
 @triton.jit
 def _load_token_group(ptrs, stride, mask, BLOCK_N: tl.constexpr):
     """Rows x[m0 + i, features] for i in 0..15 -> FP32 [BLOCK_N, 16], a feature's tokens in one thread.
-
-    Each join adds an in-thread axis; joining row k with row k + 8, then k + 4, k + 2, k + 1 puts
-    token 8s + 4t + 2u + v at index (s, t, u, v), which flattens to the natural order.
-    """
+    Joining row k with k + 8, then k + 4, k + 2, k + 1 puts token 8s + 4t + 2u + v at (s, t, u, v)."""
     step = 8 * stride
     a0 = _load_pair(ptrs, step, mask)
     a1 = _load_pair(ptrs + stride, step, mask)
@@ -86,8 +69,8 @@ def _halves(y, BLOCK_N: tl.constexpr):
 @triton.jit
 def _rht_group(col_ptrs, group, M, stride_xm, feature_ok,
                SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr):  # fmt: skip
-    """rht along the 16 tokens of ``group`` ([1]) for the features at ``col_ptrs`` ([BLOCK_N]):
-    (the loaded x, the transform y), both FP32 [BLOCK_N, 16], y holding BF16 values."""
+    """rht along the 16 tokens of ``group`` ([1]) for the features at ``col_ptrs`` ([BLOCK_N]) ->
+    (x, y), both FP32 [BLOCK_N, 16], y holding BF16 values."""
     m0 = group * 16
     x = _load_token_group(col_ptrs + m0.to(tl.int64) * stride_xm, stride_xm, feature_ok & (m0 < M), BLOCK_N)
     # diag(s)/4 first (exact), then H16 by four butterfly stages out[2k + s] = in[k] ± in[k + 8]
@@ -220,7 +203,7 @@ def sign_bits(signs: torch.Tensor) -> int:
 
 
 def _native_bf16() -> bool:
-    """The interpreter's FP32 -> BF16 cast truncates; there the rounding is done on the bits."""
+    """False under the interpreter, whose FP32 -> BF16 cast truncates (``common.bf16_round``)."""
     return os.environ.get("TRITON_INTERPRET") != "1"
 
 
@@ -242,12 +225,9 @@ def rht_t_abs_max(
     groups: int = 8,
     num_warps: int = 4,
 ) -> torch.Tensor:
-    """``max |rht(x.t())|`` for x [M, N] (M % 16 == 0) as FP32 [1]; +Inf when any value is NaN/Inf.
-    ``signs``: the :func:`sign_bits` mask of the RHT sign vector.
-
-    ``with_x_amax``: FP32 [2], ``[max |rht(x.t())|, max |x|]`` from the same read of x: the amaxes of
-    an operand that is quantized both along rows and, after the RHT, along tokens (x, dy).
-    """
+    """``max |rht(x.t())|`` for x [M, N] (M % 16 == 0) as FP32 [1], +Inf for NaN/Inf; with
+    ``with_x_amax`` FP32 [2], ``[max |rht(x.t())|, max |x|]`` from the same read. ``signs``: a
+    :func:`sign_bits` mask."""
     m, n = _token_blocked_shape(x)
     amax = zeroed_words(2 if with_x_amax else 1, x.device)
     grid = (triton.cdiv(m // 16, groups), triton.cdiv(n, block_n))
@@ -275,14 +255,9 @@ def quantize_rht_t_tiles(
     groups: int = 2,
     num_warps: int = 2,
 ) -> None:
-    """Quantize rht(x.t()) for x [M, N] given its amax (from :func:`rht_t_abs_max`).
-
-    Writes into whichever of ``codes`` (uint8 [N, M/2]), ``scales`` (uint8 view of E4M3 [N, M/16]),
-    ``values`` ([N, M], BF16 or FP32) and ``decode`` (FP32 [1]: the tensor decode scale 1/S_enc,
-    as ``nvfp4.tensor_scales`` computes it; FP32 [2] with ``partner``, another operand's decode
-    scale: then also ``1/S_enc · partner``) are given; ``seed`` (a Philox seed >= 2^32, or a device
-    seed inside a CUDA graph capture) turns on stochastic rounding.
-    """
+    """Quantize rht(x.t()) for x [M, N] given its amax, into whichever of ``codes`` [N, M/2], ``scales``
+    [N, M/16], ``values`` [N, M] and ``decode`` (1/S_enc, and ``1/S_enc · partner``) are given, as
+    ``nvfp4_quantize.quantize_rows`` does for rows."""
     if groups not in (1, 2, 4):
         raise ValueError(f"quantize_rht_t_tiles: groups={groups} must be 1, 2 or 4")
     m, n = _token_blocked_shape(x)

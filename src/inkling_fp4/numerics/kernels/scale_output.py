@@ -1,17 +1,9 @@
 """The emulated NVFP4 GEMM's epilogue in one pass: out = bf16(acc · s).
 
-acc is the GEMM's FP32 product [M, N] (a row-strided crop of it when the operands were padded), s the
-FP32 output scale 1/S_enc(a) · 1/S_enc(b) on the device. Two roundings, as a Blackwell tensor core's
-epilogue and as ``torch.mul(acc, s, out=bf16_out)``: the FP32 product (IEEE, to nearest), then FP32
-to BF16 to nearest even.
-
-Why a kernel: ``torch.mul`` with a BF16 ``out`` casts in the output, which PyTorch runs through its
-non-vectorized elementwise path; the profile of a hybrid-350m NVFP4 training step on the H200 shows
-such a kernel at 21 ms of the 320 ms step. This pass reads 4 bytes and writes 2 per element, vectorized.
-
-No FMA can form here (a product, no addition). Under ``TRITON_INTERPRET=1``, whose FP32 -> BF16 cast
-truncates and flushes subnormals, the rounding is done on the bits (``common.bf16_round``) and the
-upper 16 bits are stored.
+acc is the GEMM's FP32 product [M, N] (row-strided when cropped from a padded GEMM), s the FP32 output
+scale 1/S_enc(a) · 1/S_enc(b) on the device. Two roundings, as a Blackwell tensor core's epilogue: the
+FP32 product, then to BF16. ``torch.mul`` with a BF16 ``out`` does the same through a slow,
+non-vectorized path.
 """
 
 import os
@@ -48,9 +40,8 @@ def _scale_to_bf16_kernel(
 def scale_to_bf16(
     acc: torch.Tensor, scale: torch.Tensor, *, block_m: int = 16, block_n: int = 256, num_warps: int = 4
 ) -> torch.Tensor:
-    """acc FP32 [M, N] (unit column stride) times the FP32 one-element ``scale`` (or one per row, [M]),
-    rounded once to BF16: a new [M, N] BF16 tensor, bit for bit ``torch.mul(acc, scale, out=torch.empty(
-    ..., bfloat16))`` (with the row scales as a column, [M, 1])."""
+    """acc FP32 [M, N] times ``scale`` (one element, or [M] per row), rounded once to BF16: bit for bit
+    ``torch.mul(acc, scale, out=<BF16 [M, N]>)``."""
     m = acc.shape[0] if acc.dim() else 0
     if acc.dtype != torch.float32 or scale.dtype != torch.float32 or scale.numel() not in (1, m):
         raise ValueError(

@@ -1,20 +1,15 @@
 """Stochastic-rounding seeds for the Triton quantizers: from the host, or from a device word when the
 launches are replayed by a CUDA graph.
 
-Eager launches take the seed as a kernel argument, derived from the caller's CUDA generator without
-touching the device: ``seed = 2^32 + mix64(initial_seed · φ + offset) mod (2^62 - 2^32)``, where
-``offset`` is the generator's Philox offset, advanced by 4 per draw (φ = 0x9E3779B97F4A7C15, mix64
-splitmix64's finalizer). Consecutive draws differ, they follow the generator's saved state (so a
-resumed run draws the same seeds), and nothing waits for the GPU.
+Eagerly the seed is derived from the caller's CUDA generator without touching the device:
+``seed = 2^32 + mix64(initial_seed · φ + offset) mod (2^62 - 2^32)``, ``offset`` the generator's Philox
+offset (advanced by 4 per draw), so a resumed run draws the same seeds.
 
-A CUDA graph freezes kernel arguments, so a captured quantizer would reuse one seed on every replay:
-the same rounding decisions every step, a bias that no longer averages out. Inside
-:func:`capturing` the draws return a :class:`DeviceSeed` instead: the kernel reads a device word
-``base = initial_seed · φ + offset_0`` (mod 2^64) and adds the draw's distance from the first draw,
-``4 i``, then applies the same mix on the device (``common.replay_seed``). Before each replay
-:meth:`GraphSeeds.before_replay` writes ``base`` from the generator's current offset and advances
-the offset by what the graph draws, so a replayed step computes the very seeds, and leaves the
-generator in the very state, of the same step run eagerly.
+A CUDA graph freezes kernel arguments, so a captured quantizer would reuse one seed every replay, a
+bias that no longer averages out. Inside :func:`capturing` a draw is a :class:`DeviceSeed`: the kernel
+reads ``base = initial_seed · φ + offset_0`` from a device word, adds the draw's offset and applies the
+same mix (``common.replay_seed``). :meth:`GraphSeeds.before_replay` writes ``base`` and advances the
+generator, so a replayed step draws the seeds of the same step run eagerly.
 """
 
 from __future__ import annotations
@@ -64,8 +59,7 @@ class DeviceSeed:
 
 
 class GraphSeeds:
-    """The stochastic-rounding draws of one captured CUDA graph: their generator, how far they
-    advance it per replay, and the device word their kernels read."""
+    """The stochastic-rounding draws of one captured CUDA graph and the device word their kernels read."""
 
     def __init__(self, device: torch.device):
         self.base = torch.zeros(1, dtype=torch.int64, device=device)
@@ -74,7 +68,7 @@ class GraphSeeds:
 
     def draw(self, generator: torch.Generator | None) -> DeviceSeed:
         """The next draw of the capture. NOTE a capture may not read or move a CUDA generator's offset
-        (torch forbids it), so the draws are counted here and the generator moves in ``before_replay``."""
+        (torch forbids it), so draws are counted here and the generator moves in ``before_replay``."""
         if not _is_cuda_generator(generator):
             raise RuntimeError(
                 "a stochastic-rounding draw inside a CUDA graph capture needs the layer's CUDA generator "
@@ -113,8 +107,8 @@ def capturing(seeds: GraphSeeds) -> Iterator[GraphSeeds]:
 
 
 def draw_seed(generator: torch.Generator | None) -> int | DeviceSeed:
-    """The next stochastic-rounding seed of ``generator`` (torch's default CPU generator when None):
-    an int in [2^32, 2^62) eagerly, a :class:`DeviceSeed` inside :func:`capturing`."""
+    """The next seed of ``generator`` (torch's default when None): an int in [2^32, 2^62), or a
+    :class:`DeviceSeed` inside :func:`capturing`."""
     if _capture:
         return _capture[-1].draw(generator)
     if _is_cuda_generator(generator):

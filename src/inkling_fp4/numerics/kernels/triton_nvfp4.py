@@ -1,29 +1,13 @@
-"""NVFP4 on CUDA through Triton: the same formats as ``numerics/nvfp4.py``, at memory bandwidth.
+"""NVFP4 on CUDA through Triton: the formats of ``numerics/nvfp4.py``, at memory bandwidth.
 
-``nvfp4.quantize`` / ``nvfp4.quantize_rht_t`` dispatch here for CUDA tensors; the torch code stays
-the reference and the CPU path. Round-to-nearest gives the reference's codes and scale bytes bit
-for bit; stochastic rounding follows the same formula with random bits from a Philox stream
-seeded from the caller's torch generator (same distribution, different draws).
+Round-to-nearest gives the reference's codes and scale bytes bit for bit; stochastic rounding draws
+from a Philox stream seeded from the caller's torch generator (same distribution, other draws).
 
-Every quantizer is two launches: a global amax pass (reads x once, one atomic word per few tiles),
-then the quantize pass, which derives S_enc from that amax on the device. A tensor quantized both
-along rows and, after the RHT, along tokens (x and dy of a linear layer) gets both amaxes from one
-read (:func:`abs_max_pair`), passed to the quantizers as ``amax=``. Nothing here waits on the host:
-a stochastic-rounding seed comes from the generator's host-side state (a CUDA generator's offset is
-advanced, no number is drawn on the device; inside a CUDA graph the kernel derives the same seed
-from a device word, ``seeds.py``), a device sign vector is read once per tensor.
-Finiteness is the caller's check on the returned ``amax`` (+Inf when x holds NaN or Inf); the
-``fake_quantize*`` entry points check it themselves (one host sync) unless ``check_finite=False``,
-for callers that check the amax later (``precision/finite_guard.py``).
-
-``fake_quantize`` / ``fake_quantize_rht_t`` write what an emulated GEMM consumes: BF16 block values
-``code · block_scale`` (exact) with the FP32 tensor scale ``1/S_enc`` kept apart, and optionally the
-packed codes and scales from the same pass (to save for backward).
-
-Launches are what an emulated step is bound by, so the host issues nothing but the two kernels per
-operand: the quantize pass also writes ``1/S_enc`` (the same FP32 operations as
-``nvfp4.tensor_scales``, which would be seven small eager kernels), and the amax words come zeroed
-from a pool (``amax.zeroed_words``) instead of a fill launch each.
+Every quantizer is two launches, an amax pass and the quantize pass, which derives S_enc on the device
+and also writes ``1/S_enc``: an emulated step is bound by launches, so the host issues nothing else.
+Finiteness is the caller's check on the returned ``amax`` (+Inf for NaN/Inf), which ``fake_quantize*``
+do themselves unless ``check_finite=False``. ``fake_quantize*`` write BF16 block values
+``code · block_scale`` (what an emulated GEMM consumes), ``1/S_enc`` apart.
 """
 
 from __future__ import annotations
@@ -92,8 +76,7 @@ def _decode_buffer(write: bool, partner: torch.Tensor | None, device: torch.devi
 def _decode_scales(
     decode: torch.Tensor | None, partner: torch.Tensor | None, launched: bool, amax: torch.Tensor
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(decode scale, its product with ``partner``) as 0-dim tensors, as the kernel wrote them; where
-    no program ran (an empty tensor) the reference's, from the amax (0, so 1)."""
+    """(decode scale, its product with ``partner``) as 0-dim tensors; for an empty tensor the reference's."""
     if decode is None:
         return None, None
     if not launched:
@@ -108,8 +91,7 @@ def _run_rows(
     write_codes: bool, values_dtype: torch.dtype | None, amax: torch.Tensor | None = None,
     write_decode: bool = False, partner: torch.Tensor | None = None,
 ) -> tuple[nvfp4.NVFP4Tensor | None, torch.Tensor | None, torch.Tensor, tuple]:  # fmt: skip
-    """(packed tensor, block values, amax, (decode scale, its product with ``partner``)), None where
-    not asked for."""
+    """(packed tensor, block values, amax, (decode scale, product with ``partner``)), None if not asked."""
     x2 = _rows_view(x)
     m, n = x2.shape
     codes = torch.empty((m, n // 2), dtype=torch.uint8, device=x.device) if write_codes else None
@@ -193,9 +175,8 @@ def quantize_rht_t(
 
 
 def abs_max_pair(x: torch.Tensor, signs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``max |x|``, ``max |rht(x.t(), signs)|``) for x [M, N] (M % 16 == 0) from one read of x, as
-    FP32 0-dim tensors (+Inf where x holds NaN/Inf): the ``amax=`` of :func:`fake_quantize` and
-    :func:`fake_quantize_rht_t` for the same x."""
+    """(``max |x|``, ``max |rht(x.t(), signs)|``) for x [M, N] from one read of x, as FP32 0-dim tensors:
+    the ``amax=`` of :func:`fake_quantize` and :func:`fake_quantize_rht_t` for that x."""
     m, n = x.shape
     if m == 0 or n == 0:
         zero = torch.zeros((), dtype=torch.float32, device=x.device)
@@ -216,15 +197,10 @@ def fake_quantize(
     check_finite: bool = True,
     scale_with: torch.Tensor | None = None,
 ) -> NVFP4BlockValues:
-    """Block values of ``quantize(x, ...)`` in one pass (plus the amax pass): ``values`` [..., N]
-    equal ``quantize(x).block_values(dtype)``; ``keep_codes`` also returns the packed tensor.
-
-    ``dtype=None`` writes no values (codes only, with ``keep_codes``). ``amax``: ``max |x|`` when the
-    caller has it (:func:`abs_max_pair`), saving the amax pass. ``check_finite=False`` leaves the
-    NaN/Inf check of the returned ``amax`` to the caller (no host sync here). ``scale_with``: the
-    decode scale (FP32, one element) of the operand this one will be multiplied with; the result's
-    ``output_scale`` is then the product of the two, the GEMM's output scale, from the same pass.
-    """
+    """Block values of ``quantize(x, ...)`` in one pass: ``values`` = ``quantize(x).block_values(dtype)``
+    (none for ``dtype=None``); ``keep_codes`` also returns the packed tensor. ``amax``: ``max |x|`` when
+    known, saving the amax pass. ``scale_with``: the other GEMM operand's decode scale; ``output_scale``
+    is then their product, from the same pass."""
     op = "nvfp4.fake_quantize"
     checks.check_input(x, op=op, block=BLOCK, name=name, ndim=2 if block_2d else None)
     quantized, values, amax, (decode, product) = _run_rows(
@@ -242,8 +218,7 @@ def fake_quantize_row_scaled(
     name: str | None = None,
     check_finite: bool = True,
 ) -> NVFP4BlockValues:
-    """Block values of ``nvfp4.quantize_rows(x)`` (one FP32 scale per row) in one pass plus the row
-    amaxes: ``decode_scale`` and ``amax`` are [..., 1]; ``keep_codes`` also returns the packed tensor."""
+    """Block values of ``nvfp4.quantize_rows(x)``; ``decode_scale`` and ``amax`` are [..., 1]."""
     op = "nvfp4.fake_quantize_row_scaled"
     checks.check_input(x, op=op, block=BLOCK, name=name)
     x2 = _rows_view(x)
@@ -282,8 +257,8 @@ def fake_quantize_rht_t(
     check_finite: bool = True,
     scale_with: torch.Tensor | None = None,
 ) -> NVFP4BlockValues:
-    """Block values [N, M] of ``quantize_rht_t(x, ...)`` for x [M, N], fused like
-    :func:`fake_quantize`; ``amax`` is ``max |rht(x.t())|`` here."""
+    """Block values [N, M] of ``quantize_rht_t(x, ...)`` for x [M, N], as :func:`fake_quantize`; ``amax``
+    is ``max |rht(x.t())|``."""
     op = "nvfp4.fake_quantize_rht_t"
     checks.check_dtype(x, op=op, name=name)
     checks.check_block_shape(x, op=op, block=1, name=name, ndim=2)
