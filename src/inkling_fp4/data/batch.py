@@ -1,9 +1,8 @@
 """One training batch, the unit every loader hands to the model.
 
-Legend: B sequences per batch, L tokens per sequence (``data.seq_len``).
-``targets[b, t] == input_ids[b, t + 1]`` of the same underlying window; ``doc_ids`` changes where a
-new document starts (the model resets its SSM state and masks attention there); ``loss_mask`` is
-False where a target must not be trained on (chat prompts, padding, a packed row's seams).
+Legend: B sequences per batch, L tokens per sequence (``data.seq_len``). ``targets[b, t] ==
+input_ids[b, t + 1]`` of the same window; ``doc_ids`` changes where a document starts (SSM state reset,
+attention masked); ``loss_mask`` is False for untrained targets (chat prompts, padding, seams).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Training the run's byte-level BPE on its own sources, cached; and the command that does it by hand.
 
-Why train here: the default run must work offline with nothing but Python installed, and a tokenizer
-fitted to the data (4096 tokens for the tiny recipe) makes a small model learn far more per step than
-a borrowed 50K-token vocabulary whose embedding would dominate its parameters.
+Why train here: the default run must work offline, and a tokenizer fitted to the data (4096 tokens
+for the tiny recipe) teaches a small model far more per step than a borrowed 50K vocabulary whose
+embedding would dominate its parameters.
 
-The BPE sees only training documents (validation documents, chosen by the same rule as the shards,
-are left out) and at most ``data.tokenizer_train_bytes`` bytes, split evenly over the sources. Training
-is deterministic, so the cache key (sources' fingerprints, vocabulary size, settings, ``tokenizers``
-version) names one tokenizer, reused by every later run, and ``fp4train tokenizer`` on the same source
-gives the very tokenizer a run would train (same hash, same shard cache). That command writes where
-:mod:`~inkling_fp4.output_guard` allows, checked before training: never into a run directory, and over
-an existing file only with ``--force`` when the file is a tokenizer it wrote.
+The BPE sees only training documents. Training is deterministic, so the cache key names one
+tokenizer, and ``fp4train tokenizer`` on the same source gives the very one a run would train.
 """
 
 from __future__ import annotations
@@ -73,8 +68,7 @@ def train_bpe_for(cfg: DataConfig, sources: list[DocumentSource]) -> Tokenizer:
 
 
 def not_a_trained_tokenizer(path: Path) -> str | None:
-    """Why ``path`` is not a tokenizer this module trained (None: it is one): a byte-level BPE whose
-    first tokens are fp4train's special tokens."""
+    """Why ``path`` is not a tokenizer this module trained (None: it is one)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         firsts = [(t["id"], t["content"]) for t in data["added_tokens"][: len(SPECIAL_TOKENS)]]
@@ -103,10 +97,7 @@ def train_tokenizer_command(
     cache_dir: str | None = None,
     force: bool = False,
 ) -> str:
-    """Train a byte-level BPE of ``vocab_size`` tokens on ``source`` and save it to ``out``.
-
-    Returns the console's lines; ``data.tokenizer=<out>`` then uses it in a run.
-    """
+    """Train a ``vocab_size``-token byte-level BPE on ``source`` into ``out``; returns the console's lines."""
     overrides = {"cache_dir": cache_dir} if cache_dir else {}
     try:
         cfg = DataConfig(

@@ -1,20 +1,15 @@
 """Built-in SFT data: worked examples of the built-in RL tasks, generated offline from a seed.
 
-Why: ``fp4train sft`` then ``fp4train rollout`` must run with nothing downloaded, and RL from a small
-pretrained model only learns when some rollouts already earn a reward. Fine-tuning on worked solutions
-of the same tasks teaches the answer formats (``#### N``, ``<answer>...</answer>``) and the step by
-step procedure first, so the rollout stage starts from a policy its rewards can tell apart.
+Why: ``fp4train sft`` then ``rollout`` must run offline, and RL from a small model only learns when
+some rollouts already earn a reward; worked solutions teach the answer formats first.
 
-Each record is one user turn (the problem's prompt) and one assistant turn (its worked solution):
+Each record is one user turn (the prompt) and one assistant turn (the worked solution):
 
     {"messages": [{"role": "user", "content": "Compute 7 - 5. End your answer with ..."},
                   {"role": "assistant", "content": "7 - 5 = 2\\n#### 2"}]}
 
-The mix is ``ARITHMETIC_SHARE`` arithmetic (levels 1-5 in turn) and the rest countdown (levels 1-2 in
-turn), interleaved by a seeded shuffle; with ``levels``, arithmetic of those levels only. Only
-train-split problems are used: the eval split stays unseen for the rollout stage's evaluation.
-Everything comes from ``random.Random(seed)`` streams and BLAKE2b hashes, so the same ``(n, seed)``
-gives the same records on every machine.
+``ARITHMETIC_SHARE`` arithmetic, the rest countdown, in a seeded shuffle. Only train-split problems
+are used, so the eval split stays unseen; the same ``(n, seed)`` gives the same records everywhere.
 """
 
 from __future__ import annotations

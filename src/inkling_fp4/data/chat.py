@@ -1,57 +1,23 @@
 """Chat records, the chat template, and the loss mask of supervised fine-tuning.
 
-Records (TRL's dataset formats; one per line of a jsonl file, or one row of any table; other columns
-are ignored):
+Records are TRL's formats: ``{"messages": [{role, content}, ...]}`` (completion: the last assistant
+turn), ``{"prompt": "...", "completion": "..."}`` (optionally ``"system"``), or prompt and completion
+as message lists. ``messages`` (not null) wins, so a table mixing both formats works. A record of
+another shape is a one-line :class:`DataError` naming it (``parse_record``). A record with an empty
+assistant turn is skipped and counted: training on one would teach the model to answer with nothing.
 
-- ``{"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}``: a conversation;
-  its completion is the last assistant turn.
-- ``{"prompt": "...", "completion": "..."}`` (optionally ``"system": "..."``): one user turn and the
-  assistant's answer, which is the completion.
-- ``{"prompt": [messages], "completion": [messages]}`` (conversational prompt-completion): the prompt's
-  messages, then the completion's, which are all assistant turns.
-
-A record that has ``messages`` (not null) is read as a conversation, else one with ``prompt`` and
-``completion``: a table that mixes both formats has null in the other format's columns.
-
-Validation (``parse_record``). A problem that means the data is not what it should be (most often a
-whole dataset in another shape) is a :class:`DataError` of one line that names the record (its index
-from 0 in the source) and what to change:
-
-- neither format's fields (the error lists the fields found and the ones expected); a prompt and a
-  completion of different kinds (text and a list); ``system`` beside a list prompt (the system message
-  goes first in the list);
-- a message that is not ``{role, content}``, a role other than system / user / assistant, a content
-  that is not text (null included); a completion message that is not an assistant turn;
-- a system message anywhere but first; an assistant turn before any user turn; a conversation without
-  an assistant turn, or ending with a turn that no answer follows (nothing to learn after it).
-
-Consecutive turns of the same role are allowed (as in TRL): the template frames every message with
-its own role token and ``<|end|>``, so nothing is ambiguous. An assistant turn whose content is empty
-or whitespace is not an error: public datasets hold a few, and training on one would teach the model
-to answer with nothing. Such a record is skipped and counted (``Chat.empty_answer``; the loader
-reports the count).
-
-The template, in tokens (special tokens are single ids, inserted by id, never parsed from text)::
+The template, in tokens (special tokens inserted by id, never parsed from text: see ``tokenizer.py``)::
 
     <|endoftext|> <|system|> content <|end|> <|user|> content <|end|> <|assistant|> content <|end|> ...
 
-``<|endoftext|>`` opens the conversation as it opens every pretraining document, so the model sees the
-same context at the start of a chat as at the start of a document. Generation prompts end with
-``<|assistant|>``; the model answers and closes with ``<|end|>``. ``CHAT_TEMPLATE_JINJA`` is the same
-template as a Hugging Face chat template, for tools that render prompts as text.
+``<|endoftext|>`` opens a chat as it opens every pretraining document. Generation prompts end with
+``<|assistant|>``. ``CHAT_TEMPLATE_JINJA`` is the same template for Hugging Face tools.
 
-NOTE: the text template is only as safe as the tokenizer call that reads it: tokenized with special
-tokens parsed from text, a literal "<|end|>" inside a message would become the special id. Here
-contents are encoded with special-token parsing off and the special ids are inserted by id.
+Loss mask (``sft.loss_on``; ``trained[i]``: token i is a target):
 
-Loss mask (``sft.loss_on``; ``trained[i]`` says whether token i is a target of the loss):
-
-- ``assistant``: every assistant turn's content and the ``<|end|>`` that closes it, so the model learns
-  to answer and to stop, never to imitate the user, the system prompt or the role tokens, which are
-  given at inference time;
-- ``completion``: the same, for the completion's turns only (earlier answers are context);
-- ``all``: every token after the first (the opening ``<|endoftext|>`` is the seam with whatever comes
-  before it, never a target), template included.
+- ``assistant``: every assistant turn's content and its closing ``<|end|>`` (learn to answer and to
+  stop, never to imitate what is given at inference); ``completion``: the same for the completion's
+  turns only; ``all``: every token after the opening ``<|endoftext|>`` (a seam, never a target).
 """
 
 from __future__ import annotations
@@ -84,7 +50,7 @@ class Chat:
 
     @property
     def empty_answer(self) -> bool:
-        """Some assistant turn is empty or whitespace (the record is skipped, see the module docstring)."""
+        """Some assistant turn is empty or whitespace (the record is skipped)."""
         return any(m["role"] == "assistant" and not m["content"].strip() for m in self.messages)
 
 

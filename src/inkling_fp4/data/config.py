@@ -46,18 +46,16 @@ class DataPhase:
 @dataclass
 class DataConfig:
     source: str = "builtin"
-    """'builtin' (offline corpus from the Python standard library), local files / globs / folders
-    (jsonl, json, parquet, csv, txt, arrow), or a hub dataset name (``owner/name[:config]``) when online."""
+    """'builtin' (the offline stdlib corpus), local files / globs / folders, or a hub dataset name."""
     text_field: str = "text"
     """Field that holds the text in structured sources."""
     text_sample_by: str = "document"
     """How .txt files become documents: document (one per file), paragraph or line."""
     encoding_errors: str = "strict"
-    """Invalid UTF-8 in local text / json / csv files: strict (an error naming the file and the byte
-    offset) or replace (bad bytes read as U+FFFD, from a cleaned copy in cache_dir)."""
+    """Invalid UTF-8 in local text / json / csv files: strict (an error naming file and offset) or
+    replace (bad bytes read as U+FFFD)."""
     tokenizer: str | None = None
-    """Path to a tokenizer.json (or a folder holding one), a hub name when online, or null to train a
-    byte-level BPE on the run's sources (cached)."""
+    """A tokenizer.json (or its folder), a hub name, or null: train a byte-level BPE on the sources."""
     vocab_size: int = 4096
     """Vocabulary size of a tokenizer trained here (special tokens included)."""
     bpe_min_frequency: int = 2
@@ -83,8 +81,8 @@ class DataConfig:
     verify_checksums: bool = True
     """Check each shard's sha256 against the manifest when loading it."""
     phases: list[DataPhase] = field(default_factory=list)
-    """Data phases: [{at: 0.7, sources: [...], weights: [...]}, ...] switch the blend at token fractions
-    of the run; before the first phase (or without phases) the run reads ``source`` alone."""
+    """[{at: 0.7, sources: [...], weights: [...]}, ...]: blends switched at token fractions of the run;
+    before the first phase the run reads ``source`` alone."""
 
     def __post_init__(self):
         if self.seq_len < 2:

@@ -1,9 +1,8 @@
 """Reaching the Hugging Face hub, or saying quickly and clearly that we cannot.
 
-Without a network the hub clients retry for half a minute before failing with a message about
-"locating files". A run should instead fail at once with a line that says what to pass instead, so
-every hub access goes through :func:`require_hub`, which honours the offline switches and probes the
-endpoint with a short timeout (skipped behind a proxy, where a direct probe proves nothing).
+Why: offline, the hub clients retry for half a minute before a vague error. Every hub access goes
+through :func:`require_hub`, which honours the offline switches and probes the endpoint with a short
+timeout (skipped behind a proxy, where a direct probe proves nothing).
 """
 
 from __future__ import annotations

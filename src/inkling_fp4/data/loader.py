@@ -1,19 +1,15 @@
 """The pretraining loader: deterministic, exactly resumable, sharded by rank, with data phases.
 
-The stream of one source is ``<|endoftext|> doc0 <|endoftext|> doc1 ...`` (its train shards). It is cut
-into windows of L + 1 tokens starting every L tokens (consecutive windows share one token, so every
-token is a target once per epoch); epoch e visits them in a seeded permutation and shifts all starts by
-a seeded offset in [0, L) (0 in epoch 0), so later epochs see other window boundaries.
+A source's train stream is cut into windows of L + 1 tokens starting every L tokens (neighbours share
+one token, so every token is a target once per epoch); epoch e visits them in a seeded permutation,
+all starts shifted by a seeded offset in [0, L) (0 in epoch 0) so later epochs see other boundaries.
 
-Global sample order. The run's samples are numbered g = 0, 1, 2, ... across all ranks; rank r takes the
-samples with g mod world_size == r, so the union over ranks is the single-process stream whatever the
-world size. Sample g starts at token g·L of the run; the phase whose ``at·total_tokens`` was last passed
-picks its blend, and a seeded uniform draw u(seed, g) picks the source (inverse CDF of the weights).
-Each source hands out its windows in its own order, counting how many it has given.
+Samples are numbered g = 0, 1, ... across all ranks; rank r takes g mod world_size == r, so the union
+is the single-process stream at any world size. Sample g starts at token g·L: the phase in effect
+picks the blend, and a seeded draw u(seed, g) picks the source (inverse CDF of the weights).
 
-So the whole data position is a few integers (g and the per-source counts): ``state_dict`` holds them,
-every random draw is a pure function of (seed, counters), and a resumed loader yields exactly the
-batches an uninterrupted one would have.
+So the data position is a few integers (g and the per-source counts) and a resumed loader yields
+exactly the batches an uninterrupted one would.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Best-fit packing of variable-length examples into fixed rows, and a resumable loader over the rows.
 
-Why pack: chat examples are short and uneven; padding each to L wastes most of the compute. Packing
-puts several whole examples in one row of L + 1 tokens, and ``doc_ids`` tells the model where each
-starts (SSM state reset, attention masked to the same example), so packed examples do not see each
-other and the result equals training on them one by one.
+Why pack: chat examples are short and uneven, so padding each to L wastes most of the compute. Several
+whole examples share a row of L + 1 tokens, and ``doc_ids`` keeps them apart (SSM state reset,
+attention masked), so the result equals training on them one by one. Best fit decreasing:
+deterministic (ties keep input order), close to optimal fill.
 
-Best fit decreasing: examples in order of decreasing length each go into the open row with the least
-room that still fits them (a new row when none does). It is deterministic (ties keep input order) and
-fills rows close to the optimum for typical length distributions.
-
-An example longer than a row (``sft.overlong``, :func:`fit`): ``truncate`` keeps its head (the first
-L + 1 tokens), and drops it when the head keeps no trained token; ``drop`` drops it. Both are counted.
-
-Row layout: examples back to back, then ``<|pad|>`` up to L + 1 with its own doc id and no loss.
-``loss_mask`` of a target is its ``trained`` flag and False where the target starts another example
-(a seam: the first token of an example is never predicted from the one before it).
+Row layout: examples back to back, then ``<|pad|>`` up to L + 1 with its own doc id and no loss. A
+target that starts another example (a seam) is never trained.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """From a data config to what the trainer consumes: a tokenizer, a train loader, validation batches.
 
-Steps, each cached where it is costly: open every source of the run (the base source and those of the
-data phases); get the tokenizer (the run directory's own when resuming, else the configured file or hub
-name, else a byte-level BPE trained on the sources); tokenize each source into shards; resolve the
-phases' token fractions against the run's total tokens; build this rank's loader.
-
-Validation reads the held-out documents of the run's first source (``data.source``, or the first
-source of a phase at 0), the same for every run over those data, whatever the seed or the blend, so
-validation losses of runs that differ in precision compare directly.
+Validation reads the held-out documents of the run's first source only, the same whatever the seed
+or blend, so validation losses of runs that differ in precision compare directly.
 """
 
 from __future__ import annotations
@@ -42,9 +36,8 @@ class PretrainData:
     def val_batches(self, n: int, batch_size: int, rank_shard: bool = False) -> list[Batch]:
         """``n`` batches spread evenly over the validation split, the same every call.
 
-        By default every rank gets the same batches; with ``rank_shard`` rank r gets rows r, r + W, ...
-        of the ``n · batch_size · world_size`` windows, so ranks together cover W times more (average
-        the losses over ranks then).
+        Every rank gets the same batches; with ``rank_shard`` rank r gets rows r, r + W, ... of W times
+        as many windows (average the losses over ranks then).
         """
         ranks = self.world_size if rank_shard else 1
         windows = fixed_windows(self.shards[0].val, self.seq_len, n * batch_size * ranks)
@@ -80,8 +73,8 @@ def _count(n: int) -> str:
 
 
 def resolve_tokenizer(cfg: DataConfig, sources: list[DocumentSource], run_dir: Path | None) -> Tokenizer:
-    """The run's tokenizer: a resumed run (``run_dir`` given) keeps its own ``tokenizer.json``. Reads
-    only: the stage saves it into the run directory once every check has passed."""
+    """The run's tokenizer: a resumed run keeps its own ``tokenizer.json``, else the configured one or a
+    BPE trained on the sources. Reads only (the stage saves it once every check has passed)."""
     saved = run_dir / "tokenizer.json" if run_dir is not None else None
     if saved is None:
         return Tokenizer.load(cfg.tokenizer) if cfg.tokenizer is not None else train_bpe_for(cfg, sources)
@@ -123,7 +116,7 @@ def build_pretrain_data(
     world_size: int = 1,
     total_tokens: int | None = None,
 ) -> PretrainData:
-    """Everything the pretraining loop reads; see the module docstring."""
+    """Everything the pretraining loop reads: sources, tokenizer, shards (cached) and this rank's loader."""
     cache_dir = Path(cfg.cache_dir).expanduser()
     names = cfg.all_sources()
     sources = [open_source(name, cfg) for name in names]

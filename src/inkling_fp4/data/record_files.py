@@ -1,19 +1,10 @@
 """Chat records of local jsonl, json and csv files, read as they are written.
 
-``datasets`` infers one type per column, so a CSV column of numbers becomes int (no completion of it
-could ever be text), and a JSON field that holds "0" in one record and 7 in another is cast and
-reported at the wrong record. Chat data is small and held in memory anyway, so these files are read
-here, one record at a time:
-
-- csv: the header names the fields and every cell is a string, as written (an empty cell is "");
-- jsonl, or .json holding JSON lines: one JSON object per line, blank lines skipped; values keep
-  their JSON types, so a number where text belongs is reported at its own record;
-- .json holding one array of objects: each object a record.
-
-Files are read through their decompressed stream (.gz, .bz2, .xz), after the UTF-8 check of
-``text_encoding.py``; a byte-order mark is dropped. Parquet and arrow files (which store their
-types) and .zst files (a codec the standard library lacks) stay with ``datasets`` (``sources.py``).
-A file that is not what its name says is a :class:`DataError` naming the record, the file and line.
+Why not ``datasets``: it infers one type per column, so a CSV column of numbers becomes int, and a
+JSON field holding "0" in one record and 7 in another is cast and reported at the wrong record. Chat
+data is small, so these files are read here: csv cells stay strings as written; JSON lines (or one
+array of objects) keep their JSON types, so a number where text belongs is reported at its record.
+Parquet, arrow and .zst stay with ``datasets`` (``sources.py``).
 """
 
 from __future__ import annotations
@@ -137,8 +128,7 @@ class RecordFiles:
 
 
 def open_records(spec: str, cfg: DataConfig) -> RecordFiles | DocumentSource:
-    """The chat records that ``spec`` names: local json / csv files read here, anything else (the hub,
-    parquet, arrow, .zst) the document source of ``sources.py``."""
+    """The chat records that ``spec`` names: local json / csv read here, else ``sources.py``'s source."""
     source = open_source(spec, cfg)
     if not isinstance(source, LocalFiles) or source.format not in _FORMATS:
         return source

@@ -1,9 +1,5 @@
 """Supervised fine-tuning data configuration: which tokens are trained, what happens to long
-examples, the held-out split, and the size of the built-in task data.
-
-Conversations come from ``data.source`` (TRL's ``messages`` or ``prompt`` / ``completion`` records,
-or ``builtin``: worked examples of the built-in RL tasks), rendered with the chat template of
-``data/chat.py`` and packed into rows of ``data.seq_len + 1`` tokens.
+examples, the held-out split, and the size of the built-in task data (``data/sft_data.py``).
 """
 
 from __future__ import annotations
@@ -17,21 +13,16 @@ OVERLONG = ("truncate", "drop")
 @dataclass
 class SFTConfig:
     loss_on: str = "assistant"
-    """Which target tokens are trained: assistant (every assistant turn's content and the end-of-turn
-    token that closes it), completion (the same for the record's completion only: the last assistant
-    turn of a messages record, the completion's turns of a prompt / completion record) or all (every
-    token of the conversation after its opening document token, template included)."""
+    """Which target tokens are trained: assistant | completion | all (see ``data/chat.py``)."""
     overlong: str = "truncate"
-    """An example longer than data.seq_len + 1 tokens: truncate (keep its head, tail dropped; dropped
-    when the head keeps no trained token) or drop it; either way it is counted and reported."""
+    """An example longer than data.seq_len + 1 tokens: truncate (keep its head; dropped if the head has
+    no trained token) or drop; counted either way."""
     val_fraction: float = 0.05
-    """Fraction of the records held out for the validation loss (at least one when there are two or
-    more)."""
+    """Fraction of the records held out for the validation loss (at least one of two or more)."""
     builtin_examples: int = 4000
     """Worked examples generated for data.source=builtin (the built-in RL tasks, from train.seed)."""
     builtin_levels: list[int] | None = None
-    """Arithmetic levels of the built-in examples: a list gives arithmetic of those levels only (what
-    an RL run on those levels starts from); None gives all five levels and countdown."""
+    """A list: arithmetic of those levels only (to start RL on them); None: all levels and countdown."""
 
     def __post_init__(self):
         if self.loss_on not in LOSS_ON:

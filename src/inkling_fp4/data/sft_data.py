@@ -1,30 +1,10 @@
 """Chat data for supervised fine-tuning: records -> template tokens -> packed rows -> a resumable loader.
 
-Order of work: every record is read and validated first (``chat.parse_record``: a bad record is a
-one-line DataError before anything is tokenized or trained), then the records are split, tokenized
-with the chat template and the ``sft.loss_on`` mask, cut or dropped by ``sft.overlong``, and packed.
-Nothing is written (a local source's ``datasets`` cache aside).
-
-The tokenizer is the pretrained run's (``<run_dir>/tokenizer.json``), so token ids mean what the model
-learned. Records are split by their index in the source into training and validation
-(``shards.is_validation`` at ``sft.val_fraction``, and the last record held out when the fraction
-picks none of a small source), each split packed on its own, so no conversation is in both. Chat data
-is small next to pretraining data, so it is tokenized in memory on every start (no shards).
-``data.source=builtin`` reads ``sft.builtin_examples`` worked examples of the built-in tasks
-(``builtin_tasks.py``), generated from the run's seed.
-
-``SFTData.stats`` (numbers for the run log and metrics):
-
-    records         records read from the source
-    skipped_empty   records skipped for an empty or whitespace assistant turn
-    train_records   valid records in the training split (val_records: held out)
-    examples        training examples packed (val_examples: held out, packed)
-    truncated       examples of both splits cut to data.seq_len + 1 tokens and kept
-    dropped_long    examples of both splits dropped for their length
-    rows            packed training rows (val_rows: validation rows)
-    fill            fraction of the training rows' positions holding example tokens
-    tokens          example tokens in the training rows (padding excluded)
-    trained_tokens  targets the loss is taken on in one pass over the training rows
+Every record is validated first (``chat.parse_record``), so a bad one is a one-line DataError before
+anything is tokenized. Records are split by index (``shards.is_validation``; a small source holds out
+its last record) and each split packed on its own, so no conversation is in both. Chat data is small,
+so it is tokenized in memory at every start (no shards). The tokenizer is the pretrained run's, so
+token ids mean what the model learned.
 """
 
 from __future__ import annotations
@@ -55,7 +35,7 @@ class SFTData:
     val_rows: PackedRows | None
     """Packed validation rows; None when no example is held out."""
     stats: dict
-    """Counts of the build (see the module docstring)."""
+    """Counts of the build for the log (``truncated`` / ``dropped_long`` over both splits)."""
     source: str
     origin: str
     loss_on: str

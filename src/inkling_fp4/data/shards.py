@@ -7,19 +7,14 @@ Layout of one cache entry ``<cache_dir>/shards/<name>-<key>/``::
     val_00000.bin ...
 
 Each split is one stream ``<|endoftext|> doc0 <|endoftext|> doc1 ...`` cut into files of
-``data.shard_tokens`` tokens (a document may span two files; loaders see one stream). The document
-token *opens* each document so the first token of every document is predicted from the same context as
-at generation time.
+``data.shard_tokens`` tokens (loaders see one stream). The document token *opens* each document, so
+its first token is predicted from the same context as at generation time.
 
-Why a cache key of (source fingerprint, tokenizer hash, settings): the same inputs give byte-identical
-shards, so a second run (or another rank) reuses them, and any change (a file edited, another tokenizer,
-another validation fraction) builds a new entry instead of silently reading stale tokens. Entries are
-built in a temporary folder under a file lock and renamed into place, so a crash or a concurrent rank
-never leaves half an entry. Loading checks every file's sha256 against the manifest.
+The cache key is (source fingerprint, tokenizer hash, settings), so a change builds a new entry
+instead of reading stale tokens; entries are built under a file lock and renamed into place.
 
-Validation split, by document: document ``i`` is held out when ``floor((i+1)·f) > floor(i·f)`` (evenly
-spread, exactly a fraction ``f``); a source too small to reach the first such index gives its last
-document to validation, so every source of two or more documents has a validation split when f > 0.
+Validation split: document ``i`` is held out when ``floor((i+1)·f) > floor(i·f)`` (evenly spread,
+exactly a fraction ``f``); a source too small for that gives its last document to validation.
 """
 
 from __future__ import annotations

@@ -3,17 +3,12 @@
 A source is one string, resolved in this order:
 
 - ``builtin``: the offline corpus of Python standard library files (``builtin_corpus.py``);
-- an existing path, a glob (``data/*.jsonl``), a folder (every supported file under it), or anything
-  that looks like a path (starts with ``/ . ~`` or ends in a known extension): local files, read with
-  ``datasets.load_dataset(<format>, data_files=[...])`` (.jsonl/.json, .parquet, .csv, .txt/.md, .arrow,
-  optionally compressed .gz/.bz2/.xz/.zst); one format per source;
-- anything else: a hub dataset ``owner/name`` or ``owner/name:config``, streamed (never downloaded whole).
+- a path, glob, folder, or anything that looks like a path: local files of one format, read with
+  ``datasets.load_dataset(<format>, data_files=[...])``;
+- anything else: a hub dataset ``owner/name[:config]``, streamed (never downloaded whole).
 
-Every source yields plain strings, one per document, in a fixed order, and a fingerprint that changes
-when its inputs change (paths, sizes and modification times for files) so token shards are rebuilt
-exactly when needed. Problems a user can fix (a missing path, an empty dataset, a missing text field,
-invalid UTF-8: see ``text_encoding.py``) are :class:`DataError` lines that say what exists and what
-to do.
+Every source yields one string per document in a fixed order, and a fingerprint that changes with
+its inputs, so token shards are rebuilt exactly when needed.
 """
 
 from __future__ import annotations
@@ -267,8 +262,7 @@ class HubDataset:
 
 @contextlib.contextmanager
 def _datasets_quiet():
-    """``datasets`` logs a file it fails to read before it raises; the DataError made of that says it
-    all, in one line. Its logger is quiet while it loads, and as it was afterwards."""
+    """Silence ``datasets``' log while it loads: the DataError made of its failure says it in one line."""
     from datasets.utils import logging
 
     level = logging.get_verbosity()

@@ -1,21 +1,11 @@
 """Invalid UTF-8 in local text files, found before ``datasets`` reads them: the file and the byte.
 
-Why check here: ``datasets`` reads json, csv and text files through pyarrow, which stops at the
-first bad byte with an error that names neither the file nor the byte ("UnicodeDecodeError ... in
-position 4" of one of its read blocks, or "An error occurred while generating the dataset"). So each
-text-format file is streamed once through an incremental UTF-8 decoder, which gives the exact byte
-offset of the first bad byte, and
-
-- ``data.encoding_errors=strict`` (the default): a bad file is a :class:`DataError` naming the file,
-  the offset and the fix;
-- ``data.encoding_errors=replace``: a cleaned copy, bad bytes turned into U+FFFD, is written to the
-  cache and handed to ``datasets`` in place of the file (the source's fingerprint stays the file's).
-
-A file found clean is remembered by a marker in the cache keyed by its path, size and modification
-time, so a file is scanned once, not at every run. Compressed files (.gz, .bz2, .xz) are checked
-through their decompressed stream, and the offset counts decompressed bytes; .zst files are not
-checked (the standard library cannot read them): ``datasets``' own error applies to them. Parquet
-and arrow files store strings that were validated when they were written.
+Why: ``datasets`` reads json, csv and text through pyarrow, which stops at the first bad byte with an
+error naming neither the file nor the byte. So each text file is streamed once through an incremental
+UTF-8 decoder: under ``data.encoding_errors=strict`` a bad file is a :class:`DataError` naming file
+and offset; under ``replace`` a cleaned copy (U+FFFD) in the cache is read instead (the fingerprint
+stays the file's). A clean file is remembered by a marker keyed on path, size and mtime. Compressed
+files (.gz, .bz2, .xz) are checked decompressed; .zst cannot be (no standard-library codec).
 """
 
 from __future__ import annotations
@@ -89,8 +79,7 @@ def _write_replaced(src: Path, dst: Path) -> None:
 
 
 def utf8_files(files: list[Path], errors: str, cache_dir: Path) -> list[Path]:
-    """The files ``datasets`` should read for ``files``: each one itself when it is valid UTF-8 (or
-    cannot be checked), its cleaned copy under ``replace``; a DataError for a bad one under ``strict``."""
+    """The files ``datasets`` should read for ``files`` under ``errors`` (see the module docstring)."""
     if errors not in ENCODING_ERRORS:
         raise AssertionError(f"encoding_errors {errors!r} is validated in DataConfig")
     root = cache_dir / "utf8"

@@ -1,19 +1,15 @@
 """The tokenizer: a thin wrapper over a Hugging Face ``tokenizers`` byte-level BPE.
 
-Why a wrapper: the rest of the code needs a handful of things only (encode, decode, the vocabulary
-size, the ids of the special tokens, a content hash for caches and manifests) and must not care whether
-the tokenizer was trained here, read from a ``tokenizer.json`` or fetched from the hub.
+Special tokens (whole tokens, never produced by merges):
 
-Special tokens (added as whole tokens, never produced by merges):
-
-- ``<|endoftext|>`` opens every document in the token stream, so it is at once the document separator
-  (eos of the previous document) and the bos of the next one; loaders increment ``doc_ids`` at it.
+- ``<|endoftext|>`` opens every document: the eos of the previous one and the bos of the next;
+  loaders increment ``doc_ids`` at it.
 - ``<|pad|>`` fills the tail of packed chat rows (never a training target).
-- ``<|system|>``, ``<|user|>``, ``<|assistant|>``, ``<|end|>`` frame chat messages (see ``chat.py``).
+- ``<|system|>``, ``<|user|>``, ``<|assistant|>``, ``<|end|>`` frame chat messages (``chat.py``).
 
-NOTE: text is encoded with ``encode_special_tokens`` on, so a literal "<|endoftext|>" inside a document
-is encoded as ordinary bytes and can never forge a document boundary or a chat role; special ids enter
-sequences only by id, from the code that builds them.
+NOTE text is encoded with ``encode_special_tokens`` on, so a literal "<|endoftext|>" in a document is
+ordinary bytes and can never forge a document boundary or a chat role; special ids enter sequences
+only by id.
 """
 
 from __future__ import annotations
@@ -46,12 +42,9 @@ ROLE_TOKENS = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT}
 _KNOWN_EOT = (EOT, "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
 
 TRAIN_RUN_CHARS = 256
-"""Whitespace-free runs longer than this are cut into pieces of this length for BPE training (only:
-encoding is unaffected). NOTE: the trainer merges within a pre-tokenized word at a cost that grows
-with the square of its length when its pairs repeat: one 10 MB run of "aaaa..." never finishes,
-30,000 chars take 0.3 s and 300,000 take 36 s. Runs of a-runs up to 5,000 chars, 10 MB in all,
-train in 0.65 s cut at 256, 2.8 s at 1,024 and 15 s at 4,096 (vocab 1,024). No useful token is
-longer than a few dozen characters, so merges learned from the pieces are those of the whole run."""
+"""Whitespace-free runs longer than this are cut into pieces for BPE training only. NOTE the trainer's
+cost within a word is quadratic when its pairs repeat (a 10 MB run of "aaaa..." never finishes);
+no useful token is that long, so the pieces learn the same merges."""
 _LONG_RUN = re.compile(rf"(?<!\S)\S{{{TRAIN_RUN_CHARS + 1},}}")  # from a run's start: no quadratic rescans
 _POLL_S = 0.1
 
@@ -143,8 +136,8 @@ class Tokenizer:
         return cls.from_pretrained(spec)
 
     def save(self, path: str | Path) -> None:
-        """Write ``tokenizer.json`` atomically (ranks may save and read the same file at once); a full
-        disk is a :class:`DiskFullError` that leaves neither the temporary file nor a partial one."""
+        """Write ``tokenizer.json`` atomically (ranks may save and read it at once); a full disk is a
+        :class:`DiskFullError` that leaves no partial file."""
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
@@ -225,11 +218,9 @@ def _bounded_runs(texts: Iterable[str], stop: threading.Event) -> Iterator[str]:
 def _interruptible(train) -> None:
     """Run ``train(stop)`` in a worker thread so that Ctrl-C still works.
 
-    NOTE: the Rust trainer runs without returning to Python's main thread, where signal handlers
-    run, so a SIGINT would wait for the whole training (minutes on a large corpus). Here the main
-    thread waits in short joins, which a signal interrupts: KeyboardInterrupt propagates at once,
-    ``stop`` ends the input, and the daemon worker finishes its merges unobserved (or dies with the
-    process, as it does under the CLI).
+    NOTE the Rust trainer never returns to Python's main thread, where signal handlers run, so a SIGINT
+    would wait for the whole training. The main thread waits in short joins instead: KeyboardInterrupt
+    propagates at once, ``stop`` ends the input, and the daemon worker finishes unobserved.
     """
     stop = threading.Event()
     failure: list[BaseException] = []

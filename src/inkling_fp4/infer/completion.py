@@ -15,7 +15,6 @@ class Completion:
     text: str
     """The new tokens' text, without the end token and without the stop string."""
     logprobs: list[float]
-    """log p of each new token under the distribution it was drawn from (after the temperature,
-    before top-k / top-p / min-p; see ``infer/sampling.py``), one per token."""
+    """log p of each new token after the temperature, before top-k / top-p / min-p (``infer/sampling.py``)."""
     finish_reason: str
     """eos | stop | length (``infer/stopping.py``)."""

@@ -1,25 +1,16 @@
 """Continuous batching: a fixed set of decode rows, each taking the next prompt as soon as its
 sequence ends.
 
-Decoding a batch at a time runs every batch until its longest member ends, so the decode step is
-mostly rows that have finished, and each batch waits for its own prefill. Here the cache has R rows
-(the sampler's slots); at every check (``sampler.check_every`` steps, or at once when a row reaches
-its token budget) the finished rows are read back, and the next prompts are prefilled together
-(their count rounded up to a power of two with copies of the first, their length to a bucket, so
-that prefill kernels see a handful of shapes) and written into the free rows
-(:meth:`InferenceCache.write_rows`). The step keeps running R rows, captured once as a graph.
+A batch at a time, every batch runs until its longest member ends, mostly decoding finished rows.
+Here the cache has R rows; at every check (``sampler.check_every`` steps, or when a row reaches its
+budget) finished rows are read back and the next prompts prefilled together (count rounded to a
+power of two, length to a bucket, so prefill kernels see few shapes) into the free rows. The decode
+step always runs R rows, captured once as a graph.
 
-What a prompt's completion depends on: its tokens, its index in the call and the seed (the draws
-are per sequence, ``infer/sequence_noise.py``), and, through the arithmetic, nothing else under
-BF16 and row activation scales: every row's GEMMs, norms and mixers are its own. So the tokens and
-log-probabilities are those of the batch-at-a-time sampler (tests/test_continuous_batching.py)
-up to the last bit a GEMM kernel picked for another row count may move. Under tensorwise
-activation scales (FP8, NVFP4 ``tensor``) a row's codes depend on its neighbours, as in any batch.
-
-Rows without a sequence (the queue is empty) become copies of a live row and are fed its token, so
-they hold no value a live row does not: no amax and no kernel sees anything new, and their cache
-never outgrows the live rows'. Finished rows keep decoding until the next check, as in the
-batch-at-a-time sampler, and their extra tokens are dropped.
+Under row-wise arithmetic (BF16, row activation scales) tokens and log-probabilities match the
+batch-at-a-time sampler (tests/test_continuous_batching.py) up to a GEMM kernel's last bit; under
+tensorwise scales a row's codes depend on its neighbours, as in any batch. Idle rows copy a live row
+and are fed its token, so they add no new value to any amax.
 
 Shape letters: R rows of the cache, T the longest token budget, V vocabulary, L prompt length.
 """
@@ -57,17 +48,14 @@ class _Sequence:
     """The ends of this one sequence."""
     budget: int
     admitted: int
-    """The decoder's sampling rounds before this sequence's first: it has sampled ``rounds -
-    admitted`` tokens (the device holds them)."""
+    """Sampling rounds before this sequence's first: it has ``rounds - admitted`` tokens on the device."""
     tokens: list[int] = field(default_factory=list)
     """Tokens read back so far."""
 
 
 class ContinuousDecoder:
-    """One ``generate`` call's prompts decoded through the rows of one cache (see the module docstring).
-
-    ``sampler`` is the :class:`~inkling_fp4.infer.sampler.Sampler` it serves (config, model,
-    tokenizer, stats); ``cache`` has the rows and ``decode`` is the step on it (a graph or eager)."""
+    """One ``generate`` call's prompts decoded through the rows of ``cache``; ``decode`` is the step on
+    it (a graph or eager), ``sampler`` the :class:`~inkling_fp4.infer.sampler.Sampler` it serves."""
 
     def __init__(self, sampler, cache, decode, seed: int):
         self.s = sampler
@@ -79,8 +67,8 @@ class ContinuousDecoder:
         self.rounds = 0
         """Sampling rounds so far; each but the last is followed by one decode step of every row."""
         self.row_len = [0] * R
-        """Tokens in each cache row when it was last written, at ``self.rounds`` = ``row_at``: the
-        row then holds ``row_len + rounds - row_at`` (the device's ``cache.lengths``)."""
+        """Tokens in each row when last written (at round ``row_at``): it now holds
+        ``row_len + rounds - row_at`` (the device's ``cache.lengths``)."""
         self.row_at = [0] * R
         self.deadline = 0
         """The round at which the first live sequence reaches its budget: a check is due then."""
@@ -131,8 +119,7 @@ class ContinuousDecoder:
         return self.done
 
     def _collect(self, live: list[int]) -> list[int]:
-        """Read the ended rows (every live row under stop strings) back; finish those that ended.
-        Returns the rows freed."""
+        """Read back ended rows (all live rows under stop strings); returns the rows freed."""
         ended = self.ended_R.tolist()
         read = [r for r in live if ended[r] or self.s.cfg.stop]
         if not read:
@@ -201,8 +188,7 @@ class ContinuousDecoder:
         return staging, logits[:n]
 
     def _copy_into_idle(self) -> None:
-        """Every row without a sequence becomes a copy of the first live row, fed its token; the
-        cache's longest row and the next budget check follow the live rows."""
+        """Every idle row becomes a copy of the first live row, fed its token."""
         live = [r for r, q in enumerate(self.rows) if q is not None]
         idle = [r for r, q in enumerate(self.rows) if q is None]
         if not live:

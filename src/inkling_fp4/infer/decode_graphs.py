@@ -1,32 +1,20 @@
 """The sampler's decode step as CUDA graphs: per batch bucket one preallocated cache and one captured
 step, kept across ``generate`` calls.
 
-Why kept: an RL run calls ``generate`` every step, and a capture (warm-up steps, then the capture)
-costs more than the few hundred steps it would speed up. So each bucket (``batch_bucket``, a power
-of two) holds a cache of a fixed ``max_len`` and the :class:`GraphedDecoder` captured on it; a later
-prefill into that cache keeps the graph valid. A call that needs a longer cache allocates one
-(lengths are rounded up to a power of two, so this happens a handful of times at most).
+Why kept: an RL run calls ``generate`` every step, and a capture costs more than the steps it would
+speed up. So each bucket (``batch_bucket``) holds a cache of fixed ``max_len`` (a power of two) and
+the :class:`GraphedDecoder` captured on it; a later prefill into it keeps the graph valid.
 
-Padding: a batch of n sequences decodes in its bucket's graph, the rows past n being copies of row
-0 (its prompt at the prefill, its token at every step), whose outputs are dropped. Copies change no
-real row's result, under any recipe:
-- BF16, and NVFP4 with ``precision.activation_scale=row``: every row's arithmetic is its own (the
-  GEMMs, norms and mixers work row by row; attention and the SSM read only the row's own cache).
-- tensorwise activation scales (NVFP4 ``activation_scale=tensor``, FP8): a GEMM quantizes x with a
-  scale from the amax over all its rows. A copy of row 0 holds no value row 0 does not, so the
-  amax, the scales and every real row's codes are those of the batch without padding. (Zero rows
-  would do too, but a decode row cannot be held at zero: its embedding and residual stream are not.)
-What padding can change is the GEMM kernel picked for the bucket's number of rows instead of n,
-as between any two batch sizes: a last-bit difference, not a dependence on the padding's values.
+Padding: rows past n are copies of row 0 (its prompt, its token every step), outputs dropped. Copies
+change no real row under any recipe: with row-wise arithmetic (BF16, NVFP4 ``activation_scale=row``)
+trivially; under tensorwise activation scales because a copy holds no value row 0 does not, so the
+amax and every real row's codes are those without padding (zero rows cannot be held at zero in
+decode). Only the GEMM kernel picked for another row count may move the last bit.
 
-Staleness: a graph replays the addresses it captured. The parameters are updated in place by the
-optimizer (the graph reads their new values: BF16 layers and the head cast them inside the graph),
-and each layer's held quantized weight is refreshed in place by ``PrecisionPolicy.freeze_weights``
-(``precision/held_operand.py``). The kernels of each layer's recipe, though, are fixed at capture.
-So the graphs are keyed on what they read (:func:`graph_key`): every parameter's and buffer's
-address, each QuantLinear's recipe and its held operand's addresses (or that none is used). A
-precision switch, a load that replaced tensors, or a weight changed without being quantized again
-changes the key, and every graph is dropped and captured again when next needed.
+Staleness: a graph replays captured addresses. Parameters are updated in place and held quantized
+weights refreshed in place (``precision/held_operand.py``), but the recipes' kernels are fixed at
+capture. So graphs are keyed on what they read (:func:`graph_key`: parameter and buffer addresses,
+each QuantLinear's recipe and held operand's addresses); any change drops and recaptures them.
 """
 
 from __future__ import annotations
@@ -63,8 +51,7 @@ def graph_key(model: nn.Module) -> tuple:
 
 
 def cache_len(needed: int, bound: int | None) -> int:
-    """The ``max_len`` of a bucket's cache: ``needed`` rounded up to a power of two (at least 64),
-    at most ``bound`` (the longest prompt plus completion the sampler can ask for)."""
+    """A bucket cache's ``max_len``: ``needed`` rounded up to a power of two (>= 64), at most ``bound``."""
     n = max(64, 1 << (needed - 1).bit_length())
     return max(needed, min(n, bound)) if bound is not None else n
 
@@ -78,8 +65,8 @@ class Slot:
 
 
 class DecodeGraphs:
-    """The buckets' caches and graphs of one model. ``capture=False`` keeps the caches and the
-    padding but decodes them eagerly (on the CPU, where there are no graphs: how the padding is tested)."""
+    """The buckets' caches and graphs of one model. ``capture=False`` keeps caches and padding but
+    decodes eagerly (how the padding is tested on the CPU)."""
 
     def __init__(self, model: nn.Module, capture: bool = True, log: Callable[[str], None] = log_to_stderr):
         self.model = model
@@ -90,8 +77,7 @@ class DecodeGraphs:
         """Buckets whose capture failed: they decode eagerly, without padding, from then on."""
         self.key: tuple | None = None
         self.setup_s = 0.0
-        """Seconds spent allocating the buckets' caches and capturing their graphs: paid once per
-        bucket (and again after :meth:`check` drops them), not per generation."""
+        """Seconds spent allocating caches and capturing graphs (once per bucket, not per generation)."""
 
     def check(self) -> None:
         """Drop every graph if what they captured changed (:func:`graph_key`); call it per generate."""
@@ -121,8 +107,7 @@ class DecodeGraphs:
         return self.slots[bucket]
 
     def _capture(self, cache: InferenceCache) -> GraphedDecoder | None:
-        """The decode step captured on ``cache``, or None (logged) where the runtime refuses the
-        capture (out of memory for the graph's pool, an operation a capture forbids)."""
+        """The decode step captured on ``cache``, or None (logged) where the runtime refuses the capture."""
         try:
             return GraphedDecoder(self.model, cache)
         except Exception as e:  # noqa: BLE001 (a capture the runtime refuses must not end the run)

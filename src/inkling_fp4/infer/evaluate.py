@@ -1,16 +1,10 @@
 """``fp4train eval``: a run's accuracy on a task's held-out problems, pass@1 greedy and pass@k.
 
-Tasks: ``arithmetic`` and ``countdown`` (``rl/tasks``: their ``eval`` split, which no training
-draw can reach, and their own rewards), or a jsonl FILE of ``{prompt, answer}`` or ``{question,
-answer}`` records checked with ``rl.rewards.numeric``.
-
-- pass@1 (greedy): one completion per problem at temperature 0.
-- with ``--samples K`` > 1, K completions per problem at ``sampler.temperature`` (> 0): pass@1
-  (sampled) is the mean fraction correct, pass@K the fraction of problems with at least one right
-  (the unbiased estimator 1 - C(n-c, k)/C(n, k) of Chen et al. 2021 at n = k).
-
-The numbers are printed as a table and appended to the run's ``metrics.jsonl`` as an ``eval``
-event row (step = the checkpoint's step).
+Tasks: ``arithmetic`` and ``countdown`` (their ``eval`` split and rewards), or a jsonl FILE of
+``{prompt, answer}`` / ``{question, answer}`` records checked with ``rl.rewards.numeric``. With
+``--samples K`` > 1, K completions at ``sampler.temperature``: pass@1 (sampled) is the mean fraction
+correct, pass@K the fraction of problems with one right (Chen et al. 2021's unbiased estimator at
+n = k). The result is also appended to the run's ``metrics.jsonl`` as an ``eval`` event.
 """
 
 from __future__ import annotations
@@ -71,8 +65,7 @@ def task_problems(task: str, n: int) -> tuple[str, list[EvalProblem], Callable]:
 
 
 def pass_rates(rewards_PK: list[list[float]]) -> tuple[float, float]:
-    """(pass@1, pass@K) of K rewards per problem. Right means a reward of 1 or more: a task's partial
-    credit (countdown's 0.1 for a well-formed wrong equation) is not a pass."""
+    """(pass@1, pass@K) of K rewards per problem; partial credit (reward < 1) is not a pass."""
     right = [[r >= 1.0 for r in row] for row in rewards_PK]
     pass1 = sum(sum(row) / len(row) for row in right) / len(right)
     return pass1, sum(any(row) for row in right) / len(right)

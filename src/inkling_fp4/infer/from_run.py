@@ -1,15 +1,10 @@
 """A sampler for a run directory: what ``fp4train generate`` and ``eval`` start from.
 
-The run's model and tokenizer come from its newest good checkpoint (``interop.load_run``); the
-overrides may change only the ``sampler`` and ``precision`` sections (the model, its data and its
-weights are the run's). Prompts are encoded as the run's weights saw text: a run trained on the chat
-template (sft, rollout, or a run started from one: ``runs.lineage``) gets it with one user turn
-(``data.chat.encode_prompt``) ending in ``<|assistant|>``; any other run's documents open with the
-document token.
-
-The context (``sampler.max_context``, default the run's ``data.seq_len``) bounds prompt plus
-completion: the hybrid has no positional embedding and so no hard limit, but it never trained on
-longer sequences.
+Model and tokenizer come from the newest good checkpoint; overrides may change only the ``sampler``
+and ``precision`` sections. Prompts are encoded as the weights saw text: one user turn of the chat
+template for a run trained on it (``runs.lineage``), else a document opening with the document token.
+The context (``sampler.max_context``, default ``data.seq_len``) bounds prompt plus completion: the
+hybrid has no positional embedding and so no hard limit, but it never trained on longer sequences.
 """
 
 from __future__ import annotations

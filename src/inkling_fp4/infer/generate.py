@@ -1,15 +1,10 @@
 """``fp4train generate``: completions of prompts from a run, printed or written as jsonl.
 
-Prompts come from ``--prompt TEXT`` (repeatable) or ``--prompts FILE``: a ``.jsonl`` file of
-``{"prompt": ...}`` records, or any other text file with one prompt per line (blank lines skipped).
-With ``--out FILE`` each completion is one JSON line: prompt, completion, tokens, logprobs,
-finish_reason. The file is checked before the model is loaded (:mod:`~inkling_fp4.output_guard`):
-never the prompts file or a run's own file, and an existing file only with ``--force`` when it is
-an earlier output of generate (every line such a record); it is written whole, then renamed into place.
-
-Streaming (``--stream``; the default for one prompt without ``--out``): the completion's text is
-written as it is decoded, only where it is final (``infer/streaming.py``), so the streamed text is
-the completion's text exactly; the host then reads the tokens back after every decode step.
+Prompts come from ``--prompt TEXT`` (repeatable) or ``--prompts FILE`` (``.jsonl`` of ``{"prompt":
+...}``, else one prompt per line). ``--out FILE`` is checked before the model loads
+(:mod:`~inkling_fp4.output_guard`): an existing file is replaced only with ``--force`` and only if it
+is an earlier output of generate; it is written whole, then renamed into place. ``--stream`` (the
+default for one prompt without ``--out``) writes the text as it is decoded (``infer/streaming.py``).
 """
 
 from __future__ import annotations
@@ -111,8 +106,7 @@ def run_generate(
     write: Callable[[str], None] = write_stdout,
     force: bool = False,
 ) -> list[Completion]:
-    """``stream``: None streams one prompt printed without ``--out`` (see the module docstring);
-    ``force`` replaces an earlier ``--out`` of generate."""
+    """``stream`` None: stream a single prompt without ``--out``."""
     if prompts and prompts_file is not None:
         raise UserError("--prompt and --prompts: give the prompts one way")
     texts = list(prompts or []) or (read_prompts(prompts_file) if prompts_file is not None else [])

@@ -6,32 +6,12 @@
              logits = model.decode_step(token, cache)               [B, V]
     every ``check_every`` steps: which sequences have ended (infer/stopping.py)
 
-Two schedules run that loop. By default the rows are continuously batched (``infer/continuous.py``):
-a row whose sequence ends takes the next prompt at the next check. ``sampler.continuous_batching=
-false`` (and streaming) decodes ``batch_size`` prompts at a time until all of them end; it is the
-reference the continuous schedule is tested against, completion for completion.
-
-Precision. The model runs a :class:`PrecisionPolicy`: the trainer's own (a rollout hands it over) or
-one built from the run's precision config (:func:`sampler_policy`). Weights are quantized once per
-policy version (:meth:`PrecisionPolicy.freeze_weights`; call :meth:`Sampler.weights_updated` after
-each optimizer step), activations per GEMM as the recipe says. Under ``precision.activation_scale
-= tensor`` a token's NVFP4 codes depend on every row of its GEMM, so on the other sequences of the
-decode batch (and on the padding of the prefill); ``row`` removes that dependence.
-
-Finished sequences keep decoding until the next check (their tokens are dropped afterwards), so a
-sequence's tokens never depend on ``check_every`` or on when its neighbours ended. The random draws
-are a function of (``sampler.seed``, the prompt's index in the call, the step, the token id)
-(``infer/sequence_noise.py``): the same prompts and config give the same completions, under
-either schedule and any number of rows.
-
-CUDA graphs (``sampler.cuda_graph``, on CUDA): the prefill and decode steps run on a cache kept per
-batch bucket and the step replays as that bucket's graph, the batch padded with copies of its first
-row (``infer/decode_graphs.py`` says why copies change no real row, under tensorwise scales too).
-Sampling reads only the real rows of the graph's logits buffer, before the next replay overwrites it.
-
-Streaming (``on_tokens``): the host reads the new tokens after every step instead of every
-``check_every`` and hands them to the callback with where each sequence has ended; without it
-nothing is read back between checks.
+Rows are continuously batched (``infer/continuous.py``); ``sampler.continuous_batching=false`` and
+streaming decode ``batch_size`` prompts at a time: the reference continuous batching is tested
+against. Weights are quantized once per policy version: call :meth:`Sampler.weights_updated` after
+each optimizer step. Finished sequences keep decoding until the next check, so with per-sequence
+draws (``infer/sequence_noise.py``) completions do not depend on ``check_every``, the schedule or
+the number of rows. CUDA graphs: ``infer/decode_graphs.py``.
 
 Shape letters: B batch, L prompt length, T new tokens, V vocabulary.
 """
@@ -75,8 +55,8 @@ class GenerationStats:
     seconds: float = 0.0
     decode_steps: int = 0
     setup_seconds: float = 0.0
-    """Of ``seconds``, the one-off part: the decode graphs' caches and captures, and on CUDA the first
-    prefill of each (rows, length) shape, where Triton compiles and autotunes its kernels."""
+    """Of ``seconds``, the one-off part: graph caches and captures, and each new prefill shape's first
+    run on CUDA (Triton compiles and autotunes)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -94,10 +74,9 @@ class GenerationStats:
 def sampler_policy(
     run_precision: PrecisionConfig, precision: str, n_layers: int, switched_scope: str | None = None
 ) -> PrecisionPolicy:
-    """The policy a sampler runs: ``train`` is the run's own precision config, with the checkpoint's
-    switch to BF16 (``switched_scope``) where it had switched; a recipe name is that recipe with
-    the run's other precision settings (delayed FP8 scaling and row activation scales only where
-    the recipe has them)."""
+    """The policy a sampler runs: ``train`` is the run's own (with the checkpoint's BF16 switch), a
+    recipe name that recipe with the run's other settings (current FP8 scaling; row activation
+    scales for nvfp4 only)."""
     cfg = run_precision
     if precision != "train":
         cfg = dataclasses.replace(
@@ -176,9 +155,7 @@ class Sampler:
     def generate(
         self, prompts: Sequence[Sequence[int]], seed: int | None = None, on_tokens: OnTokens | None = None
     ) -> list[Completion]:
-        """One completion per prompt (token lists): continuously batched over the sampler's rows
-        (``infer/continuous.py``), or a batch at a time under ``sampler.continuous_batching=false``
-        and when streaming (``on_tokens``, see :data:`OnTokens`)."""
+        """One completion per prompt (token lists), under the schedule of the module docstring."""
         for i, p in enumerate(prompts):
             self.check_prompt(p, f"prompt {i}")
         seed = self.cfg.seed if seed is None else seed
@@ -197,9 +174,8 @@ class Sampler:
         return out
 
     def rows_for(self, max_len: int) -> int:
-        """Sequences decoded together: ``sampler.batch_size``, or where it is 0 (auto) 64 on the CPU
-        and on CUDA up to 256, as many as a quarter of the free memory holds in caches of ``max_len``
-        tokens (with the step's [rows, V] logits, draws and filters beside them)."""
+        """Sequences decoded together: ``sampler.batch_size``, or for 0 (auto) 64 on the CPU and on CUDA
+        as many (up to ``AUTO_ROWS``) as a quarter of free memory holds at ``max_len`` tokens."""
         if self.cfg.batch_size > 0:
             return self.cfg.batch_size
         if self.device.type != "cuda":
@@ -251,8 +227,7 @@ class Sampler:
         return self._eos.eos_mask(tokens)
 
     def _decode_graphs(self) -> DecodeGraphs | None:
-        """The bucketed caches this generation decodes in (graphs under ``sampler.cuda_graph`` on
-        CUDA, where the model can be captured), or None: each batch allocates its own cache."""
+        """The bucketed caches (and graphs) to decode in, or None: each batch allocates its own."""
         use = self.cfg.cuda_graph and self.device.type == "cuda"
         if use and self.graphs is None:
             self.graphs = DecodeGraphs(self.model)
@@ -270,8 +245,7 @@ class Sampler:
         return graphs
 
     def _longest_sequence(self) -> int | None:
-        """The most tokens a batch's cache can need (a prompt of context-1 tokens, decoded for the
-        longest budget any prompt may have), or None without a context."""
+        """The most tokens a batch's cache can need, or None without a context."""
         if self.context is None:
             return None
         return self.context - 1 + min(self.cfg.max_new_tokens, self.context - 1)
@@ -288,10 +262,8 @@ class Sampler:
     def _prefill(
         self, prompts: list[list[int]], L: int, T: int, graphs: DecodeGraphs | None
     ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
-        """The prompts prefilled into a cache: the logits after each prompt [B, V] and the decode
-        step (tokens [B] -> logits [B, V]). With ``graphs``: the bucket's cache and graph, its R >= B
-        rows past B copies of row 0 (its prompt, and its token at every step); else a cache of the
-        batch's own, decoded eagerly."""
+        """The prompts prefilled into a cache: logits [B, V] and the decode step (tokens [B] -> logits
+        [B, V]); with ``graphs`` in the bucket's R >= B rows, rows past B copies of row 0."""
         model, B = self.model, len(prompts)
         slot = graphs.slot(B, L + T, self._longest_sequence()) if graphs is not None and T > 1 else None
         if slot is None:

@@ -8,16 +8,13 @@ For logits z [B, V] and temperature T > 0, the distribution a token is drawn fro
     min-p  keep p >= min_p · max(p)               (max p survives every filter, so this is exact)
     token  ~ the kept p, renormalised            (the exponential race below)
 
-Filters run in that order (Hugging Face's and vLLM's); each always keeps the most likely token. The
-reported log-probability is ``log_softmax(z / T)[token]``: after the temperature, before the
-truncation, which is the quantity a trainer recomputes from its own forward pass (the filters are a
-property of the sampler, not of the policy). Greedy (T = 0) takes the argmax (the lowest id among
-equal logits) and reports ``log_softmax(z)[token]``, the T = 1 distribution.
+Filters run in that order (as Hugging Face and vLLM); each keeps the most likely token. The reported
+log-probability is ``log_softmax(z / T)[token]``, before truncation: what a trainer recomputes from
+its own forward (the filters belong to the sampler, not the policy). Greedy (T = 0) takes the argmax
+(lowest id among ties) and reports the T = 1 ``log_softmax(z)[token]``.
 
-Sampling uses the exponential race: with E_i ~ Exp(1) i.i.d., ``argmax_i p_i / E_i`` is distributed
-as p (the Gumbel-max trick written with exponentials), which needs no cumulative sum and no host
-sync. Its draws E are given (``noise``: the sampler's per-sequence draws, ``infer/sequence_noise.py``)
-or come from a ``torch.Generator``; either way a seed gives the same tokens.
+Sampling is the exponential race: with E_i ~ Exp(1) i.i.d., ``argmax_i p_i / E_i`` is distributed as
+p (Gumbel-max with exponentials): no cumulative sum, no host sync.
 
 Shape letters: B batch, V vocabulary.
 """

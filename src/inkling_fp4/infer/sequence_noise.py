@@ -1,16 +1,13 @@
 """The sampler's random draws as a function of (seed, sequence, step, token id), not of a stream.
 
-A ``torch.Generator`` hands out its numbers in batch order, so a sequence's draws would depend on
-which sequences share its decode steps and in which row it sits. Under continuous batching those
-change with every arrival and departure. A counter-based generator removes the dependence: the
-Exp(1) variable of token v at step t of sequence i is a hash of (seed, i, t, v), the same whatever
-decodes beside it, so a prompt's completion depends only on the prompt, its index in the call and
-the seed.
+Why: a ``torch.Generator`` hands out numbers in batch order, so a sequence's draws would depend on
+its neighbours and its row, which continuous batching changes all the time. Here the Exp(1) draw of
+token v at step t of sequence i is a hash of (seed, i, t, v), so a completion depends only on the
+prompt, its index in the call and the seed.
 
-Hash: splitmix64's finaliser (Steele, Lea and Flood; the one Java's SplittableRandom uses) applied
-to the key in three rounds, in int64 tensor arithmetic, which wraps modulo 2^64 as the finaliser
-needs. The top 24 bits give u in (0, 1) with no endpoint (u = (k + 1/2) / 2^24), exact in FP32,
-and E = -log u is positive and finite.
+Hash: splitmix64's finaliser (as in Java's SplittableRandom) in three rounds, in int64 arithmetic
+(which wraps modulo 2^64). The top 24 bits give u = (k + 1/2) / 2^24 in (0, 1), exact in FP32, so
+E = -log u is positive and finite.
 
 Shape letters: B batch, V vocabulary.
 """

@@ -1,18 +1,13 @@
 """When a sequence is finished: an end token, a stop string, its token budget.
 
-A completion ends at the first of:
+- ``eos``: an end token (the document token, or ``<|end|>`` closing a chat answer). It is kept in
+  the tokens and log-probabilities (a trainer learns to stop from it), left out of the text.
+- ``stop``: a stop string in the decoded text, matched on text so one split over tokens is found;
+  the tokens end with the one that completed the match, the text just before the match.
+- ``length``: the token budget (``max_new_tokens``, or less where the context ends).
 
-- ``eos``: an end token (the document token, and ``<|end|>`` which closes a chat answer). The
-  token is kept in the completion's tokens and log-probabilities (a trainer learns to stop from
-  it) and left out of its text.
-- ``stop``: a stop string appears in the decoded text. Strings are matched on text, not tokens, so
-  a stop string split over several tokens (or sitting inside one) is found; the completion's tokens
-  end with the token that completed the match and its text ends just before the match.
-- ``length``: the sequence's token budget (``max_new_tokens``, or less where the context ends).
-
-:class:`StopChecker` keeps the per-sequence finished mask and finds those ends from the tokens
-generated so far. It may be called every step or every few steps with the same result: it finds
-the *first* end of each sequence among all tokens it is shown, and tokens after it are dropped.
+:class:`StopChecker` finds the *first* end among all tokens it is shown, so calling it every step or
+every few steps gives the same result.
 """
 
 from __future__ import annotations
@@ -61,17 +56,15 @@ class StopChecker:
         return all(e is not None for e in self.ends)
 
     def eos_mask(self, tokens: torch.Tensor) -> torch.Tensor:
-        """[...] bool: which of ``tokens`` are end tokens (on their device, no sync).
-
-        The ids are copied to the device once: a blocking host-to-device copy per step would
-        wait for the step's kernels, a host sync per token."""
+        """[...] bool: which of ``tokens`` are end tokens (on their device, no sync). The ids are copied
+        to the device once: a blocking copy per step would be a host sync per token."""
         key = (tokens.device, tokens.dtype)
         if self._eos_on is None or self._eos_on[0] != key:
             self._eos_on = (key, torch.tensor(self.eos_ids, dtype=tokens.dtype, device=tokens.device))
         return torch.isin(tokens, self._eos_on[1])
 
     def update(self, tokens: list[list[int]]) -> None:
-        """Look at every unfinished sequence's new tokens so far (``tokens[b]``, all of them, in order)."""
+        """Look at every unfinished sequence's new tokens so far (``tokens[b]``, all of them)."""
         for b, seq in enumerate(tokens):
             if self.ends[b] is None:
                 self.ends[b] = self._end(b, seq)

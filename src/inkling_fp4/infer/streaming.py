@@ -1,21 +1,13 @@
 """A completion's text printed as it is decoded, never a character that the final text lacks.
 
-The sampler hands over the new tokens after every step (``Sampler.generate(on_tokens=...)``), and
-:class:`TextStream` writes the part of their text that can no longer change, so that what it has
-written when the completion ends is exactly the completion's text. Two things can still change:
+:class:`TextStream` writes only the part of the decoded text that can no longer change, so what it
+has written at the end is exactly the completion's text. Held back until settled:
 
-- the last characters of the decoded text: a token may end inside a multi-byte UTF-8 character
-  (byte-level BPE), which decodes as U+FFFD until the token that completes it arrives. Trailing
-  U+FFFD are held back (a lone invalid byte is written once more text follows it, or at the end).
-- a stop string that begins in the text so far and may be completed by the next tokens: the text
-  ends before a stop string (``infer/stopping.py``), so the longest suffix that is the start of a
-  stop string is held back until the text moves past it.
+- trailing U+FFFD: a token may end inside a multi-byte UTF-8 character (byte-level BPE);
+- the longest suffix that starts a stop string, since the text ends before a stop string.
 
-Once the sampler says where the completion ended (an end token, a stop string, its budget) the rest
-of the final text is written: the written text then equals the completion's text. (That assumes the
-decoded text of a token prefix is a prefix of the whole text, up to those two things, as with
-byte-level BPE; a decoder that rewrites earlier text gets its final text written again, whole, on
-a line of its own.)
+This assumes the text of a token prefix is a prefix of the whole text, as with byte-level BPE; a
+decoder that rewrites earlier text gets its final text written again, whole, on a line of its own.
 """
 
 from __future__ import annotations

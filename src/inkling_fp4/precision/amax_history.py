@@ -1,36 +1,24 @@
-"""Delayed scaling for tensorwise FP8: each quantized activation, gradient and weight takes its scale from
-the largest amax of the last few steps instead of its own.
+"""Delayed scaling for tensorwise FP8: x, dy and W take their scale from the largest amax of the last
+few steps instead of their own.
 
-Why: a current scale needs ``max|x|`` before the first byte can be written, so the quantizer reads x
-twice (an amax pass, then the bytes). At hybrid-350m's shapes on an H200 the amax passes are 7 of
-the fp8-tensorwise step's ~170 ms. With the scale known in advance, x is read once, and the same
-read records this step's amax for later steps. This is Transformer Engine's ``DelayedScaling``
-(amax history, ``max`` over it, margin 0), which scales the weights this way too: a weight's amax
-pass is a separate launch per layer every step (0.9 ms of hybrid-350m's step, 66 small launches), and
-an FP32 master moves by about the learning rate per step, so its largest element can outgrow the
-history's by that much and saturate at fp8_max, as in Transformer Engine.
+Why: a current scale needs ``max|x|`` before the first byte is written, so x is read twice; a scale
+known in advance reads x once and records this step's amax. This is Transformer Engine's
+``DelayedScaling`` (``max`` over the history, margin 0), weights included: a weight may outgrow its
+history by about one learning-rate step and saturate at fp8_max, as in TE.
 
-The state, one row per (quantized linear, operand) with operand 0 = x, 1 = dy, 2 = W, in one device
-tensor ``state [layers, 3, 2 + history]``:
+State: one row per (quantized linear, operand 0 = x, 1 = dy, 2 = W), ``state [layers, 3, 2 + history]``:
 
     slot 0        the amax the scale comes from: max of the history (0 → scale 1)
     slot 1        this step's running amax: the quantizers atomic-max into it; -1 = nothing recorded
     slots 2..     the history, newest first, one entry per optimizer step
 
-:meth:`AmaxHistory.end_step` (once per optimizer step, after the last backward) rolls the recorded
-amaxes into the history and recomputes slot 0; rows with nothing recorded (a layer running in BF16
-during a monitor fallback) keep their history, and a skipped step discards what it recorded (a NaN
-step must not poison the scales of the next ones). Everything stays on the device, so a step replayed
-as a CUDA graph records into the same words. Until the first roll there is no history: the layers
-quantize with current scaling (and record), which is what :attr:`ready` tells them.
-
-Under data parallelism the recorded amaxes are max-reduced across ranks before the roll, so every
-rank quantizes with the same scales and a checkpoint's history (rank 0's) is every rank's.
-
-NaN/Inf: with a current scale a non-finite x gives an Inf scale_inv and a NaN output; a delayed scale
-is finite, so x's bytes saturate and only the recorded amax (Inf) shows it. The trainer hands the
-recorded amaxes to the step's deferred NaN/Inf check (:meth:`AmaxHistory.record_for_check`, the same
-one device read as the NVFP4 operands') and skips the step, as for a NaN loss.
+:meth:`AmaxHistory.end_step` rolls slot 1 into the history once per optimizer step (max-reduced over
+ranks first, so all share scales); rows with nothing recorded (BF16 during a monitor fallback) keep
+their history, and a skipped step discards its record, so a NaN step cannot poison later scales. The
+state stays on the device, so CUDA graph replays record into the same words. Until the first roll
+(:attr:`ready`) layers use current scaling. NOTE a delayed scale
+is finite, so a non-finite x only saturates its bytes: the recorded amax (Inf) is the only sign, and
+goes to the deferred NaN/Inf check (:meth:`record_for_check`).
 """
 
 from __future__ import annotations
@@ -50,7 +38,7 @@ OPERANDS = ("x", "dy", "W")
 
 
 class AmaxHistory:
-    """The delayed-scaling amaxes of ``layers`` quantized linears (x, dy and W each), ``length`` steps."""
+    """The delayed-scaling amaxes of ``layers`` quantized linears, ``length`` steps of history."""
 
     def __init__(self, layers: int, length: int, device: torch.device, names: list[str] | None = None):
         if length < 1:
@@ -92,8 +80,7 @@ class AmaxHistory:
         current.fill_(-1.0)
 
     def record_for_check(self) -> None:
-        """Hand this step's recorded amaxes to :mod:`finite_guard`'s next check: the only sign of a
-        non-finite x or dy on CUDA, whose bytes saturate under a finite delayed scale."""
+        """Hand this step's recorded amaxes to :mod:`finite_guard`'s next check (see the module NOTE)."""
         finite_guard.record(self.state[..., CURRENT].reshape(-1), self.labels)
 
     # -- checkpoints -------------------------------------------------------------------------

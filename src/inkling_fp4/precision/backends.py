@@ -1,20 +1,13 @@
 """Which kernels compute a recipe's GEMMs on this machine, chosen once and said out loud.
 
-Three backends, one per kind of hardware support:
+- ``emulated`` (any device): exact block values multiplied in BF16 with FP32 accumulation, FP32
+  tensor scales on the output; only the accumulation order differs from a tensor core.
+- ``native-fp8`` (sm_89+, FP8 recipes): ``torch._scaled_mm``. Blockwise 1×128/128×128 scaling needs
+  cuBLAS ≥ 12.9 on Hopper; it is probed once per device against emulation, and emulated (and
+  reported by :func:`describe_backend`) where it fails.
+- ``te`` (Blackwell, sm_100+): Transformer Engine, imported lazily only when used.
 
-- ``emulated`` (any device): quantize with the reference/Triton quantizers, multiply the exact
-  dequantized block values in BF16 (FP32 accumulation), apply the FP32 tensor scales to the output.
-  Bit-faithful to the formats; only the accumulation order differs from a tensor core.
-- ``native-fp8`` (CUDA sm_89 and newer, FP8 recipes only): real FP8 tensor cores through
-  ``torch._scaled_mm``. Per-tensor scaling works everywhere FP8 does; the 1×128/128×128 blockwise
-  scaling of the paper's FP8 baseline needs a torch built against cuBLAS ≥ 12.9 on Hopper. Whether
-  it runs is probed once per device (a small GEMM checked against emulation); where it does not,
-  those GEMMs are emulated and :func:`describe_backend` says so.
-- ``te`` (Blackwell, sm_100+): NVIDIA Transformer Engine's NVFP4 / FP8 recipes, imported lazily and
-  only when asked for or picked by ``auto``; nothing else in the package needs it.
-
-``auto`` picks the fastest faithful one. Asking for a backend the hardware or install lacks is a
-:class:`~inkling_fp4.errors.UserError` that names the hardware found, never a silent fallback.
+``auto`` picks the fastest faithful one; a backend the machine lacks is a UserError, never a fallback.
 """
 
 from __future__ import annotations
@@ -60,11 +53,7 @@ def te_available() -> bool:
 
 
 def resolve_backend(requested: str, recipe_name: str, device: torch.device) -> str:
-    """The backend that will run ``recipe_name`` on ``device``: emulated | native-fp8 | te.
-
-    ``requested`` is the config value (auto | emulated | native-fp8 | te). The bf16 recipe needs no
-    backend and always resolves to ``emulated`` (plain torch GEMMs).
-    """
+    """The backend that will run ``recipe_name`` on ``device`` for the config value ``requested``."""
     if recipe_name == "bf16":
         return "emulated"
     cap = _capability(device)
@@ -118,9 +107,7 @@ _BLOCKWISE_PROBE: dict[tuple[str, int], frozenset] = {}
 
 
 def native_fp8_blockwise_out_dtypes(device: torch.device) -> frozenset:
-    """Output dtypes for which ``torch._scaled_mm`` runs the fp8 recipe's 1×128 × 128×128 and
-    1×128 × 1×128 GEMMs on ``device`` (empty on CPU and wherever the torch build or cuBLAS lacks
-    blockwise scaling). Probed once per device with small GEMMs checked against emulation."""
+    """Output dtypes for which the fp8 recipe's blockwise GEMMs run natively and match emulation."""
     if device.type != "cuda" or _capability(device) < (8, 9):
         return frozenset()
     key = (device.type, device.index if device.index is not None else torch.cuda.current_device())
@@ -130,7 +117,6 @@ def native_fp8_blockwise_out_dtypes(device: torch.device) -> frozenset:
 
 
 def native_fp8_blockwise_available(device: torch.device) -> bool:
-    """Whether the fp8 recipe's blockwise GEMMs run natively on ``device`` (see above)."""
     return bool(native_fp8_blockwise_out_dtypes(device))
 
 

@@ -34,23 +34,16 @@ class PrecisionConfig:
     switch_scope: str = "all"
     """What the switch moves to BF16: 'all' GEMMs, or 'forward' passes only (paper appendix D)."""
     fp8_scaling: str = "current"
-    """fp8-tensorwise: 'current' (each tensor's own amax) or 'delayed' (activations, gradients and
-    weights scaled from the largest amax of the last ``amax_history`` steps: one read of each, not two)."""
+    """fp8-tensorwise: 'current' (each tensor's own amax) or 'delayed' (x, dy and W scaled from the
+    largest amax of the last ``amax_history`` steps: one read of each, not two)."""
     amax_history: int = 16
     """Steps of amax history behind delayed scaling."""
     activation_scale: str = "tensor"
-    """nvfp4: the FP32 second-level scale of fprop's activation operand x. 'tensor' (the paper's
-    recipe): one scale from the amax of the whole [tokens, K] tensor, so a token's codes depend on
-    every other token of its batch (in sampling, on which sequences share the decode batch: a
-    source of sampler/trainer mismatch). 'row': one scale per token row from that row's amax,
-    applied to the GEMM output's rows exactly as the tensor scale is applied to the whole output
-    (never folded into the BF16 operand), so a token's forward pass is the same in any batch.
-    Trade-off: a row scale fits each token's range (never coarser than the tensor scale, whose
-    amax is at least the row's) at the cost of one FP32 scale per row and a per-row multiply in
-    the GEMM epilogue (Blackwell applies it there; the emulation here is exact either way). Only
-    fprop's x: W's scale does not depend on the batch; dy (dgrad) and the wgrad operands exist
-    only in training and the wgrad operands are blocked along the tokens, where a row scale would
-    not follow a token. Applies to training and sampling alike."""
+    """nvfp4: the FP32 second-level scale of fprop's x. 'tensor' (the paper's): one scale for the whole
+    [tokens, K] tensor, so a token's codes depend on the rest of its batch (in sampling, a source of
+    sampler/trainer mismatch). 'row': one scale per token row, applied to the GEMM output's rows, so
+    a token's forward is the same in any batch, at one FP32 scale and multiply per row. Only fprop's
+    x: W does not depend on the batch, and the wgrad operands are blocked along the tokens."""
 
     def __post_init__(self):
         if self.recipe not in RECIPES:

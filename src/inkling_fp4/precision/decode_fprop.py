@@ -1,15 +1,9 @@
 """The no-grad NVFP4 fprop at decode sizes as one fused kernel, where it applies.
 
-A sampler's decode step runs every linear layer on M = the batch rows against a weight held quantized
-once per policy version (:meth:`QuantLinear.freeze_weights`). The unfused emulated fprop is five
-launches for microseconds of work each; ``numerics/kernels/nvfp4_decode_gemm.py`` quantizes x in one
-launch (two under ``tensor`` activation scales) and multiplies with the output scale in its GEMM's
-epilogue, with the same values (see that module).
-
-:func:`decode_fprop` returns None wherever the kernel does not apply, and the caller runs the unfused
-path, its reference: no Triton for this device, more than ``MAX_ROWS`` rows (prefill: one cuBLAS GEMM
-is then the faster), an x operand other than round-to-nearest NVFP4 1x16, a weight not held as BF16
-block values, or a contraction the held weight was padded along.
+At decode M (the batch rows) is small and W is held quantized, so the unfused fprop is launch-bound;
+``numerics/kernels/nvfp4_decode_gemm.py`` gives the same values in fewer launches. Where it does not
+apply (e.g. more than ``MAX_ROWS`` rows) :func:`decode_fprop` returns None and the caller runs the
+unfused reference.
 """
 
 from __future__ import annotations
@@ -20,11 +14,9 @@ from inkling_fp4.precision import finite_guard, fused_kernels, gemm
 from inkling_fp4.precision.recipes import OperandQuant
 
 GEMM = "auto"
-"""The GEMM after the quantize pass: ``triton`` (one kernel with the output scale in its epilogue),
-``cublas`` (an FP32-output cuBLAS GEMM, then the scale-and-round kernel: same values, one launch more)
-or ``auto``: cuBLAS for the wide GEMMs of the larger batches (more than 64 rows, more than 2048
-columns: the LM head, in_proj, up_proj), where its kernels outrun the Triton one by more than the
-launch (H200: 49 us against 73 for the 32768-wide head at 256 rows), Triton elsewhere."""
+"""The GEMM after the quantize pass: ``triton`` (output scale in its epilogue), ``cublas`` (FP32 GEMM,
+then the scale-and-round kernel: same values, one launch more) or ``auto``: cuBLAS for more than 64
+rows and more than 2048 columns (LM head, in_proj, up_proj), where it is faster (BENCHMARKS.md)."""
 
 
 def _applies(x2d: torch.Tensor, wq: gemm.Operand | None, spec: OperandQuant) -> bool:
@@ -50,9 +42,8 @@ def _applies(x2d: torch.Tensor, wq: gemm.Operand | None, spec: OperandQuant) -> 
 def decode_fprop(
     x2d: torch.Tensor, wq: gemm.Operand | None, spec: OperandQuant, n: int, name: str
 ) -> torch.Tensor | None:
-    """y BF16 [M, n] = Q(x2d) · W_heldᵀ with its output scale, in two launches (three under tensor
-    scaling); None where that does not apply (see the module docstring). The x amax goes to the
-    deferred NaN/Inf check."""
+    """y BF16 [M, n] = Q(x2d) · W_heldᵀ with its output scale; None where the kernel does not apply.
+    The x amax goes to the deferred NaN/Inf check."""
     if not _applies(x2d, wq, spec):
         return None
     from inkling_fp4.numerics.kernels import nvfp4_decode_gemm as kernels  # needs triton

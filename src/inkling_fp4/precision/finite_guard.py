@@ -1,27 +1,14 @@
-"""Deferred finiteness check of quantized GEMM operands: NaN/Inf still fail loudly, without a host sync
-per quantization.
+"""Deferred finiteness check of quantized GEMM operands: NaN/Inf fail loudly without a host sync per
+quantization.
 
-Why: a NaN or Inf that reaches an NVFP4 quantizer poisons a block scale silently, so every operand
-must be checked. Checking it at once means reading a device value on the host (``bool(amax)``),
-which stalls the CPU until the GPU has caught up, several times per layer and step; the GPU then
-idles while the next kernels are launched. The quantizer already computes the tensor amax, which is
-+Inf whenever the tensor holds NaN or Inf, so checking can wait: each quantization records its amax
-(no work on the device) and :func:`raise_if_non_finite` tests all recorded amaxes with one read,
-naming the first tensor that was not finite.
+Why: a NaN or Inf reaching an NVFP4 quantizer silently poisons a block scale, so every operand must be
+checked, but reading ``bool(amax)`` at once stalls the CPU several times per layer and step. The
+tensor amax the quantizer computes anyway is +Inf/NaN whenever the tensor is, so each quantization
+records it and :func:`raise_if_non_finite` tests them all with one read, naming the first bad tensor.
 
-When the check runs: whenever :func:`raise_if_non_finite` is called (the training loop calls it once
-per optimizer step, and when a step's loss is not finite), and on its own after every
-``MAX_PENDING`` recorded operands, so that a caller that never calls it still gets the error, a few
-layers late. A NaN that slips past a quantizer until then only makes that step's loss NaN, which the
-step's own check reports.
-
-Inside a CUDA graph capture (:func:`capturing`) records go to the capture instead: their amaxes are
-the graph's own buffers, which every replay rewrites, so after each replay :func:`record_replay`
-copies them out (one device copy) for the next check.
-
-Debug mode: ``eager_checks(True)`` (or ``FP4TRAIN_EAGER_FINITE_CHECKS=1`` in the environment) checks
-every operand when it is quantized and reports the first bad element's index, at the cost of the
-syncs.
+The training loop checks once per step; the check also runs itself every ``MAX_PENDING`` records, so
+a caller that never checks still gets the error. ``FP4TRAIN_EAGER_FINITE_CHECKS=1`` checks every
+operand at once and names the first bad element, at the cost of the syncs.
 """
 
 from __future__ import annotations
@@ -49,7 +36,6 @@ def eager_checks(enabled: bool) -> None:
 
 
 def eager() -> bool:
-    """Whether operands are checked when they are quantized."""
     return _eager
 
 
@@ -68,8 +54,7 @@ def record(amax: torch.Tensor, label: str | list[str]) -> None:
 
 @contextlib.contextmanager
 def capturing() -> Iterator[list[tuple[torch.Tensor, str]]]:
-    """Within this context (a CUDA graph capture) records go to the returned list, and no check runs
-    (a check reads the device, which a capture forbids)."""
+    """Records go to the returned list and no check runs (a CUDA graph capture forbids device reads)."""
     records: list[tuple[torch.Tensor, str]] = []
     _captures.append(records)
     try:
@@ -79,8 +64,7 @@ def capturing() -> Iterator[list[tuple[torch.Tensor, str]]]:
 
 
 def record_replay(records: list[tuple[torch.Tensor, str]]) -> None:
-    """After a replay of a graph whose capture made ``records``: keep a copy of their amaxes (the next
-    replay overwrites the graph's) for the next check."""
+    """After a replay: copy the capture's amaxes (the next replay overwrites them) for the next check."""
     if not records:
         return
     _pending.append((torch.cat([a for a, _ in records]), [label for _, label in records]))

@@ -1,34 +1,15 @@
-"""The GEMMs of a quantized linear layer: exact emulation on any device, native FP8 on Hopper.
+"""The GEMMs of a quantized linear layer, emulated exactly on any device.
 
-Every GEMM here is in "NT" form, ``out [Ra, Rb] = a [Ra, C] · bᵀ`` with both operands blocked along
-the contraction dim C, because that is the only way block scales can be applied by a tensor core.
-An :class:`Operand` is a quantized tensor (the numerics types) plus a ``transposed`` flag: a 16×16
-tiled weight W [N, K] serves as the fprop operand as stored and as the dgrad operand Wᵀ [K, N]
-without a second quantization (its tiles are the same either way).
+Every GEMM is "NT": ``out [Ra, Rb] = a [Ra, C] · bᵀ``, both operands blocked along the contraction C,
+the only way a tensor core can apply block scales. An :class:`Operand`'s ``transposed`` flag lets a
+16×16-tiled W [N, K] serve as fprop's W and dgrad's Wᵀ [K, N] without a second quantization.
 
-Emulated NVFP4 / MXFP4 (why it is exact): an E2M1 element times its E4M3 (or E8M0) block scale has
-at most 6 significant bits and fits BF16 exactly, so ``block_values()`` (code · block scale, no
-tensor scale) is an exact BF16 tensor. Two such tensors are multiplied with FP32 accumulation and
-the two FP32 per-tensor decode scales multiply the FP32 output, as the Blackwell epilogue does
-(a row-scaled activation, ``precision.activation_scale=row``, brings one decode scale per row:
-its [M, 1] column multiplies the output's rows);
-only the accumulation order differs from the hardware. The tensor scale is never folded into the
-BF16 operand (that would round it). On CUDA a BF16 GEMM accumulates in FP32 and ``torch.mm(...,
-out_dtype=torch.float32)`` keeps the FP32 result; where a torch build lacks that overload we run
-an IEEE FP32 GEMM on the (exact) BF16 values instead. On CPU, BF16 matmul accumulation is not
-guaranteed to be FP32, so the values are widened to FP32 first (exact) and multiplied in FP32.
-The FP32 result is scaled and rounded to the output dtype in one pass (one rounding, as on the
-hardware). On CUDA the NVFP4 and MXFP4 quantizers write the BF16 block values in the same pass that
-computes the codes (``numerics/kernels``' fused ``fake_quantize*`` and ``mxfp4_quantize``): an operand
-multiplied at once never goes through packed codes. A saved NVFP4 operand is expanded from its codes
-by one kernel; a saved MXFP4 one by the torch decode.
-
-Emulated FP8: dequantize to FP32 (exact: an FP8 value times an FP32 scale is one FP32 product) and
-multiply in IEEE FP32 (TF32 is switched off around the call, since TF32 would round the operands).
-
-Native FP8 on Hopper (``torch._scaled_mm``, its layouts and the probe that decides whether to trust
-it): :mod:`inkling_fp4.precision.native_fp8`; :mod:`inkling_fp4.precision.gemm_backend` picks one or the
-other per GEMM.
+Why emulated NVFP4 / MXFP4 is exact: an E2M1 element times its E4M3 (or E8M0) block scale has at most
+6 significant bits, so ``block_values()`` is exact in BF16. These are multiplied with FP32
+accumulation and the FP32 tensor decode scales (or a row-scaled x's [M, 1] column) multiply the
+output, as the Blackwell epilogue does; only the accumulation order differs. NOTE the tensor scale is
+never folded into the BF16 operand (that would round it). FP8 is dequantized to FP32 (exact) and
+multiplied in IEEE FP32 (TF32 would round the operands). Native FP8: :mod:`.native_fp8`.
 """
 
 from __future__ import annotations
@@ -53,10 +34,9 @@ def shared_nvfp4_amaxes(
     token_spec: OperandQuant | None,
     signs: tuple[float, ...] | None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Both NVFP4 tensor amaxes of t [M, C] from one read: ``max |t|`` for ``row_spec`` (1x16 along
-    C) and ``max |rht(tᵀ)|`` for ``token_spec`` (RHT, 1x16 along the tokens M), as ``amax=`` for
-    :func:`quantize`. (None, None) where the fused kernels do not run or the specs are not that pair.
-    Zero padding changes neither amax, so t is read unpadded (tokens padded to 16 if need be)."""
+    """Both NVFP4 tensor amaxes of t [M, C] from one read: ``max |t|`` for ``row_spec`` (1x16 along C)
+    and ``max |rht(tᵀ)|`` for ``token_spec`` (RHT, 1x16 along M), as ``amax=`` for :func:`quantize`.
+    (None, None) where the fused kernels do not run or the specs are not that pair."""
     pair = (
         row_spec is not None and token_spec is not None
         and row_spec.format == "nvfp4" and token_spec.format == "nvfp4"
@@ -79,25 +59,15 @@ def fp8_operand_pair(
     squared_relu: bool = False,
     dout: torch.Tensor | None = None,
 ) -> tuple[Operand, Operand] | None:
-    """Both FP8 operands of t [M, C] from one read: t in 1×128 blocks along C (fprop x, dgrad dy)
-    and tᵀ in 1×128 blocks along the tokens M (wgrad xᵀ, dyᵀ), as :func:`quantize` makes them
-    separately; or, for tensorwise specs, t and tᵀ with one scale (the GEMMs then need no transposed
-    copy of FP8 bytes). None unless the specs are such a pair (the same FP8 format and block, no RHT;
-    1×128 blocks also need M a multiple of 128); then quantize each as usual.
+    """Both FP8 operands of t [M, C] from one read, the bits :func:`quantize` gives separately: t in
+    1×128 blocks along C (fprop x, dgrad dy) and tᵀ in 1×128 blocks along M (wgrad xᵀ, dyᵀ), or for
+    tensorwise specs t and tᵀ under one scale (no transposed copy of FP8 bytes). None unless the specs
+    are such a pair (same FP8 format and block, no RHT; 1×128 also needs M % 128 == 0).
 
-    A width C that is not a multiple of 128 (a Mamba in_proj's 6176) is zero-padded to
-    Cp = ceil(C/128)·128 by the quantizer itself, with no padded or transposed copy of t:
-    rows operand [M, Cp], the bits of :func:`quantize` (which pads the contraction to 128, as it does
-    for the other operand of that GEMM, W's 128×128 tiles); tokens operand [Cp, M], whose first
-    rows are those of ``quantize(t, transpose=True)`` (padded to 16 rows only) and the rest zero
-    codes: extra zero rows of the wgrad output [Cp, K], which ``matmul(..., size=...)`` crops.
-
-    ``amax`` / ``record``: delayed scaling of a tensorwise pair (see :func:`quantize`).
-    ``squared_relu``: the pair of relu(t)² (with ``dout``: of its gradient for that upstream
-    gradient) instead of t, computed by the quantizer (``fp8.quantize_squared_relu_pair``); a
-    delayed tensorwise pair only.
-
-    No finiteness check on CUDA (as :func:`quantize`): NaN/Inf shows as an Inf scale_inv and output.
+    A width C not a multiple of 128 (a Mamba in_proj's 6176) is zero-padded to Cp by the quantizer:
+    rows [M, Cp], tokens [Cp, M] (its zero rows give wgrad rows that ``matmul(..., size=...)`` crops).
+    ``amax`` / ``record``: delayed scaling. ``squared_relu``: the pair of relu(t)² (with ``dout``: of
+    its gradient) instead of t. No finiteness check on CUDA: NaN/Inf shows as an Inf scale_inv.
     """
     pair = (
         row_spec is not None and row_spec == token_spec and row_spec.format in ("e4m3", "e5m2")
@@ -151,7 +121,6 @@ def _values(op: Operand) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 @contextlib.contextmanager
 def _ieee_fp32():
-    """FP32 matmuls in full FP32 (no TF32 rounding of the operands) for the duration."""
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -187,11 +156,7 @@ def mm_fp32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def emulated_matmul(
     a: Operand, b: Operand, out_dtype: torch.dtype = torch.float32, size: tuple[int, int] | None = None
 ) -> torch.Tensor:
-    """out [Ra, Rb] = a · bᵀ, exactly as a block-scaled tensor core computes it (see top).
-
-    ``size`` crops padded rows/cols; the FP32 result is rounded once to ``out_dtype`` after the
-    tensor scales are applied (one pass: scale and cast together).
-    """
+    """out [Ra, Rb] = a · bᵀ, exactly as a block-scaled tensor core computes it; ``size`` crops padding."""
     av, sa = _values(a)  # av: [Ra, C]
     bv, sb = _values(b)  # bv: [Rb, C]
     acc = mm_fp32_out(av, bv.t())  # acc: [Ra, Rb] FP32
@@ -213,9 +178,8 @@ def emulated_matmul(
 
 
 def _output_scale(a: Operand, sa: torch.Tensor, b: Operand, sb: torch.Tensor) -> torch.Tensor:
-    """``sa · sb``, the product of the two FP32 tensor decode scales (1/S_enc each): as the quantizer
-    of one operand wrote it for this very partner (one FP32 product, commutative, so the same bits),
-    else one multiply here."""
+    """``sa · sb`` (1/S_enc each): as one operand's quantizer wrote it for this partner (the same bits),
+    else multiplied here."""
     for op, other in ((a, sb), (b, sa)):
         if op.output_scale is not None and op.output_scale[0] is other:
             return op.output_scale[1]

@@ -1,5 +1,4 @@
-"""One GEMM of a quantized linear layer on its backend: native FP8 where it runs, exact emulation
-otherwise (:mod:`inkling_fp4.precision.gemm`, :mod:`inkling_fp4.precision.native_fp8`)."""
+"""One GEMM of a quantized linear layer on its backend (:mod:`.gemm` emulated, :mod:`.native_fp8`)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """A held quantized weight operand, refreshed in place when the weight changes.
 
-Why in place: a CUDA graph of the decode step (``model/graphed_decoder.py``) replays the addresses it
-captured, among them each layer's held fprop weight operand (:meth:`QuantLinear.freeze_weights`).
-An operand made anew after an optimizer step would live at new addresses: the graph would go on
-reading the old one (stale weights, or freed memory). So a new operand whose layout matches the
-held one (the same fields, the same tensor shapes, dtypes and devices, the same non-tensor values)
-is copied into the held one's tensors, which keep their addresses; any other is held as it is (and
-a graph keyed on the old addresses, ``infer/decode_graphs.py``, is captured again).
-
-An operand is a :class:`~inkling_fp4.precision.gemm.Operand` holding an NVFP4 / MXFP4 / FP8 tensor
-and optional BF16 values and scales: nested dataclasses, tuples and tensors, walked generically so
-that a field added to any of them is refreshed too.
+Why in place: a decode CUDA graph (``model/graphed_decoder.py``) replays captured addresses, held
+weight operands included; an operand at new addresses would leave it reading stale or freed memory.
+So a new operand of the same layout is copied into the held tensors; any other is held as is, and
+``infer/decode_graphs.py`` captures again. Operands are walked generically, so new fields are covered.
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
 """Native FP8 GEMMs on Hopper through ``torch._scaled_mm``, and the probe that decides whether to trust
 them for blockwise scaling.
 
-``torch._scaled_mm`` (the v1 op, present in every torch we support; ``torch.nn.functional.scaled_mm``
-with ``ScalingType`` exists only in newer releases) infers per-tensor vs 1×128 / 128×128 scaling from
-the scale tensors' shapes and strides. Operand a must be row-major [Ra, C] and the second operand
-column-major [C, Rb]. Per-tensor scales are 0-d FP32. Blockwise (DeepSeek-style, cuBLAS ≥ 12.9 on
-sm_90): a 1×128 operand's scales are [R, C/128] "outer-dim major" (stride (1, R)); for the second
-operand ``scale_b`` is the transpose of what its own [Rb, C] layout would need: 128×128 →
-[C/128, Rb/128] whose transpose is contiguous, 1×128 → [C/128, Rb] contiguous. All dims are padded to
-multiples of 16 (``OperandQuant.multiple``) because ``_scaled_mm`` requires it. NOTE with torch 2.11
-on an H200 the 128×128 kernel reads that layout wrongly (and rejects every other), so the probe ends
-on :data:`ROWS_1X128`: the weight's tile scales expanded per row, through the 1×128 × 1×128 kernel.
+``torch._scaled_mm`` infers per-tensor vs 1×128 / 128×128 scaling from the scale tensors' shapes and
+strides (``F.scaled_mm`` with ``ScalingType`` exists only in newer torch). Operand a is row-major
+[Ra, C], the second column-major [C, Rb]. Per-tensor scales are 0-d FP32. Blockwise (DeepSeek-style,
+cuBLAS ≥ 12.9 on sm_90): a 1×128 operand's scales are [R, C/128] "outer-dim major" (stride (1, R));
+``scale_b`` is the transpose of what the [Rb, C] layout would need: 128×128 → [C/128, Rb/128] whose
+transpose is contiguous, 1×128 → [C/128, Rb] contiguous. All dims are padded to multiples of 16
+(``OperandQuant.multiple``), as ``_scaled_mm`` requires. NOTE with torch 2.11 on an H200 the 128×128
+kernel reads that layout wrongly (and rejects every other), so the probe falls back to
+:data:`ROWS_1X128`.
 """
 
 from __future__ import annotations
@@ -65,10 +64,9 @@ def _scale_b(op: Operand, rows: int) -> torch.Tensor:
 def _tile_scales_t(tiles: torch.Tensor) -> torch.Tensor:
     """128×128 scales [Rb/128, C/128] -> ``scale_b`` [C/128, Rb/128] whose transpose is row-major.
 
-    torch's ScaledBlas.cpp checks ``scale_b.t()`` as a 128×128 scale of ``mat2.t()`` [Rb, C]: sizes
-    (ceil(Rb/128), ceil(C/128)), stride 1 along C, and a row stride of ceil(C/128) (older releases)
-    or round_up(ceil(C/128), 4) (newer ones: "16-byte aligned strides"). The two agree when C/128 is
-    a multiple of 4; otherwise the padded row stride is used where this torch accepts it.
+    NOTE torch's ScaledBlas.cpp wants a row stride of ceil(C/128) in older releases and
+    round_up(ceil(C/128), 4) in newer ones ("16-byte aligned strides"); the padded one is used where
+    this torch accepts it.
     """
     rb, c = tiles.shape
     padded = -(-c // 4) * 4
@@ -80,11 +78,10 @@ def _tile_scales_t(tiles: torch.Tensor) -> torch.Tensor:
 
 
 ROWS_1X128 = "rows-1x128"
-"""The 128×128 weight as a 1×128 operand: every row of a 128-row tile carries the tile's scale.
+"""The 128×128 weight as a 1×128 operand: every row of a tile carries the tile's scale.
 
-The same numbers as the 128×128 GEMM (the FP8 codes are those of the 2D quantization, each element
-multiplied by its own tile's scale), through the 1×128 × 1×128 kernel that the wgrad GEMM uses. It
-is the probe's last resort, for a torch/cuBLAS pair whose 128×128 path disagrees with emulation."""
+The same numbers as the 128×128 GEMM, through the 1×128 × 1×128 kernel the wgrad uses: the probe's
+last resort where the 128×128 path disagrees with emulation."""
 
 TILE_SCALE_LAYOUTS = {  # (tiles [Rb/128, C/128], Rb) -> scale_b
     "t-row-major": lambda tiles, rows: _tile_scales_t(tiles),  # [C/128, Rb/128], transpose row-major
@@ -94,9 +91,8 @@ TILE_SCALE_LAYOUTS = {  # (tiles [Rb/128, C/128], Rb) -> scale_b
     # each row takes its tile's scale: [Rb, C/128] -> the 1x128 scale_b [C/128, Rb] contiguous
     ROWS_1X128: lambda tiles, rows: tiles.repeat_interleave(128, dim=0)[:rows].t().contiguous(),
 }
-"""Candidate layouts of a 128×128 ``scale_b``. NOTE torch releases differ in what ``_scaled_mm``
-accepts here, and a layout that is accepted can still be read transposed (wrong results, no error)
-when the operand has several tile rows: the probe below picks the first one that matches emulation."""
+"""Candidate layouts of a 128×128 ``scale_b``. NOTE an accepted layout can still be read transposed
+(wrong results, no error), so the probe picks the first one that matches emulation."""
 
 _tile_layout: dict[torch.device, str] = {}
 _blockwise_api: dict[torch.device, str] = {}
@@ -126,12 +122,10 @@ def _tile_scale_rows_padded(device: torch.device) -> bool:
 
 
 def native_fp8_matmul(a: Operand, b: Operand, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """out [Ra, Rb] = a · bᵀ on FP8 tensor cores through ``torch._scaled_mm``.
+    """out [Ra, Rb] = a · bᵀ on FP8 tensor cores.
 
-    Blockwise operands go through ``torch._scaled_mm`` (which infers each operand's scaling from its
-    scale tensor's shape) or, where the probe picked it, ``torch.nn.functional.scaled_mm`` (which
-    takes the scaling recipes explicitly and checks scale shapes its own way). NOTE the probe
-    (:func:`probe_native_fp8_blockwise`) decides which, and whether the native result is used at all.
+    NOTE for blockwise operands the probe (:func:`probe_native_fp8_blockwise`) decides between
+    ``torch._scaled_mm`` and ``F.scaled_mm``, and whether the native result is used at all.
     """
     mat1 = _row_major(a)  # [Ra, C] row-major
     mat2 = _col_major_t(b)  # [C, Rb] column-major
@@ -150,13 +144,9 @@ def native_fp8_matmul(a: Operand, b: Operand, out_dtype: torch.dtype = torch.flo
 
 
 def probe_native_fp8_blockwise(device: torch.device) -> frozenset:
-    """The output dtypes (of BF16, FP32) for which ``torch._scaled_mm`` runs the three blockwise
-    GEMMs of the fp8 recipe on ``device`` and agrees with emulation; empty where it does not.
-
-    The shapes have several tiles in every direction, none square, so that a scale tensor read in
-    the wrong layout cannot agree by accident; the 128×128 ``scale_b`` layout that agrees is kept
-    for this device (:data:`TILE_SCALE_LAYOUTS`).
-    """
+    """The output dtypes (of BF16, FP32) for which the fp8 recipe's three blockwise GEMMs run natively
+    on ``device`` and agree with emulation. The shapes have several tiles each way, none square, so a
+    scale read in the wrong layout cannot agree by accident."""
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(256, 512, device=device, generator=g) * torch.rand(256, 512, device=device, generator=g)
     w = torch.randn(384, 512, device=device, generator=g) * 8 ** torch.rand(

@@ -22,11 +22,10 @@ class Operand:
     spec: OperandQuant
     transposed: bool = False
     values: torch.Tensor | None = None
-    """BF16 block values written by the quantizer (the fused kernels on CUDA), or None: computed from
-    ``q`` on use."""
+    """BF16 block values written by the quantizer, or None: computed from ``q`` on use."""
     decode_scale: torch.Tensor | None = None
     """The NVFP4 tensor decode scale 1/S_enc as the fused quantizer wrote it (bit for bit
-    ``q.decode_scale``), kept with the packed codes too; None: computed from ``q.amax`` on use."""
+    ``q.decode_scale``); None: computed from ``q.amax`` on use."""
     output_scale: tuple[torch.Tensor, torch.Tensor] | None = None
     """(the other operand's decode scale s, ``decode_scale · s``): the output scale of the GEMM with
     that operand, multiplied by the fused quantizer (:func:`quantize`'s ``scale_with``)."""

@@ -1,12 +1,8 @@
-"""Where each GEMM of a quantized linear layer takes its operands from, decided once per
-(recipe, dx needed, dW needed) rather than at every call.
+"""Where each GEMM of a quantized linear layer takes its operands from, per (recipe, dx, dW needed).
 
-The forward quantizes x and W for the fprop and keeps what the backward GEMMs will need; the
-backward quantizes dy for the dgrad and dyᵀ for the wgrad. One quantization serves two GEMMs where
-the spec allows it: W in square tiles (16x16, 128x128) or under one scale is the same operand as
-Wᵀ, and a tensorwise x or dy the same as its transpose. What stays per call is what depends on
-the tensors themselves: whether the FP8 pair kernels (``gemm.fp8_operand_pair``) take a shape and
-whether the fused NVFP4 kernels run on the device.
+One quantization serves two GEMMs where the spec allows: W in square tiles or under one scale is the
+same operand as Wᵀ, and a tensorwise x or dy the same as its transpose. What depends on the tensors
+(FP8 pair kernels, fused NVFP4 kernels) is still decided per call.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """The precision policy: which layers run the recipe, which stay in BF16, and the mid-run switch.
 
-The recipe applies per block index (``QuantLinear.layer_idx``): the first and last few blocks of
-the model stay in BF16 (paper §4.1: the layers next to the embedding and the head are the most
-sensitive), all others quantize their GEMMs. Embeddings, the LM head, norms, attention softmax/QK/AV
-and the SSD scan never go through :class:`QuantLinear` and so are never quantized.
+The first and last few blocks (by ``QuantLinear.layer_idx``) stay in BF16 (paper §4.1: the layers
+next to the embedding and head are the most sensitive). Embeddings, the LM head, norms, attention
+and the SSD scan never go through :class:`QuantLinear` and are never quantized.
 
-Everything here only sets ``QuantLinear.recipe`` (and the stochastic-rounding RNG): parameters,
-their FP32 master copies and the optimizer state are untouched, so the precision switch near the
-start of the LR decay (paper §5; appendix D for switching only the forward passes) happens without
-rebuilding the model or the optimizer.
-
-Stochastic rounding draws from one ``torch.Generator`` per device, seeded from the run seed, so a
-run is reproducible; the generators' states are part of :meth:`PrecisionPolicy.state_dict`, so a
-resumed run continues the same random stream.
+The policy only sets ``QuantLinear.recipe`` (and the rounding RNG), never parameters or optimizer
+state, so the switch to BF16 near the LR decay (paper §5, appendix D) needs no rebuild. The rounding
+generators are checkpointed, so a resumed run continues the same random stream.
 """
 
 from __future__ import annotations
@@ -99,8 +93,7 @@ class PrecisionPolicy:
         self._models: list[weakref.ref] = []
         self._device = torch.device("cpu")
         self.version = 0
-        """The policy version: which weights the layers' frozen fprop operands were quantized from
-        (:meth:`freeze_weights`). :meth:`weights_updated` bumps it after each optimizer step or a load."""
+        """Which weights the held fprop operands were quantized from; bumped by :meth:`weights_updated`."""
 
     # -- which layer gets what ---------------------------------------------------------------
 
@@ -123,8 +116,7 @@ class PrecisionPolicy:
     def apply(self, model: nn.Module) -> nn.Module:
         """Set ``.recipe`` on every QuantLinear of ``model`` by its ``layer_idx``; returns the model.
 
-        Call it once the model is on its device: the backend (``auto``) is chosen for that device.
-        Applying again (after a move, a switch or a checkpoint load) is cheap and idempotent.
+        Call it once the model is on its device (``auto`` picks the backend for it); idempotent.
         """
         param = next(model.parameters(), None)
         self._device = param.device if param is not None else torch.device("cpu")
@@ -158,11 +150,7 @@ class PrecisionPolicy:
         return model
 
     def switch_to_bf16(self, model: nn.Module | None = None, scope: str = "all") -> None:
-        """Leave the recipe mid-run: all GEMMs to BF16 (``all``), or only the forward passes.
-
-        Only ``QuantLinear.recipe`` changes; parameters and optimizer state stay as they are.
-        A later 'all' overrides 'forward'; 'forward' after 'all' keeps 'all'.
-        """
+        """Leave the recipe mid-run: all GEMMs to BF16 (``all``, final) or only the forward passes."""
         if scope not in SCOPES:
             raise ValueError(f"switch scope must be one of {', '.join(SCOPES)}, not '{scope}'")
         if self.switched_scope != "all":
@@ -185,13 +173,11 @@ class PrecisionPolicy:
         return self.version
 
     def freeze_weights(self, model: nn.Module) -> int:
-        """Hold every quantized layer's fprop weight operand, quantized once for this version, for the
-        forwards that run without autograd (the sampler's prefill and decode steps); returns how
-        many layers quantized now (0 when all hold this version already). Training is unaffected."""
+        """Hold every layer's fprop weight operand, quantized once for this version, for no-grad forwards
+        (the sampler); returns how many layers quantized now. Training is unaffected."""
         return sum(m.freeze_weights(self.version) for m in _quant_linears(model))
 
     def thaw_weights(self, model: nn.Module) -> None:
-        """Drop the held weight operands (:meth:`freeze_weights`)."""
         for m in _quant_linears(model):
             m.thaw_weights()
 
@@ -204,10 +190,7 @@ class PrecisionPolicy:
         self.rng.reseed(seed)
 
     def describe(self, model: nn.Module | None = None) -> str:
-        """One line for the run log.
-
-        e.g. 'nvfp4: 24/32 linear layers, backend emulated (first 1, last 2 of 16 layers in BF16)'.
-        """
+        """One line for the run log, e.g. 'nvfp4: 24/32 linear layers, backend emulated (first 1, ...)'."""
         layers = list(_quant_linears(model)) if model is not None else []
         total = len(layers)
         n_quant = sum(1 for m in layers if m.recipe is not None)

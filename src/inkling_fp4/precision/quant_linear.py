@@ -1,24 +1,11 @@
 """QuantLinear: the one linear layer of the model, whose three GEMMs follow a precision recipe.
 
-Every matrix multiply in the model's blocks goes through this class so that a recipe (and its
-per-layer policy) applies without touching model code. ``recipe`` is set by the precision policy;
-``None`` means BF16 (BF16 operands, FP32 accumulation). The master weight is FP32; the layer casts
-its operands itself and does not rely on autocast (on CPU there is none), returning BF16.
+Every matrix multiply in the model's blocks goes through this class, so a recipe applies without
+touching model code. ``recipe`` None means BF16. The master weight is FP32; the layer casts its
+operands itself (no autocast on CPU) and returns BF16. The GEMMs are in :mod:`.linear_gemms`;
+partial blocks are zero-padded inside them (zeros change no scale or product).
 
-Legend: M tokens (all leading dims of x flattened), K = in_features, N = out_features. The three
-GEMMs (fprop y = x·Wᵀ, dgrad dx = dy·W, wgrad dW = dyᵀ·x) and which operand each quantizes how are
-the table of :mod:`inkling_fp4.precision.recipes`; the GEMMs themselves and their autograd function
-are in :mod:`inkling_fp4.precision.linear_gemms`. What is saved for backward is the *quantized*
-operands the backward GEMMs consume (packed codes + scales), so an NVFP4 layer keeps ~0.56 bytes
-per element of x and W alive instead of BF16's 2, emulated or not.
-
-Forwards without autograd (sampling) may use W's fprop operand held quantized once per policy
-version (:meth:`QuantLinear.freeze_weights`, driven by ``PrecisionPolicy.freeze_weights``) instead of
-quantizing W in every call: the same values, bit for bit; training forwards always quantize W.
-
-Dims that are not multiples of a recipe's block (16, 32, 128) are zero-padded inside the GEMMs and
-the outputs sliced back; zeros change neither block scales nor products, so results are exactly
-those of a quantizer that accepted partial blocks.
+Legend: M tokens (leading dims of x flattened), K = in_features, N = out_features.
 """
 
 from __future__ import annotations
@@ -44,8 +31,8 @@ class FrozenWeight(NamedTuple):
     version: int
     """The policy version it was quantized for (:attr:`PrecisionPolicy.version`)."""
     weight_version: int
-    """W's in-place version counter (``Tensor._version``) when quantized: an optimizer step or a
-    checkpoint load changes W in place and bumps it, so a stale operand is never used."""
+    """W's ``Tensor._version`` when quantized: an in-place update (optimizer step, checkpoint load)
+    bumps it, so a stale operand is never used."""
     recipe: Recipe
     device: torch.device
 
@@ -62,23 +49,19 @@ class QuantLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.recipe: Recipe | None = None
         self.rng = None
-        """Stochastic-rounding generators (``.for_device(device)``), set by the policy.
-
-        None: torch's default generator."""
+        """Stochastic-rounding generators (``.for_device(device)``) from the policy; None: torch's default."""
         self.amax_history = None
-        """The delayed-scaling :class:`~inkling_fp4.precision.amax_history.AmaxHistory` this layer
-        records into (row ``amax_index``), set by the policy when the recipe scales x, dy and W that way."""
+        """The delayed-scaling ``AmaxHistory`` this layer records into (row ``amax_index``), or None."""
         self.amax_index = 0
         self.frozen: FrozenWeight | None = None
         """W's fprop operand held quantized for forwards without autograd (:meth:`freeze_weights`)."""
         nn.init.normal_(self.weight, std=1.0 / math.sqrt(in_features))
 
     def forward(self, x: torch.Tensor, pair_x: tuple | None = None, dy_fp8=None) -> torch.Tensor:
-        """x [..., K] -> [..., N]. ``pair_x``: x's fprop and wgrad operands, already quantized by x's
-        producer under this layer's delayed scale (``model/norm_fp8.py``; x is then not read, only its
-        gradient flows). ``dy_fp8``: the one-block FP8 gradient slab the output's consumer writes the
-        output's gradient into (``model/residual_fp8.py``). Both only for a training forward of
-        delayed FP8 pairs (:meth:`delayed_fp8_pairs`)."""
+        """x [..., K] -> [..., N]. ``pair_x``: x's fprop and wgrad operands already quantized by x's
+        producer (``model/norm_fp8.py``; x is then not read, only its gradient flows). ``dy_fp8``: the
+        FP8 slab the output's consumer writes the output's gradient into (``model/residual_fp8.py``).
+        Both only for training forwards of delayed FP8 pairs (:meth:`delayed_fp8_pairs`)."""
         recipe = self.recipe
         handed = pair_x is not None or dy_fp8 is not None
         if handed and not (torch.is_grad_enabled() and self.delayed_fp8_pairs()):
@@ -103,18 +86,12 @@ class QuantLinear(nn.Module):
         return y.reshape(*lead, self.out_features)
 
     def freeze_weights(self, version: int) -> bool:
-        """Quantize W's fprop operand once for policy ``version`` and hold it for the forwards that
-        run without autograd (sampling), instead of quantizing W in every call; True if it quantized
-        now, False if it holds that version already (or the recipe has no quantized fprop).
+        """Quantize W's fprop operand once for policy ``version`` and hold it for no-grad forwards;
+        True if it quantized now, False if already held (or the recipe has no quantized fprop).
 
-        The operand is the one the no-grad fprop makes (the same quantizer on the same W, the BF16
-        block values and FP32 tensor scale kept), so outputs are bit for bit those without it; for
-        NVFP4 the 16×16 tiles are those the training fprop and dgrad use. (Delayed FP8 scaling is
-        the exception there as everywhere without autograd: W is scaled from its own amax.) It is
-        used only while the recipe, device and W itself are unchanged (:meth:`frozen_weight`);
-        training forwards never use it. A new operand of the held one's layout is copied into the
-        held tensors (``precision/held_operand.py``), so a CUDA graph that captured them decodes
-        with the new weights."""
+        It is the operand the no-grad fprop would make, so outputs are bit for bit the same; it is used
+        only while recipe, device and W are unchanged (:meth:`frozen_weight`), never in training. A new
+        operand is copied into the held tensors (``held_operand``), so a captured decode graph sees it."""
         recipe = self.recipe
         if recipe is None or recipe.fprop is None or recipe.backend == "te":
             self.frozen = None
@@ -148,9 +125,8 @@ class QuantLinear(nn.Module):
         return held.operand if same_recipe and fresh else None
 
     def delayed_fp8_pairs(self) -> bool:
-        """Whether x and dy are each quantized as one delayed-scaled tensorwise FP8 pair (for two
-        GEMMs) and the amax history has a step: then a producer of x or dy that knows the scale may
-        hand them over already quantized (:meth:`LinearGEMMs.forward` / ``backward``)."""
+        """Whether x and dy are each one delayed-scaled tensorwise FP8 pair and the history has a step:
+        then x's or dy's producer may hand them over already quantized."""
         r = self.recipe
         if r is None or r.backend == "te" or None in (r.fprop, r.dgrad, r.wgrad):
             return False
@@ -171,9 +147,8 @@ class QuantLinear(nn.Module):
         return LinearGEMMs(self.recipe, generator, self.full_name, self.delayed_words(), shape)
 
     def delayed_words(self) -> DelayedWords | None:
-        """The words of delayed scaling; a scale amax is None (current scaling, still recorded) until
-        the history has a step. None: the layer scales from each tensor's own amax. Evaluation and
-        other no-grad forwards always do."""
+        """The delayed-scaling words (each scale amax None until the history has a step), or None:
+        current scaling. No-grad forwards always use current scaling."""
         history = self.amax_history
         if history is None:
             return None
@@ -192,9 +167,8 @@ class QuantLinear(nn.Module):
 def _bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """BF16 operands, FP32 accumulation, BF16 output; on CUDA the weight gradient stays FP32.
 
-    NOTE: CPUs have no BF16 matrix units worth the name (a BF16 ``F.linear`` is ~40x slower than
-    FP32 there), so on CPU the BF16-rounded operands are widened to FP32 first: products of two BF16
-    values are exact in FP32, so this is the same GEMM with FP32 accumulation, only faster.
+    NOTE on CPU the BF16-rounded operands are widened to FP32 (a BF16 ``F.linear`` is far slower there):
+    BF16 products are exact in FP32, so it is the same GEMM.
     """
     if x.device.type == "cuda":
         if torch.is_grad_enabled() and weight.requires_grad and gemm.mm_out_dtype_supported(x.device):
@@ -208,10 +182,8 @@ def _bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 class _BF16LinearFn(torch.autograd.Function):
     """``F.linear`` in BF16 whose weight gradient comes out of the GEMM in FP32.
 
-    Why: autograd through ``weight.to(bf16)`` gets dW from a BF16 GEMM (rounded to BF16), then casts
-    it back to the FP32 master's dtype in a separate pass. Here the wgrad GEMM writes its FP32
-    accumulator as is (``torch.mm(..., out_dtype=float32)``): no rounding of the gradient, no cast
-    kernel (what Megatron's fused wgrad accumulation gives). Forward and dgrad are those of F.linear.
+    Why: autograd through ``weight.to(bf16)`` rounds dW to BF16 and casts it back in a separate pass;
+    here the wgrad writes its FP32 accumulator as is (as Megatron's fused wgrad accumulation does).
     """
 
     @staticmethod

@@ -1,22 +1,15 @@
-"""One quantizer per operand format, picked once per operand spec: NVFP4 with one scale per row,
-NVFP4 and MXFP4 (with the RHT where the spec has it), FP8 tensorwise and blockwise.
-
-:func:`quantize` pads the operand to whole blocks and calls the quantizer its spec was given
-(:func:`quantizer_for`, cached per spec); each quantizer then takes the fused Triton kernels where
-they run (``fused_kernels.fused_for``) or the torch reference of ``inkling_fp4.numerics``, which
-give the same bits.
+"""One quantizer per operand format (picked once per spec): each takes the fused Triton kernels where
+they run (``fused_kernels.fused_for``), else the torch reference of ``inkling_fp4.numerics``: same bits.
 
 Arguments every quantizer takes (each ignores those its format has no use for):
-``transpose``: quantize ``tᵀ`` (the wgrad operands, blocked along the token dim); ``codes``: keep
-the packed tensor (to save for backward); ``values``: the operand is multiplied at once, so the
-fused kernels write its BF16 block values in the same pass; ``amax``: the NVFP4 tensor amax from
-``gemm.shared_nvfp4_amaxes`` (fused kernels only), or a delayed-scaling amax of a tensorwise FP8
-operand, whose own amax then goes into ``record`` (``precision/amax_history.py``); ``scale_with``:
-the decode scale of the NVFP4 operand this one is multiplied with, so that the fused kernels also
-write the GEMM's output scale (``Operand.output_scale``).
+``transpose``: quantize ``tᵀ`` (the wgrad operands, blocked along the tokens); ``codes``: keep the
+packed tensor (to save for backward); ``values``: multiplied at once, so the fused kernels also write
+the BF16 block values; ``amax``: the NVFP4 tensor amax from ``gemm.shared_nvfp4_amaxes`` (fused kernels
+only), or a tensorwise FP8 operand's delayed-scaling amax, its own amax then going into ``record``
+(``amax_history``); ``scale_with``: the partner NVFP4 operand's decode scale, so the fused kernels
+also write the GEMM's output scale (``Operand.output_scale``).
 
-On the fused path the NaN/Inf check of an NVFP4 operand is deferred to
-``finite_guard.raise_if_non_finite`` (no host sync per operand) unless eager checks are on.
+On the fused path the NVFP4 NaN/Inf check is deferred to ``finite_guard`` unless eager checks are on.
 """
 
 from __future__ import annotations
@@ -46,10 +39,8 @@ def quantize(
     scale_with: torch.Tensor | None = None,
     record: torch.Tensor | None = None,
 ) -> Operand:
-    """The operand ``t`` (or ``tᵀ`` if ``transpose``) quantized as ``spec`` says, padded with zeros.
-
-    t: [rows, contraction], or [contraction, rows] with ``transpose``. The other arguments are the
-    module docstring's."""
+    """``t`` [rows, contraction] (or ``tᵀ`` of t [contraction, rows]) quantized as ``spec`` says, zero-padded
+    to whole blocks; the other arguments are the module docstring's."""
     if scale_with is not None and scale_with.dim():  # a row-scaled partner: no one output scale to fold
         scale_with = None
     mr, mc = spec.multiple

@@ -19,18 +19,10 @@ layout: ``(1, 16)`` is one scale per 16 consecutive contraction elements, ``(16,
     wgrad   dyᵀ          NVFP4    1×16      stochastic   16-pt  (blocks along tokens)
     wgrad   xᵀ           NVFP4    1×16      nearest      16-pt  (blocks along tokens)
 
-The ablation switches turn one piece off each: ``rht`` (wgrad operands), ``stochastic_rounding``
-(dy in dgrad and wgrad), ``weight_2d`` (W 1×16 along K for fprop and, separately, along N for
-dgrad). MXFP4 has the same structure with 1×32 blocks and power-of-two (E8M0) scales; its weight is
-always 1×32 (no 2D variant: the MX format defines 1-D blocks), so W and Wᵀ quantize differently,
-which is one of the reasons the paper's NVFP4 recipe does better. The FP8 baseline is E4M3 with
-FP32 scales, 1×128 blocks for activations and gradients and 128×128 for weights (as in
-DeepSeek-V3 and the paper's FP8 runs); ``fp8-tensorwise`` is E4M3 forward, E5M2 gradients, one
-scale per tensor: current, or delayed (``precision.fp8_scaling``). The RHT/SR/2D
-switches do not apply to the FP8 recipes.
-
-Which layers stay in BF16 is also part of a recipe (see :func:`default_bf16_layers`); the per-layer
-decision is made by :mod:`inkling_fp4.precision.policy`.
+The ablation switches ``rht``, ``stochastic_rounding`` and ``weight_2d`` each turn one piece off.
+MXFP4 has 1×32 blocks with E8M0 scales and always 1-D weight blocks, so W and Wᵀ quantize differently
+(one reason NVFP4 does better). The FP8 baseline (DeepSeek-V3, the paper's FP8 runs) is E4M3 in 1×128
+blocks, 128×128 for weights.
 """
 
 from __future__ import annotations
@@ -62,8 +54,7 @@ class OperandQuant:
     delayed: bool = False
     """Tensorwise FP8 only: the scale from earlier steps' amaxes (``precision/amax_history.py``)."""
     row_scaled: bool = False
-    """NVFP4 1×16 only: one FP32 scale per row (the row's amax) instead of one per tensor, applied
-    to the GEMM output's rows (``precision.activation_scale=row``; ``nvfp4.quantize_rows``)."""
+    """NVFP4 1×16 only: one FP32 scale per row, applied to the output's rows (``activation_scale=row``)."""
 
     def __post_init__(self):
         assert self.format in ("nvfp4", "mxfp4", "e4m3", "e5m2"), self.format
@@ -74,11 +65,8 @@ class OperandQuant:
 
     @property
     def multiple(self) -> tuple[int, int]:
-        """What rows and contraction length must be multiples of (padding with zeros makes them so).
-
-        The block shape, and for FP8 at least 16 both ways: ``torch._scaled_mm`` needs every dim
-        of its second operand and the contraction dim to be multiples of 16.
-        """
+        """Rows and contraction are zero-padded to multiples of this: the block, and for FP8 at least
+        16 both ways (``torch._scaled_mm`` needs it)."""
         r, c = self.block
         floor = 16 if self.format in ("e4m3", "e5m2") else 1
         return (max(r, floor), max(c, floor))
@@ -101,8 +89,7 @@ class GemmQuant:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A precision recipe for a linear layer: per GEMM of the module's table, its operands'
-    quantization (None = BF16); built by :func:`_linear_recipe`."""
+    """Per GEMM of the module's table, its operands' quantization (None = BF16)."""
 
     name: str
     """bf16 | fp8 | fp8-tensorwise | nvfp4 | mxfp4 (for logs and checkpoints)."""
@@ -131,10 +118,7 @@ class Recipe:
 
 
 def _linear_recipe(name, *, x, w, dy, x_t, dy_t, rht_signs=None) -> Recipe:
-    """The GEMM table in code: which operand of which GEMM each quantization is for.
-
-    fprop = (x, W), dgrad = (dy, Wᵀ) with W's quantization, wgrad = (dyᵀ, xᵀ) along the tokens.
-    """
+    """The GEMM table: fprop = (x, W), dgrad = (dy, Wᵀ) with W's quantization, wgrad = (dyᵀ, xᵀ)."""
     return Recipe(
         name=name,
         fprop=GemmQuant(x, w),
@@ -230,12 +214,10 @@ def _signs(signs) -> tuple[float, ...]:
 def default_bf16_layers(recipe_name: str, n_layers: int) -> tuple[int, int]:
     """How many first and last layers a recipe keeps in BF16 by default, for a model of this depth.
 
-    The paper keeps the first 2 and last 8 of the 12B model's 62 layers in BF16 for NVFP4 (and
-    MXFP4, same methodology), and the first 1 and last 2 for the FP8 baseline. For another depth L
-    the counts scale with L (round(L·2/62), round(L·8/62)), at least 1 each so that the embedding-
-    and head-adjacent layers, the most sensitive ones, never quantize; if that would leave no layer
-    quantized (L ≤ 2), the last count gives way first. A 6-layer model keeps 1 + 1, a 24-layer
-    model 1 + 3, the 62-layer model 2 + 8. Explicit config values override this and are not clamped.
+    The paper keeps the first 2 and last 8 of 62 layers for NVFP4 (and MXFP4), the first 1 and last 2
+    for FP8. Depth L scales them (round(L·2/62), round(L·8/62)), at least 1 each so the layers next to
+    the embedding and head, the most sensitive, never quantize; if no layer would stay quantized, the
+    last count gives way first. E.g. 6 layers: 1 + 1, 24: 1 + 3. Explicit config values override this.
     """
     if recipe_name == "bf16" or n_layers <= 0:
         return (0, 0)

@@ -1,17 +1,9 @@
 """The Transformer Engine backend: the recipe's GEMMs on Blackwell tensor cores through TE.
 
-Used only when the policy resolves ``backend=te`` (``transformer_engine.pytorch`` imports and the
-GPU supports the recipe); nothing else imports this file, and no test needs TE. The recipes map to
-TE's own: ``nvfp4`` → ``NVFP4BlockScaling`` (its ``disable_rht`` / ``disable_stochastic_rounding``
-/ ``disable_2d_quantization`` carry our ablation switches), ``fp8`` → ``Float8BlockScaling``
-(E4M3, 1×128 / 128×128: the paper's baseline), ``fp8-tensorwise`` → ``Float8CurrentScaling``
-(E4M3 forward, E5M2 gradients). TE's NVFP4 uses the same fixed RHT sign vector as our emulation
-(``hadamard.FIXED_SIGNS``), so a random sign vector cannot run here and is rejected up front.
-
-Each :class:`QuantLinear` gets a ``te.Linear`` built once, lazily, whose weight *is* the layer's
-FP32 master parameter (the same ``nn.Parameter`` object), so the optimizer, checkpoints and the
-precision switch see one weight. A recipe whose forward pass was switched to BF16 (scope
-'forward') has no TE equivalent and runs on the emulated backend instead (QuantLinear does that).
+Imported only for ``backend=te``; no test needs TE. TE's NVFP4 uses the emulation's fixed RHT signs
+(``hadamard.FIXED_SIGNS``), so random signs are rejected. Each :class:`QuantLinear` lazily gets a
+``te.Linear`` whose weight *is* the layer's FP32 master parameter, so the optimizer, checkpoints and
+the precision switch see one weight. A BF16-forward recipe has no TE equivalent and runs emulated.
 """
 
 from __future__ import annotations

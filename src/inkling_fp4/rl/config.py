@@ -1,10 +1,9 @@
 """RL configuration: the task, the groups, the GRPO variant, the mismatch correction.
 
-The defaults follow what TRL's GRPOTrainer and verl ship today where they agree, and say why where
-they do not: groups of 8, advantages scaled by the group's std (GRPO), DAPO's clip-higher
-(eps_low 0.2, eps_high 0.28), token-mean aggregation (DAPO, verl's default: every token weighs the
-same, so long completions are not down-weighted), no KL penalty (both libraries' current default),
-zero-variance groups kept (their advantage is 0, so they only dilute the mean) and counted.
+The defaults follow TRL's GRPOTrainer and verl where they agree: groups of 8, advantages scaled by
+the group's std (GRPO), DAPO's clip-higher (eps_low 0.2, eps_high 0.28), token-mean aggregation
+(every token weighs the same, so long completions are not down-weighted), no KL penalty, and
+zero-variance groups kept (advantage 0: they only dilute the mean) and counted.
 """
 
 from __future__ import annotations
@@ -23,11 +22,9 @@ OLD_LOGP = ("trainer", "sampler")
 @dataclass
 class RLConfig:
     task: str = "arithmetic"
-    """Built-in task (arithmetic | countdown), or a jsonl file of {prompt, answer} or {question,
-    answer} records (``--data``)."""
+    """Built-in task (arithmetic | countdown), or a jsonl file of {prompt, answer} records (``--data``)."""
     reward: str | None = None
-    """A reward function ``MODULE:FUNCTION(prompt, completion, answer) -> float`` instead of the
-    task's own (``--reward``); it runs in a worker process with a timeout."""
+    """``MODULE:FUNCTION(prompt, completion, answer) -> float`` to use instead of the task's."""
     verifier: str = "numeric"
     """For a jsonl task: numeric (the final number, exact rationals) or exact (the text after ####)."""
     levels: list[int] | None = None
@@ -41,8 +38,7 @@ class RLConfig:
     mini_batches: int = 1
     """Optimizer updates per epoch (the rollouts split into this many mini-batches)."""
     scale_rewards: str = "group"
-    """Advantage = reward - group mean, divided by the group's std (group), the batch's (batch), or
-    not at all (none: Dr. GRPO)."""
+    """Advantage = reward - group mean, over the std of the group, the batch, or none (Dr. GRPO)."""
     eps_low: float = 0.2
     """Lower clip of the ratio: 1 - eps_low."""
     eps_high: float = 0.28
@@ -56,35 +52,29 @@ class RLConfig:
     entropy_coef: float = 0.0
     """Coefficient of an entropy bonus on the completion tokens (0: none)."""
     pack: bool = False
-    """The trainer's forwards read the completions packed end to end in rows of ``data.seq_len``
-    tokens, each its own document (``rl/packed_rows.py``), not padded to the longest. The same
-    values; off by default until its speed on the GPU is measured (the masked attention and the
-    segment-reset scan of packed rows against the padding they save; on the CPU rl-tiny takes the
-    same 32 s either way)."""
+    """The trainer's forwards read completions packed end to end in rows of ``data.seq_len`` tokens
+    (``rl/packed_rows.py``) instead of padded: the same values. Off by default: GPU speed unmeasured."""
     mask_truncated: bool = True
     """Completions cut by the token limit get no loss (their reward judges an unfinished answer)."""
     drop_zero_variance: bool = False
     """Drop groups whose rewards are all equal from the update (counted either way)."""
     correction: str = "tis"
-    """Rollout / trainer mismatch correction (rl/mismatch.py): none | tis (truncated importance
-    sampling) | mask (importance sampling, dropping what lies beyond the cap)."""
+    """Rollout / trainer mismatch correction (rl/mismatch.py): none | tis | mask."""
     correction_level: str = "token"
-    """token: a weight per token; sequence: one per completion, of its summed log ratio (TRL's
-    sequence_truncate / sequence_mask)."""
+    """token: a weight per token; sequence: one per completion (TRL's sequence_truncate / sequence_mask)."""
     tis_cap: float = 2.0
     """Cap of the importance ratio (TIS), and the bounds [1 / cap, cap] outside which ``mask`` drops."""
     old_logp: str = "trainer"
-    """The old policy's log-probabilities: the trainer's (trainer; with one update per rollout the
-    training forward's own, else recomputed before the first update) or the sampler's own (sampler:
-    the bypass mode, where the clipped ratio is the importance weight; ``tis`` is refused there)."""
+    """The old policy's log-probabilities: the trainer's (recomputed before the first update, or the
+    training forward's own with one update per rollout) or the sampler's (bypass: the clipped ratio
+    is the importance weight, so ``tis`` is refused)."""
     reward_timeout: float = 5.0
     """Seconds a user reward function may take per completion before it scores 0."""
     eval_prompts: int = 64
-    """Held-out problems per evaluation (every ``eval.every`` optimizer steps, and at step 0 with
-    ``eval.at_start``)."""
+    """Held-out problems per evaluation."""
     eval_samples: int = 8
-    """Completions per held-out problem at the rollouts' temperature, for the sampled pass@1, pass@k
-    and the KL to the starting policy (0: greedy pass@1 only)."""
+    """Sampled completions per held-out problem, for pass@1, pass@k and the KL to the starting policy
+    (0: greedy pass@1 only)."""
 
     def __post_init__(self):
         checks = [

@@ -1,21 +1,13 @@
 """Arithmetic expressions as text: a safe parser and exact evaluator, and the writer the tasks use.
 
-A reward reads an expression a model wrote (the countdown equation), so the parser must accept
-exactly the arithmetic the task allows and nothing else: non-negative integer or decimal literals,
-``+ - * /``, unary minus and parentheses, whitespace anywhere between tokens. It never calls ``eval``:
-text from a model is data, and ``eval`` of it would run code (``__import__('os')...``) or take any
-time it likes (``9**9**9``). There is no power operator, so every value is a ``Fraction`` whose size
-is bounded by the length of the text.
+A reward parses text a model wrote (the countdown equation), so the parser accepts only non-negative
+integer or decimal literals, ``+ - * /``, unary minus, parentheses and whitespace. It never calls
+``eval``: model text is data, and ``eval`` could run code or take forever (``9**9**9``). With no power
+operator every value is a ``Fraction`` bounded by the text's length.
 
-Parsing is one left-to-right pass of the shunting-yard algorithm (no recursion, linear time) into
-reverse Polish order; evaluation is one pass over that with a stack. Precedence is the usual one
-(``* /`` above ``+ -``, both left-associative, unary minus binding tightest), so ``parse(t).value()``
-equals what Python computes for the same text with ``Fraction`` operands.
-
-The writer goes the other way: ``leaf`` and ``apply`` build a :class:`Term`: its text, with the
-parentheses that make it read as the tree it was built as (no more), its exact value, and the worked
-steps that compute it (``"48 * 2 = 96"``, ``"37 + 96 = 133"``) in evaluation order, which the tasks
-turn into solutions.
+Parsing is one shunting-yard pass (no recursion, linear time) with the usual precedence, so
+``parse(t).value()`` equals Python's value of the text on ``Fraction``s. The writer (``leaf``,
+``apply``) builds a :class:`Term` with its worked steps (``"48 * 2 = 96"``).
 """
 
 from __future__ import annotations
@@ -24,12 +16,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 MAX_CHARS = 1000
-"""Longest expression text parsed. A task's answer is a few dozen characters; the bound keeps the
-work (and the size of the Fractions: no literal or product can outgrow the text) small whatever a
-completion holds, so a reward on a megabyte of generated text costs what it costs on a normal one."""
+"""Longest expression text parsed: bounds the work and the Fractions' size whatever a completion holds."""
 MAX_DEPTH = 100
-"""Deepest parenthesis nesting parsed. No answer nests this deep; the parser is iterative, so the bound
-is not about recursion but keeps the operator stack small and rejects ``((((...`` junk early."""
+"""Deepest parenthesis nesting parsed: keeps the operator stack small and rejects ``((((...`` early."""
 
 _BINARY = {"+": 1, "-": 1, "*": 2, "/": 2}
 _NEG = "neg"  # unary minus on the operator stack and in the postfix sequence
@@ -89,12 +78,8 @@ def _literal(text: str, i: int) -> tuple[Fraction, int]:
 
 
 def parse(text: str) -> Expression:
-    """Parse ``text`` (see the module docstring); raises ExpressionError on anything else.
-
-    The parser alternates between expecting an operand (a number, ``(`` or a unary minus) and
-    expecting an operator (a binary operator or ``)``); the text must end expecting an operator with
-    every parenthesis closed. Implicit multiplication (``2(3)``) is an error.
-    """
+    """Parse ``text`` (see the module docstring); raises ExpressionError on anything else, including
+    implicit multiplication (``2(3)``)."""
     if len(text) > MAX_CHARS:
         raise ExpressionError(f"longer than {MAX_CHARS} characters")
     postfix: list[Fraction | str] = []
@@ -163,8 +148,7 @@ class Term:
 
     text: str
     value: int | Fraction
-    """An int when the value is an integer (plain int arithmetic is several times faster than
-    Fraction's, and the tasks generate thousands of candidates), else a Fraction."""
+    """An int when integral (much faster than Fraction over thousands of candidates), else a Fraction."""
     precedence: int
     steps: tuple[str, ...] = ()
 
@@ -193,11 +177,9 @@ def _operand(value: int | Fraction) -> str:
 
 
 def apply(op: str, left: Term, right: Term) -> Term:
-    """``left op right``, parenthesized so that the text parses back to this very tree: a left operand
-    binding looser than ``op`` (``(a + b) * c``), a right operand binding as loose or looser
-    (``a - (b + c)``, and ``a + (b - c)``, ``a * (b / c)`` too: equal in value without parentheses,
-    but a reader would then evaluate another tree, not the one the steps work through). Raises
-    ZeroDivisionError for ``x / 0``."""
+    """``left op right``, parenthesized so the text parses back to this very tree: ``a + (b - c)`` keeps
+    its parentheses although equal in value, since a reader would otherwise evaluate another tree
+    than the steps. Raises ZeroDivisionError for ``x / 0``."""
     precedence = _BINARY[op]
     a = f"({left.text})" if left.precedence < precedence else left.text
     b = f"({right.text})" if right.precedence <= precedence else right.text

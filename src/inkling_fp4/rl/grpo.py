@@ -114,12 +114,11 @@ def aggregate(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str) -> torch.
 def token_weights(
     mask_BT: torch.Tensor, mode: str, tokens: float | None = None, rows: int | None = None
 ) -> torch.Tensor:
-    """[B, T] weights w such that sum(w * L) / sum(mask) equals ``aggregate(L, mask, mode)``: the
-    form the shared trainer takes (a summed loss over the trained tokens, divided by their count).
+    """[B, T] weights w with sum(w * L) / sum(mask) == ``aggregate(L, mask, mode)``: the shared trainer's
+    form (a summed loss divided by the trained-token count).
 
-    A batch split over several processes passes the whole batch's ``tokens`` (sum of its mask) and
-    ``rows``: each rank's weights then add up to the aggregate of the whole batch, since the trainer
-    divides every rank's summed loss by the token count of all ranks (default: this mask's)."""
+    Split over ranks, pass the whole batch's ``tokens`` and ``rows``, since the trainer divides each
+    rank's summed loss by the token count of all ranks."""
     mask = mask_BT.to(torch.float64)
     n = (mask.sum() if tokens is None else torch.tensor(float(tokens), dtype=torch.float64)).clamp(min=1)
     rows = mask.shape[0] if rows is None else rows

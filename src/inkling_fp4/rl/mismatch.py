@@ -1,29 +1,23 @@
 """Rollout / trainer mismatch: how far the sampler's log-probabilities are from the trainer's, and the
 corrections for it.
 
-The sampler and the trainer compute log p of the same sampled token with the same weights, but not
-the same arithmetic: another batch (NVFP4's per-tensor activation scale is an amax over the batch),
-another kernel, a cache instead of a full forward. So the "on-policy" samples are slightly
-off-policy. Measured per token, with d = logp_trainer - logp_sampler over the completion tokens:
+Sampler and trainer compute log p of the same token with the same weights but not the same
+arithmetic (another batch, and NVFP4's tensor activation scale is a batch amax; other kernels; a
+cache), so "on-policy" samples are slightly off-policy. Per token, d = logp_trainer - logp_sampler:
 
     k3      mean of exp(-d) + d - 1: the k3 estimate of KL(sampler || trainer) (>= 0)
     |d|     mean and max of |d|
     ratio   exp(d): min / mean / max, and the fraction beyond the cap
 
-Corrections (``rl.correction``, at ``rl.correction_level`` token or sequence: TRL's four
-``vllm_importance_sampling_mode`` settings). With ``rl.old_logp=trainer`` the loss of each token is
-weighted by an importance weight w of the trainer's over the sampler's probability, no gradient
-through it; at sequence level w is one weight per completion, exp of its summed d:
+Corrections (TRL's ``vllm_importance_sampling_mode`` settings) weight each token's loss by w (no
+gradient); at sequence level w is one per completion, from its summed d:
 
-    tis     truncated importance sampling: w = min(exp(d), cap); unbiased up to the cap, bounded
-            variance beyond it
-    mask    masked importance sampling: w = exp(d) inside [1/cap, cap], 0 outside (the token, or at
-            sequence level the whole completion, is dropped)
+    tis     truncated importance sampling: w = min(exp(d), cap) (bounded variance)
+    mask    masked importance sampling: w = exp(d) inside [1/cap, cap], else 0 (token or completion dropped)
     none    w = 1: the samples are treated as on-policy
 
-With ``rl.old_logp=sampler`` (bypass) the clipped ratio already holds p_trainer / p_sampler, so no
-second importance weight may multiply it: ``mask`` only drops what lies outside the bounds (w = 0 or
-1) and ``tis`` is refused by the config.
+With ``rl.old_logp=sampler`` (bypass) the clipped ratio already is p_trainer / p_sampler, so no second
+weight may multiply it: ``mask`` only drops (w = 0 or 1), and ``tis`` is refused by the config.
 
 Shapes: B completions, T completion tokens (padded; ``mask_BT`` marks real ones).
 """
@@ -46,9 +40,8 @@ def mismatch_stats(
 def mismatch_parts(
     trainer_logp_BT: torch.Tensor, sampler_logp_BT: torch.Tensor, mask_BT: torch.Tensor, cap: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The figures as pieces that several processes combine: (sums [5] of 1, k3, |d|, ratio and
-    "beyond the cap" over the masked tokens; maxima [3] of |d|, ratio and -ratio), float64. Summed
-    and max-reduced over the ranks, :func:`stats_from_parts` gives the figures of all their tokens."""
+    """The figures as pieces ranks can combine, float64: sums [5] of 1, k3, |d|, ratio and "beyond the
+    cap" over the masked tokens; maxima [3] of |d|, ratio and -ratio."""
     m = mask_BT.bool()
     if not m.any():  # the identities of the sums and maxima
         return torch.zeros(5, dtype=torch.float64), torch.tensor([0.0, 0.0, -torch.inf], dtype=torch.float64)

@@ -1,14 +1,10 @@
 """Rollout rows packed end to end for the trainer's forward, and the way back to the padded layout.
 
-A step's completions differ in length, and padded to the longest every forward computes the
-padding too. Packed, the sequences sit one after the other in rows of ``row_len`` tokens, each its
-own document (``doc_ids``: the Mamba-2 state and the attention mask reset at every boundary, as
-SFT's packing does), so a packed forward gives each sequence what its own forward gives. The
-per-token results come back to the padded layout [B, L] through ``index``, where the loss and
-every figure are computed as before.
-
-Sequences are placed in order, a new row opening when the next one does not fit (rows are at
-least as long as the longest sequence).
+Padded to the longest, every forward also computes the padding. Packed, sequences sit one after the
+other in rows of ``row_len`` tokens, each its own document (``doc_ids``: the Mamba-2 state and the
+attention mask reset at every boundary, as in SFT packing), so each sequence gets what its own forward
+gives. Per-token results return to the padded layout [B, L] through ``index``, where the loss is
+computed. Sequences are placed in order; a new row opens when the next one does not fit.
 
 Shapes: B sequences, L the padded length, P packed rows, S their length.
 """
@@ -56,7 +52,6 @@ def pack_rows(input_ids_BL: torch.Tensor, targets_BL: torch.Tensor, lengths_B: t
 
 
 def unpack(values_PS: torch.Tensor, index_BL: torch.Tensor) -> torch.Tensor:
-    """Per-token values of the packed rows [P, S] in the padded layout [B, L] (0 past each row's
-    tokens); differentiable."""
+    """Per-token values of packed rows [P, S] in the padded layout [B, L] (0 past a row); differentiable."""
     picked = values_PS.reshape(-1)[index_BL.clamp(min=0)]  # [B, L]
     return torch.where(index_BL >= 0, picked, torch.zeros((), dtype=picked.dtype, device=picked.device))

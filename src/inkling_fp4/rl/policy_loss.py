@@ -1,7 +1,6 @@
 """The policy-gradient loss of one micro batch of rollouts, in the shared trainer's form.
 
-The trainer divides a micro batch's summed loss by the trained-token count of the whole step, so the
-loss here is, in TRL's order of terms,
+The trainer divides the summed loss by the step's trained-token count; in TRL's order of terms:
 
     sum_bt a_bt * (c_bt * L_bt + kl_coef * k3(logp, ref_logp)_bt)  -  entropy_coef * sum_bt H_bt
 
@@ -10,12 +9,10 @@ loss here is, in TRL's order of terms,
     a_bt   the aggregation's token weight (rl/grpo.token_weights)
     H_bt   the entropy: a plain mean over the step's completion tokens, whatever the aggregation
 
-Log-probabilities and the entropy are those of logits / T, the distribution the sampler drew from
-(T = sampler.temperature). With one update per rollout and the trainer's old policy, the old log p
-is the training forward's own, detached: the ratio is exactly 1 whatever the recipe's arithmetic
-(delayed FP8 scales a no-grad forward otherwise). The forward is the trainer's (its precision
-recipe), with full logits (a rollout's rows are short). The step's figures (clip fractions, KL to
-the reference) are summed over its micro batches.
+Log-probabilities and the entropy are those of logits / T (T = sampler.temperature). With one update
+per rollout and the trainer's old policy, the old log p is the training forward's own, detached, so
+the ratio is exactly 1 whatever the recipe's arithmetic (a no-grad forward would differ under delayed
+FP8 scaling). Full logits are computed: rollout rows are short.
 """
 
 from __future__ import annotations
@@ -49,19 +46,18 @@ class PolicyLossFn:
         self._sums: dict[str, torch.Tensor] = {}
 
     def new_step(self) -> None:
-        """Forget the previous optimizer step's figures."""
         self._sums = {}
 
     def figures(self, sum_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
-        """This step's clip fractions (and KL to the reference), per trained token; with
-        ``sum_ranks`` (a sum over the processes of a host tensor) per trained token of every rank."""
+        """This step's clip fractions (and KL to the reference) per trained token; with ``sum_ranks``,
+        over every rank."""
         sums = dict(self._sums) if sum_ranks is None else self._summed(sum_ranks)
         n = sums.pop("tokens", None)
         return {} if n is None else {k: float(v / n.clamp(min=1)) for k, v in sums.items()}
 
     def _summed(self, sum_ranks: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Every rank's sums added up. The keys are fixed, not the ones this rank recorded: a rank
-        whose step failed before its first loss has none, and every rank must reduce the same tensor."""
+        """Every rank's sums added up. NOTE the keys are fixed, not this rank's: a rank whose step failed
+        before its first loss has none, and every rank must reduce the same tensor."""
         keys = ("tokens", "clip_low", "clip_high") + (("kl_ref",) if self.cfg.kl_coef > 0 else ())
         zero = torch.zeros((), dtype=torch.float64)
         total = sum_ranks(torch.stack([self._sums.get(k, zero).cpu() for k in keys]))
@@ -97,8 +93,8 @@ class PolicyLossFn:
 
 def forward_logprobs(model, input_ids_BL, targets_BL, entropy: bool, temperature: float,
                      lengths_B=None, pack: tuple[int, int] | None = None):  # fmt: skip
-    """(log p of the targets [B, L], the entropy [B, L] or None) under ``model``'s forward of logits /
-    T: on the rows as they are, or packed (``pack`` = (row length, pad id), with ``lengths_B``)."""
+    """(log p of the targets [B, L], entropy [B, L] or None) of ``model``'s logits / T, on the rows as
+    they are or packed (``pack`` = (row length, pad id), with ``lengths_B``)."""
     if pack is None or lengths_B is None:
         return token_logprobs(model(input_ids_BL), targets_BL, entropy, temperature)
     rows = pack_rows(input_ids_BL, targets_BL, lengths_B, *pack)

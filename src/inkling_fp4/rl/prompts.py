@@ -1,11 +1,8 @@
-"""Where an RL run's prompts come from: a built-in task's train split or a jsonl file, in a seeded,
-resumable order; and the held-out problems it is evaluated on.
+"""Where an RL run's prompts come from, in a seeded, resumable order, and its held-out problems.
 
-A built-in task draws a pool of ``POOL`` train problems once (the task's generators are seeded, so
-the pool is the same on every machine) and serves it in a fresh seeded permutation per epoch; the
-state is one counter. Evaluation uses the task's ``eval`` split, which no train draw can reach. A
-jsonl file (``--data``) holds ``{prompt, answer}`` or GSM8K's ``{question, answer}`` records; its
-last ``EVAL_FRACTION`` (at least one record) is held out for evaluation.
+A built-in task draws ``POOL`` train problems once and serves them in a seeded permutation per epoch
+(the state is one counter); evaluation uses its ``eval`` split. A jsonl file (``--data``) holds
+``{prompt, answer}`` or GSM8K's ``{question, answer}`` records; its last ``EVAL_FRACTION`` is held out.
 """
 
 from __future__ import annotations
@@ -72,8 +69,7 @@ def _task(cfg: RLConfig, seed: int) -> TaskData:
 
 
 def read_jsonl(path: Path, flag: str = "--data") -> list[Prompt]:
-    """``{prompt, answer}`` or GSM8K's ``{question, answer}`` records; bad lines are one-line errors
-    naming ``flag``, the file and the line."""
+    """The records of a jsonl file; a bad line is a one-line DataError naming ``flag``, file and line."""
     if not path.is_file():
         raise DataError(
             f"{flag} {path}: no such file; pass a jsonl of {{prompt, answer}} records, or one of the "

@@ -1,10 +1,8 @@
-"""An RL step's batch figures over every rank: each rank holds its share of the step's completions,
-and every figure that is logged, or that the advantages and token weights need, is the one-process
-figure over all of them.
+"""An RL step's batch figures over every rank: each figure (logged, or needed by the advantages and
+token weights) equals the one-process figure over all ranks' completions.
 
-Under torchrun each rank samples a contiguous share of the step's prompts (:func:`rank_share`,
-whole groups), so gathering rows in rank order restores the step's prompt order. In one process
-every function here is the identity (or the plain reduction), so the single-GPU path reads the same.
+Each rank samples a contiguous share of the step's prompts (:func:`rank_share`, whole groups), so
+gathering in rank order restores the prompt order. In one process every function is the identity.
 """
 
 from __future__ import annotations
@@ -16,8 +14,7 @@ from inkling_fp4.rl import mismatch
 
 
 def rank_share(items, dist: D.DistInfo):
-    """Rank ``dist.rank``'s contiguous share of ``items`` (a list, or a tensor along dim 0): equal
-    shares when the world size divides ``len(items)``, otherwise sizes one apart."""
+    """This rank's contiguous share of ``items`` (a list, or a tensor along dim 0); sizes differ by <= 1."""
     n, r, w = len(items), dist.rank, dist.world_size
     return items[r * n // w : (r + 1) * n // w]
 
@@ -60,8 +57,7 @@ def token_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor, dist: D.DistInfo) -> f
 def mismatch_figures(
     t_logp: torch.Tensor, s_logp: torch.Tensor, mask: torch.Tensor, cap: float, dist: D.DistInfo
 ) -> dict[str, float]:
-    """The rollout / trainer mismatch figures (``rl/mismatch.py``) over the completion tokens of
-    every rank: the sums are added, the extremes taken over the ranks."""
+    """The mismatch figures (``rl/mismatch.py``) over the completion tokens of every rank."""
     sums, maxima = mismatch.mismatch_parts(t_logp, s_logp, mask, cap)
     if dist.active:
         sums = sum_ranks(sums, dist)

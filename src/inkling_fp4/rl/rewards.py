@@ -1,29 +1,17 @@
 """Reward functions: ``reward(prompt, completion, answer) -> float`` for each built-in task.
 
-Every reward reads only the completion (the model's text) and the answer string of the problem; the
-prompt is part of the signature so that a user reward can read it too. A reward is a total function
-of text: whatever a model writes (unbalanced tags, a megabyte of digits, ``((((`` ten thousand deep)
-it returns a number and never raises, in time linear in the completion's length. A malformed
-*answer* string is a bug in the task that built it, and raises ValueError.
+Rewards read the completion and the problem's answer string (the prompt is in the signature for user
+rewards). A reward is a total function of text: whatever a model writes (unbalanced tags, a megabyte
+of digits, ``((((`` ten thousand deep) it returns a number, never raises, in linear time. A malformed
+*answer* string is a bug in the task and raises ValueError.
 
-- :func:`numeric` (GSM8K-style answers): the final number of the completion equals the answer's, as
-  exact rationals. The final number is the first one after the last ``####``, else the one inside the
-  last ``\\boxed{...}``, else the last number of the text; a rule that finds no number passes to the
-  next. Numbers: digits with optional thousands commas (``1,234``), then a decimal part (``12.50``)
-  or a denominator (``3/4``, no spaces; ``3/0`` is the numbers 3 and 0); a ``$`` and a minus (``-``
-  or ``−``) before them, the minus either side of the ``$`` and not after a letter, digit or closing
-  bracket (``2-3`` is 2 and 3, ``x = -3`` is -3). A trailing period is not part of a number, so
-  ``42.`` reads 42. ``0.5`` equals ``1/2``.
-  Inside ``\\boxed{}`` the braces may nest and ``\\frac{a}{b}`` (``\\dfrac``, ``\\tfrac``) of integers
-  reads ``a/b``; other LaTeX (``\\sqrt``, mixed numbers) is not understood and gives the first number in
-  the box. Numbers of more than ``MAX_NUMBER_CHARS`` characters are not answers and are skipped.
-- :func:`exact`: the text after the last ``####`` (the whole text without one), whitespace collapsed,
-  equals the answer's, read the same way.
-- :func:`countdown` (TinyZero's Countdown scheme): 1.0 for a correct equation inside the last
-  ``<answer>...</answer>``, 0.1 for one that is well formed but wrong, 0.0 without one (the rules are
-  in its docstring). Its answer string is JSON, ``{"target": 24, "numbers": [3, 5, 7, 2]}``, built by
-  :func:`countdown_answer`.
-- :func:`arithmetic`: :func:`numeric`; the arithmetic task's answer string is the result's number.
+:func:`numeric` (GSM8K-style) compares final numbers as exact rationals. The final number is the
+first after the last ``####``, else the first inside the last ``\\boxed{...}``, else the last of the
+text. Numbers: optional thousands commas (``1,234``), a decimal part (``12.50``) or a denominator
+(``3/4``; ``3/0`` is 3 and 0), a ``$`` and a minus before them, but not a minus after a letter, digit
+or closing bracket (``2-3`` is 2 and 3). ``42.`` reads 42; ``0.5`` equals ``1/2``. In a box,
+``\\frac{a}{b}`` of integers reads ``a/b``; other LaTeX is not understood. Numbers longer than
+``MAX_NUMBER_CHARS`` are skipped.
 """
 
 from __future__ import annotations
@@ -36,11 +24,9 @@ from fractions import Fraction
 from inkling_fp4.rl.expression import ExpressionError, parse
 
 MAX_NUMBER_CHARS = 100
-"""A longer run of digits is not a task's answer. The bound also keeps int() below Python's limit on
-the length of a decimal string (4300 digits), past which it raises."""
+"""A longer run of digits is not an answer; also keeps int() below Python's 4300-digit limit."""
 MAX_BOXED_CHARS = 1000
-"""How far after ``\\boxed{`` its closing brace is looked for. A boxed final answer is short; a box
-left open in a megabyte of text must not be scanned character by character to the end."""
+"""How far after ``\\boxed{`` its closing brace is looked for (an open box must not scan a megabyte)."""
 
 # A number starts at a digit, and the pattern opens with a plain \d so that re's scan skips other text
 # fast; the sign and "$" before it are read by hand (_sign). Every repeat is anchored by a digit or a
@@ -128,8 +114,7 @@ def final_number(text: str) -> Fraction | None:
 
 
 def numeric(prompt: str, completion: str, answer: str) -> float:
-    """1.0 when the completion's final number equals the answer's as exact rationals, else 0.0 (also
-    when either has no number). See the module docstring for how the final number is read."""
+    """1.0 when the completion's final number equals the answer's (see the module docstring), else 0.0."""
     expected = final_number(answer)
     if expected is None:
         return 0.0
@@ -142,8 +127,8 @@ def _final_text(text: str) -> str:
 
 
 def exact(prompt: str, completion: str, answer: str) -> float:
-    """1.0 when the completion's final text (after the last ``####``, else all of it; stripped, runs of
-    whitespace made one space) equals the answer's, read the same way; case matters."""
+    """1.0 when the text after the last ``####`` (else all of it), whitespace collapsed, equals the
+    answer's read the same way; case matters."""
     return 1.0 if _final_text(completion) == _final_text(answer) else 0.0
 
 
@@ -184,17 +169,13 @@ def _answer_tag(text: str) -> str | None:
 def countdown(prompt: str, completion: str, answer: str) -> float:
     """TinyZero's Countdown reward for the equation inside the last ``<answer>...</answer>``.
 
-    - 1.0: it evaluates exactly (Fractions: ``6 / 4 * 2`` is 3) to the target, using only given numbers
-      and each at most as often as it is given, with ``+ - * /``, unary minus and parentheses. It may
-      end with ``= N`` (one ``=``, a plain number after it), which then must be the target too.
-    - 0.1: it parses but is wrong: another value, a number used twice or not given, a division by zero,
-      a wrong ``= N``.
-    - 0.0: no complete answer tag, or its content does not parse (empty, other symbols, unbalanced
-      parentheses, longer than ``expression.MAX_CHARS``).
+    - 1.0: it evaluates exactly (``6 / 4 * 2`` is 3) to the target, each given number used at most as
+      often as given; an optional trailing ``= N`` must be the target too.
+    - 0.1: it parses but is wrong (value, numbers, division by zero, ``= N``).
+    - 0.0: no complete answer tag, or its content does not parse.
 
-    Not every number needs to be used: the prompt asks for each number at most once (TinyZero's
-    checker wants each exactly once). The task never makes the target one of the numbers, so an
-    equation always takes some arithmetic.
+    NOTE not every number must be used (the prompt says "at most once"; TinyZero's checker wants
+    exactly once).
     """
     numbers, target = _read_countdown_answer(answer)
     body = _answer_tag(completion)

@@ -1,14 +1,9 @@
 """Sampled completions as training rows, and the log-probabilities a forward pass gives them.
 
-A row is prompt + completion, shifted by one as every language-model batch is: ``input_ids`` are
-tokens 0 .. n-2, ``targets`` tokens 1 .. n-1, and the loss mask keeps the targets that are
-completion tokens (the prompt is given, never trained). Rows are right-padded to the longest; a
-causal model never lets the padding reach a real position, and the padding is masked. The trainer's
-forwards read them packed end to end (``rl.pack``, ``rl/packed_rows.py``) and bring the per-token
-results back to this layout.
-
-Per-token tensors are aligned with ``targets``: ``sampler_logp[b, t]`` is the sampler's log p of
-``targets[b, t]``, written where the mask is true.
+A row is prompt + completion shifted by one: ``input_ids`` are tokens 0 .. n-2, ``targets`` 1 .. n-1;
+the loss mask keeps completion targets only (the prompt is never trained). Rows are right-padded to
+the longest (causal, so padding never reaches a real position). Per-token tensors are aligned with
+``targets``: ``sampler_logp[b, t]`` is the sampler's log p of ``targets[b, t]``.
 
 Shapes: B rows (prompts x G), L the longest row minus one, V vocabulary.
 """
@@ -84,9 +79,8 @@ def row_lengths(prompts: list[list[int]], completions: list[list[int]]) -> torch
 def token_logprobs(
     logits_BLV: torch.Tensor, targets_BL: torch.Tensor, entropy: bool = False, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(log p(target) [B, L], and with ``entropy`` each position's entropy [B, L]), FP32, from
-    logits [B, L, V] through one log-softmax of logits / ``temperature``: the distribution the
-    sampler drew from (before its top-k / top-p truncation, as TRL takes it)."""
+    """(log p(target) [B, L], entropy [B, L] or None) in FP32 from logits [B, L, V] / ``temperature``:
+    the distribution the sampler drew from, before top-k / top-p truncation (as TRL takes it)."""
     logp_BLV = F.log_softmax(logits_BLV.float() / temperature, dim=-1)
     picked = logp_BLV.gather(-1, targets_BL[..., None])[..., 0]
     return picked, (-(logp_BLV.exp() * logp_BLV).sum(-1) if entropy else None)

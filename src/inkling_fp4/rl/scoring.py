@@ -1,24 +1,15 @@
 """Scoring completions with a reward function that may raise, hang, end its process or return nonsense.
 
-A reward is ``reward(prompt: str, completion: str, answer: str) -> float``: a built-in one
-(``inkling_fp4.rl.rewards``) or the user's (``--reward MODULE:FUNCTION``). A policy-gradient run
-must not die or stall on one bad call, so every call's outcome is one of
+A run must not die or stall on one bad reward call, so every call ends in one of ``OUTCOMES``: ``ok``
+(a finite number) or reward 0 when it raised, ran past ``timeout_s``, returned no finite number
+(invalid), raised KeyboardInterrupt (interrupted), ended its process (exited) or was killed by a
+signal (crashed); the counts go to the step's metrics.
 
-    ok           a finite number: the reward
-    raised       the function raised an exception: reward 0
-    timeout      it ran past ``timeout_s``: reward 0
-    invalid      it returned something that is not a finite number (NaN, None, a string): reward 0
-    interrupted  it raised KeyboardInterrupt: reward 0
-    exited       it ended its process (``sys.exit``, ``os._exit``): reward 0
-    crashed      a signal ended its process (``os.kill`` of itself, a segfault): reward 0
-
-and the counts are reported with the step's metrics. The built-in rewards are total functions of
-text in linear time and run in this process. A user's function runs in a worker process (forked, so
-it inherits the loaded module), because a Python function that hangs cannot be stopped from another
-thread and one that ends its process must not end the run: on a timeout the worker is killed, and
-after a timeout, an exit or a crash a fresh one is forked for the next call. The worker ignores
-SIGINT: Ctrl-C in a terminal reaches the whole process group, and the run's own handler (in this
-process) decides what it means; SIGTERM keeps its default, so whatever sends it ends the worker.
+Built-in rewards are total functions of text and run in this process. A user's function
+(``--reward``) runs in a forked worker, because a hung Python function cannot be stopped from another
+thread and one that ends its process must not end the run; a fresh worker is forked after a timeout,
+exit or crash. The worker ignores SIGINT (Ctrl-C reaches the whole process group; the run's handler
+decides) and keeps SIGTERM's default.
 """
 
 from __future__ import annotations

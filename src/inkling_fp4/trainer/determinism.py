@@ -1,32 +1,18 @@
 """Deterministic mode (``train.deterministic``): the same config, seed and data give the same bits.
 
-Why: two GPU runs of one config differ from the first steps on (loss 8.9219 vs 8.9223 at step 10 of
-hybrid-125m) and drift apart by a percent or two, as much as the NVFP4-vs-FP8 gap the comparison is
-after. The last bits move because some kernels add the same numbers in an order that changes from
-run to run; training amplifies any difference. Three switches pin the order down:
+Why: two GPU runs of one config drift apart by as much as the NVFP4-vs-FP8 gap under study, because
+some kernels sum in an order that changes from run to run. Three switches pin the order down:
 
-- ``torch.use_deterministic_algorithms(True)``: torch ops take their deterministic kernels (the
-  flash and memory-efficient attention backward among them, which otherwise accumulate dQ with
-  atomics) and torch.compile's generated reductions keep a fixed config instead of the fastest by
-  timing. It is strict (``warn_only=False``): an op without a deterministic kernel raises rather
-  than warns. NOTE warn_only=True is not a milder form of the same: in that mode torch keeps the
-  non-deterministic attention backward and only warns, so the run would not be reproducible.
-- ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (when unset): cuBLAS is deterministic only with a fixed
-  workspace per stream; torch refuses cuBLAS GEMMs in strict mode without it. cuBLAS, and torch's
-  workspace allocation, read the variable once, when the first cuBLAS handle is made, so it must be
-  set before the first GEMM on the GPU: the loop switches the mode before it builds the model.
-- The SSD Triton kernels run their first autotune candidate instead of the fastest by timing
-  (:func:`inkling_fp4.model.ssd_kernels.tuning.set_fixed_configs`): the candidates differ in the
-  block sizes of their reduction loops, so the choice, made by timing in each process, changes the
-  order of the sums.
+- ``torch.use_deterministic_algorithms(True)``, strict. NOTE ``warn_only=True`` is not a milder form:
+  torch then keeps the non-deterministic attention backward (dQ by atomics) and only warns.
+- ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (when unset): required by cuBLAS, and read once when the first
+  cuBLAS handle is made, so the mode must be on before the first GPU GEMM.
+- The SSD Triton kernels run their first autotune candidate, not the fastest by timing (candidates
+  differ in the block sizes of their reductions).
 
-What is already order-independent and needs nothing: the NVFP4 quantizers' ``atomic_max`` of
-non-negative amaxes (a maximum does not depend on the order), the stochastic-rounding streams (seeded
-per run) and the fixed-grid Triton kernels (one program per output tile, sums in a fixed order).
-
-The price is speed (the deterministic attention backward, untimed kernel configs) and that the mode is
-process-wide: it stays on for the rest of the process. ``enable_determinism`` returns the settings it
-replaced so a caller that runs something else afterwards can restore them.
+Already order-independent: the quantizers' ``atomic_max`` of amaxes, the seeded stochastic rounding,
+the fixed-grid Triton kernels. The mode costs speed and is process-wide; ``enable_determinism``
+returns the settings it replaced.
 """
 
 from __future__ import annotations
@@ -40,8 +26,7 @@ import numpy as np
 import torch
 
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
-"""Eight cuBLAS workspaces of 4 MiB per stream: the larger of the two settings cuBLAS documents as
-reproducible (the other, ``:16:8``, is smaller and can be slower)."""
+"""The larger of cuBLAS's two documented reproducible settings (``:16:8`` can be slower)."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +40,7 @@ class DeterminismSettings:
 
 
 def _kernel_tuning():
-    """The SSD kernels' tuning module, or None where triton is not installed (a CPU install without the
-    ``gpu`` extra: then no kernel autotunes, and there is nothing to fix)."""
+    """The SSD kernels' tuning module, or None without triton (then nothing autotunes)."""
     if importlib.util.find_spec("triton") is None:
         return None
     from inkling_fp4.model.ssd_kernels import tuning  # needs triton
@@ -87,9 +71,7 @@ def restore_settings(settings: DeterminismSettings) -> None:
 
 
 def enable_determinism() -> DeterminismSettings:
-    """Make the rest of this process bit-reproducible on the GPU; returns the settings it replaced.
-
-    Call it before the first GEMM on the GPU (see the module docstring for why)."""
+    """Make the rest of this process bit-reproducible (call before any GPU GEMM); returns the old settings."""
     before = current_settings()
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
     torch.use_deterministic_algorithms(True, warn_only=False)

@@ -1,10 +1,9 @@
 """The loss and the validation pass, shared by the training loop and the benchmarks.
 
-The loss is the FP32 cross-entropy summed over the positions the batch's ``loss_mask`` keeps; the
-loop divides by the trained-token count of the whole global batch, so the gradient is the same
-however the batch is split into micro batches and ranks. Evaluation reports the mean over tokens,
-and :func:`all_gemms_in_bf16` gives the BF16 view of the model the paper evaluates in, without
-touching the precision policy's own state (each layer gets its recipe back afterwards).
+The loss is a sum over the ``loss_mask`` positions; the loop divides by the global batch's
+trained-token count, so the gradient does not depend on how the batch is split over micro batches
+and ranks. :func:`all_gemms_in_bf16` gives the BF16 view the paper evaluates in, leaving the policy's
+state untouched.
 
 Legend: B sequences, L sequence length, V vocabulary.
 """

@@ -26,7 +26,6 @@ class FitResult:
 
 
 def _log_evaluation(trainer: Trainer, task: Task, step: int) -> dict | None:
-    """Evaluate the task now and log its figures as the record of ``step``."""
     values = task.evaluate(trainer)
     if values is not None:
         phase = trainer.wsd.phase_at(step)

@@ -1,10 +1,9 @@
 """Model FLOPs utilisation (MFU): model FLOPs per second over the device's dense BF16 peak.
 
-MFU counts the FLOPs the model needs (``model.flops_per_token``: every GEMM, attention's QK^T and
-AV, the SSD scan; forward and backward), not the FLOPs the hardware executed, so recomputation,
-quantization work and emulation overheads lower MFU instead of inflating it. The peak is the
-datasheet's dense BF16 tensor-core rate even for FP8 / NVFP4 runs, so runs in different precisions
-are compared on one scale (an FP8 run can show a higher MFU than BF16 ever could).
+MFU counts the FLOPs the model needs (``model.flops_per_token``), not those executed, so
+recomputation, quantization and emulation overheads lower it instead of inflating it. The peak is
+the dense BF16 rate even for FP8 / NVFP4 runs, so all precisions share one scale (an FP8 run can
+exceed what BF16 ever could).
 """
 
 from __future__ import annotations

@@ -1,44 +1,23 @@
 """One micro-batch's forward and backward, captured once as a CUDA graph and then replayed.
 
-Why: a training step of a small model is set by the host, not the GPU. Each of the ~1,400 kernels
-of a hybrid-350m BF16 step costs the host between a few and tens of microseconds of Python, autograd
-and driver work to launch, and at 158M parameters (8 x 2048 tokens) the GPU waits for it. A CUDA
-graph records the launches of one forward + backward once; every later micro-batch is one replay,
-whose host cost does not depend on how many kernels it holds.
+Why: a small model's step is bound by the host's cost of launching its many kernels (BENCHMARKS.md);
+a replay's host cost does not depend on the kernel count.
 
-What a replay may and may not do, and how this keeps to it:
+What a replay requires, and how it is kept:
 
-- Static shapes and addresses. The inputs are copied into buffers made at capture time; a batch of
-  another shape is refused (the trainer's micro-batches all have one shape). The loss scale
-  (world size / tokens of the global batch) is a device scalar, copied in as well.
-- Gradients stay where the capture put them. With several micro-batches per step (``accumulate``)
-  the captured backward adds into the ``.grad`` tensors that exist at capture time, and
-  :meth:`zero_grad` zeroes them in place. With one micro-batch per step there is nothing to add to:
-  the capture starts without gradients, so the backward writes each gradient as eager autograd would
-  (no zero fill, no add kernel per parameter) into tensors of the graph's pool, and every replay
-  rewrites them; :meth:`zero_grad` then has nothing to do. Either way they must never be replaced
-  (``optimizer.zero_grad(set_to_none=False)`` if not :meth:`zero_grad`); a replay whose gradients
-  were swapped or dropped is refused instead of silently training nothing.
-- No host reads inside, and nothing frozen that must change per step. Three things in the
-  quantizers would be, and are handled at capture: stochastic rounding (NVFP4, MXFP4) draws a seed
-  on the host per quantization, so inside the capture the kernels read a device word instead, which
-  is rewritten from the generator before every replay (``numerics/kernels/seeds.py``): the replayed
-  step rounds exactly as the eager step would. The amax words of the NVFP4 quantizers come from a
-  never-recycled zeroed pool, so the capture starts a new pool buffer whose zero fill is part of the
-  graph (``precision/graph_capture.py``). And the deferred NaN/Inf record of the quantized operands
-  (``precision/finite_guard.py``) holds the graph's amax buffers, so each replay's amaxes are copied
-  out for the step's check. Debug mode's eager finite checks read the device at every operand and
-  are refused (``precision.graph_capture.graph_blocker``).
-- Nothing may compile or autotune during capture: the first ``warmup`` calls run eagerly (real
-  micro-steps, which also autotune every Triton kernel at these shapes) and only then is the graph
-  captured. Packed batches take the masked path in both (``packing.always_masked``): a capture may
-  not read the device to choose, and its kernels must serve every later batch. Capturing records
-  without computing, so the capturing call replays once as well.
-- One process. DDP all-reduces gradients from hooks inside the backward, outside this capture.
+- Static shapes and addresses: inputs (and the loss scale, a device scalar) are copied into buffers
+  made at capture; a batch of another shape is refused.
+- Gradients stay where the capture put them: with ``accumulate`` the backward adds into the capture's
+  ``.grad`` tensors (:meth:`zero_grad` zeroes them in place), else it writes them in the graph's pool.
+  NOTE never replace them (``optimizer.zero_grad(set_to_none=False)``): a swapped one is refused.
+- No host reads inside: stochastic rounding reads a device seed word rewritten before every replay
+  (``numerics/kernels/seeds.py``); amax words and NaN/Inf records: ``precision/graph_capture.py``.
+- Nothing compiles or autotunes during capture: the first ``warmup`` calls run eagerly. Packed batches
+  take the masked path in both (``packing.always_masked``): a capture cannot read the device to
+  choose, and its kernels must serve every later batch. The capturing call replays once as well.
+- One process: DDP all-reduces from hooks inside the backward.
 
-The graph owns a private memory pool holding the step's activations, as large as the eager peak.
-Call :meth:`reset` after anything that changes the kernels a step runs (a precision switch, a
-monitor fallback): the next calls warm up and capture again.
+Call :meth:`reset` after anything that changes a step's kernels (precision switch, monitor fallback).
 """
 
 from __future__ import annotations
@@ -56,11 +35,10 @@ from inkling_fp4.precision.graph_capture import quantized_graph
 
 class GraphedMicroStep:
     """``loss_fn(ids, doc_ids, targets, loss_mask)`` forward and backward (scaled by ``grad_scale``)
-    into the ``.grad`` of ``model``'s parameters, as a replayed CUDA graph after ``warmup`` eager calls.
+    into ``model``'s ``.grad``, as a replayed CUDA graph after ``warmup`` eager calls.
 
-    ``loss_fn`` returns the micro-batch's summed FP32 loss (a scalar) and must be the whole step:
-    autocast belongs inside it, since only what runs inside is captured. ``accumulate``: a step has
-    several micro-batches, whose gradients add up (else each replay writes the step's gradients)."""
+    ``loss_fn`` returns the summed FP32 loss and must be the whole step: autocast belongs inside it,
+    since only what runs inside is captured."""
 
     def __init__(
         self, model: nn.Module, loss_fn: Callable[..., torch.Tensor], warmup: int = 2, accumulate: bool = True
@@ -114,8 +92,7 @@ class GraphedMicroStep:
         return self.loss.clone()
 
     def zero_grad(self) -> None:
-        """Zero the gradients in place where the captured backward adds into these very tensors
-        (``accumulate``); without accumulation the next replay rewrites them: nothing to do."""
+        """Zero the gradients in place under ``accumulate``; otherwise the next replay rewrites them."""
         if self.graph is None:
             for p in self.params:
                 p.grad = None
@@ -123,8 +100,8 @@ class GraphedMicroStep:
             torch._foreach_zero_(self.grads)
 
     def reset(self) -> None:
-        """Forget the graph (its memory pool goes with it): the next calls warm up and capture anew.
-        Without accumulation the gradients it wrote are dropped too (eager steps would add to them)."""
+        """Forget the graph and its pool: the next calls warm up and capture anew. Without accumulation
+        its gradients are dropped too (eager steps would add to them)."""
         if self.graph is not None and not self.accumulate:
             for p in self.params:
                 p.grad = None

@@ -1,16 +1,11 @@
 """Ctrl-C and SIGTERM end a training run cleanly: finish the step in flight, checkpoint, return.
 
-A cluster scheduler preempts a job with SIGTERM (and kills it a little later); a person stops a run
-with Ctrl-C. Either way the loop should not die mid-step with a half-applied update and no
-checkpoint, so the handler only raises a flag that the loop reads after each step (all ranks agree
-on it, see ``distributed.any_rank``).
+A scheduler preempts with SIGTERM, a person stops a run with Ctrl-C; either way the loop must not die
+mid-step with a half-applied update, so the handler only raises a flag the loop reads after each
+step (all ranks agree, ``distributed.any_rank``).
 
-A second Ctrl-C is for a run that takes too long to stop. While a checkpoint is being written it
-waits for the write (atomic, and the run stops right after it), so what the first Ctrl-C asked for
-is not thrown away; a third stops at once. Anywhere else the second one stops at once: it raises
-:class:`StoppedAtOnce` and no new checkpoint is written (``checkpoint.py``'s write is atomic, so
-none is ever half written either way). The previous handlers come back when the run ends, so a
-library caller's own handling is untouched.
+A second Ctrl-C stops at once (:class:`StoppedAtOnce`, no new checkpoint), except during a checkpoint
+write: that one finishes first (a third Ctrl-C stops at once). Writes are atomic either way.
 """
 
 from __future__ import annotations
@@ -26,8 +21,7 @@ class StoppedAtOnce(KeyboardInterrupt):
 
 
 class StopSignal:
-    """SIGINT / SIGTERM ask the loop to checkpoint and stop after the step in flight; a second
-    SIGINT waits for a checkpoint being written, else stops at once (see the module docstring)."""
+    """SIGINT / SIGTERM ask the loop to checkpoint and stop after the step in flight."""
 
     def __init__(self):
         self.requested = False

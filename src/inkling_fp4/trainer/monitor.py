@@ -1,30 +1,18 @@
 """Noise monitor: catch loss and gradient-norm spikes and non-finite values before they land.
 
-Low-precision training fails in two ways the optimizer cannot undo: a non-finite value (an overflowed
-block, a NaN from a bad scale) poisons the FP32 master weights and Adam's moments for good, and a
-single huge gradient kicks the weights far enough that the loss never comes back. Both show up in
-two scalars the loop has anyway, the step's loss and its global gradient norm (before clipping).
+Low-precision training fails in two ways the optimizer cannot undo: a non-finite value poisons the
+FP32 weights and Adam's moments for good, and one huge gradient kicks the weights so far the loss
+never recovers. Both show in the step's loss and global gradient norm (before clipping).
 
-The spike test is robust: over the last ``window`` accepted steps it takes the median and the median
-absolute deviation (MAD), and calls a value a spike when its z-score
-``(x - median) / max(1.4826 * MAD, min_rel_spread * |median|)`` exceeds the threshold (1.4826 * MAD
-estimates the standard deviation of normal data; the MAD ignores the outliers a mean and std would
-chase). Only upward deviations count: a loss that falls fast is good news. Triggered steps are not
-added to the history, so one spike cannot widen the spread and hide the next. A grad norm must also
-be at least ``grad_min_ratio`` times the median: the norm of real data moves by tens of percent from
-batch to batch (on hybrid-125m a batch at 1.4-2.5x the median every hundred steps or so, at the same
-steps in BF16, FP8 and NVFP4 runs), and a z-score over a flat history calls each of those a spike.
+Spike test, over the last ``window`` accepted steps: z = ``(x - median) / max(1.4826 * MAD,
+min_rel_spread * |median|)`` (1.4826 * MAD estimates a normal std, ignoring outliers). Only upward
+deviations count, and triggered steps stay out of the history so one spike cannot hide the next. A
+grad norm must also be ``grad_min_ratio`` times the median: real batches move it by tens of percent,
+which a z-score over a flat history would call spikes.
 
-Two kinds of step are special. A loss that is not a fit to data (RL's clipped
-surrogate, near zero and of either sign, exactly zero on a step where no group's rewards differ) has
-no level to spike from, so ``watch_loss=False`` (the trainer passes it for a ``loss_fn`` whose
-``fits_data`` is False) tests it for finiteness only. And a step whose
-gradient is exactly zero (nothing to learn from) says nothing of the usual gradient scale: it is
-accepted and kept out of the history, since a history of zeros would call the next real step a
-spike of infinite z-score.
-
-On a trigger the loop skips that step's update. ``max_triggers`` triggers within ``window`` steps
-mean the recipe itself is the problem, and the monitor asks for a fallback to BF16, for
+A loss that is not a fit to data (RL's surrogate) is tested for finiteness only (``watch_loss=False``);
+a zero-gradient step is accepted but kept out of the history (zeros make an infinite z-score). On a
+trigger the loop skips the update; ``max_triggers`` within ``window`` steps ask for BF16, for
 ``fallback_steps`` steps or (0) for good.
 """
 
@@ -72,8 +60,7 @@ class NoiseMonitor:
         """First step back in the recipe after a fallback; None while active = BF16 for good."""
 
     def check(self, step: int, loss: float, grad_norm: float, watch_loss: bool = True) -> Verdict:
-        """The verdict on one step; ``watch_loss=False`` for a loss that is not a fit to data (see
-        the module docstring)."""
+        """The verdict on one step; ``watch_loss=False`` for a loss that is not a fit to data."""
         if not self.cfg.enabled:
             return Verdict()
         verdict = self._test(loss, grad_norm, watch_loss)

@@ -1,14 +1,11 @@
 """AdamW with weight decay on matrices only, and its state as named tensors for checkpoints.
 
-The paper trains with Adam (beta 0.9 / 0.95) and weight decay 0.1; everything the optimizer touches
-is FP32 (master weights, gradients, moments) whatever the GEMM precision, which is what lets 4-bit
-forward passes train at all: the quantizer only ever sees a BF16 copy of an FP32 weight.
+The paper trains with Adam (beta 0.9 / 0.95) and weight decay 0.1. Everything the optimizer touches
+is FP32 whatever the GEMM precision: that is what lets 4-bit forward passes train at all.
 
-Which parameters decay (Megatron's rule, which the Nemotron-H runs use):
-  - decayed: every parameter with two or more dimensions, so linear weights, the Mamba depthwise
-    conv, and the token embedding and LM head (Megatron decays embeddings too);
-  - not decayed: 1-D parameters (norm gains, biases, A_log, D, dt_bias) and any parameter that
-    carries ``_no_weight_decay = True`` (the Mamba convention for A_log and D).
+Decay follows Megatron's rule (as the Nemotron-H runs): every parameter of two or more dimensions
+decays, embedding and LM head included; 1-D parameters and those marked ``_no_weight_decay = True``
+(the Mamba convention for A_log and D) do not.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Fully sharded data parallel (FSDP2, ``fully_shard``): for models whose replicas do not fit one GPU.
 
-DDP keeps a whole copy of the FP32 master weights, their gradients and both Adam moments on every
-GPU: 16 bytes per parameter, 197 GB for the 12B model, more than an H200 holds. FSDP2 shards all of
-that across the ranks and all-gathers one block's weights just before it runs (and frees them
-after), so each GPU holds 16 / N bytes per parameter plus one block's full weights at a time.
+DDP keeps FP32 weights, gradients and both Adam moments on every GPU: 16 bytes per parameter, more
+than an H200 holds for the 12B model. FSDP2 shards them and all-gathers one block's weights just
+before it runs, so each GPU holds 16 / N bytes per parameter plus one block at a time.
 
-Every block of the hybrid pattern is one FSDP unit, and the root (embedding, final norm, LM head)
-another. Weights are gathered in FP32, exactly what a replicated run sees, so QuantLinear quantizes
-the same master weights either way and the loss curves of DDP and FSDP runs agree. Gradients are
-averaged over ranks by reduce-scatter, as DDP averages them by all-reduce.
-
-Checkpoints stay in the replicated format (full tensors by name, written by rank 0), so a run may
-resume with DDP, FSDP, or another number of GPUs for the weights and optimizer state alike;
-``torch.distributed.checkpoint.state_dict`` converts between full and sharded tensors.
+Every block is one FSDP unit, the root another. Weights are gathered in FP32, so QuantLinear quantizes
+the same master weights as under DDP. Checkpoints stay in the replicated format (full tensors by
+name), so a run may resume with DDP, FSDP or another number of GPUs.
 """
 
 from __future__ import annotations
@@ -70,10 +64,7 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict
 
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, params: dict, opt: dict) -> None:
     """Inverse of :func:`full_state`: every rank passes the full tensors and keeps its own shard.
-
-    NOTE: each tensor is scattered by a collective, so every rank must walk the tensors in the same
-    order (sorted by name here).
-    """
+    NOTE each tensor is scattered by a collective, so every rank walks them in one order (by name)."""
     params = dict(sorted(params.items()))
     set_model_state_dict(model, params, options=StateDictOptions(full_state_dict=True, strict=True))
     names = {id(p): name for name, p in model.named_parameters()}

@@ -1,34 +1,15 @@
 """The shared trainer: one optimizer step, checkpoints and metrics for every stage (fit.py: the cadence).
 
-pretrain, sft and rollout differ only in their task (where batches come from, the loss, evaluation,
-the task's own resumable state); everything else is here, once:
+pretrain, sft and rollout differ only in their :class:`Task` (batches, loss, evaluation, resumable
+state); the trainer never asks which stage it runs. One step:
 
-    Trainer(cfg, run_dir, dist, model)   precision policy applied (the log says which layers are
-                                         quantized how), AdamW, the WSD schedule and the precision
-                                         schedule that switches to BF16 before the decay (paper §5),
-                                         the noise monitor, CUDA graphs, DDP / FSDP2 wrapping
-    trainer.restore(checkpoint)          model, optimizer, precision, monitor and RNG states back
-    trainer.step(batches)                LR for the step -> precision switch if due -> micro batches
-                                         forward under BF16 autocast (CUDA), FP32 cross-entropy over
-                                         loss_mask, backward -> global grad norm and clip -> noise
-                                         monitor (skip the update on a spike or a non-finite value;
-                                         BF16 fallback after repeated triggers) -> AdamW step
-    fit(trainer, task)                   steps until train.steps, logging, evaluating and
-                                         checkpointing on the configured cadence; SIGINT / SIGTERM
-                                         end the step in flight, checkpoint, and report the signal
-                                         (a second SIGINT: see interrupt.py)
+    LR -> precision switch if due -> micro batches (BF16 autocast, FP32 loss over loss_mask, backward)
+       -> grad norm and clip -> noise monitor (skip on a spike or NaN; BF16 fallback) -> AdamW
 
-A task is anything with ``next_batches(micro, accum)``, ``real_tokens(batches)``,
-``evaluate(trainer)``, ``step_metrics()`` (its own figures for a logged step), ``state_dict()`` /
-``load_state_dict()`` and ``loss_fn`` (None: the model's own masked cross-entropy, which CUDA graphs
-can capture; a ``loss_fn`` whose ``fits_data`` is False, RL's surrogate, is not watched for loss
-spikes). The trainer never asks which stage it runs.
-
-The loss of a step is the mean over every trained target token of the global batch, so the
-gradient does not depend on how the batch is split into micro batches and ranks. Throughput counts
-real tokens (padding excluded, prompts included: they are computed), so tokens/s and MFU stay honest
-for padded or packed batches. Steps count from 1: step k is the k-th optimizer update and
-``checkpoints/step_<k>`` the state after it.
+``loss_fn`` None is the model's masked cross-entropy, which CUDA graphs can capture. The step's loss
+is the mean over the global batch's trained tokens (see ``trainer/evaluate.py``). Throughput counts
+real tokens (padding excluded, prompts included), so tokens/s and MFU stay honest for padded or
+packed batches. Step k is the k-th optimizer update; ``checkpoints/step_<k>`` the state after it.
 """
 
 from __future__ import annotations
@@ -76,7 +57,7 @@ from inkling_fp4.trainer.sharding import full_state, is_sharded, load_full_state
 
 
 class Task(Protocol):
-    """What a stage hands the trainer (see the module docstring)."""
+    """What a stage hands the trainer; ``step_metrics()`` are its own figures for a logged step."""
 
     loss_fn: Callable | None
 
@@ -107,8 +88,7 @@ class StepResult:
 
 
 class Trainer:
-    """Model, precision policy, optimizer, schedules, monitor and logger of one run (see the module
-    docstring); built once, after the model's weights are in place."""
+    """Model, policy, optimizer, schedules, monitor and logger of one run, made once weights are in place."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, dist: D.DistInfo, model: nn.Module, baseline=None):
         self.cfg, self.run_dir, self.dist, self.device = cfg, Path(run_dir), dist, dist.device
@@ -156,8 +136,7 @@ class Trainer:
         return ckpt.state["data"][rank]
 
     def build(self) -> None:
-        """After the weights and states are final: the precision as the policy stands, the compiled /
-        wrapped model, the CUDA graph."""
+        """Once weights and states are final: set the precision, compile / wrap the model, the graph."""
         self._set_precision()
         self.fwd_model = torch.compile(self.model) if self.cfg.train.compile else self.model
         self.train_model = self.fwd_model if self.sharded else D.wrap_model(self.fwd_model, self.dist)
@@ -203,10 +182,9 @@ class Trainer:
     # -- one optimizer step --------------------------------------------------------------------
 
     def step(self, batches: list[Batch], loss_fn: Callable | None = None, real_tokens: int = 0) -> StepResult:
-        """One optimizer update over the step's micro batches (this rank's), as the module docstring
-        says. ``loss_fn(train_model, batch)`` returns the summed loss of a micro batch; None is the
-        model's masked cross-entropy. ``real_tokens``: this rank's non-padding tokens, counted into
-        ``self.tokens`` with the trained ones (one reduction for both)."""
+        """One optimizer update over this rank's micro batches. ``loss_fn(train_model, batch)`` returns a
+        micro batch's summed loss (None: masked cross-entropy). ``real_tokens``: this rank's
+        non-padding tokens, reduced with the trained ones in one collective."""
         assert self._built, "Trainer.build() first"
         cfg, dist, policy, monitor, log = self.cfg, self.dist, self.policy, self.monitor, self.log
         self.step_count += 1
@@ -358,9 +336,8 @@ class Trainer:
         return self.cfg.precision.recipe
 
     def close(self) -> None:
-        """Drop the DDP wrapper and the graph before the process group goes. The wrapper's reducer
-        holds the group; destroyed later by the reducer at exit, its gloo threads could wait for a
-        peer that had left: a hung rank after a finished run."""
+        """Drop the DDP wrapper and the graph before the process group goes: destroyed at exit, the
+        reducer's gloo threads could wait for a peer that had left (a hung rank after a finished run)."""
         if self.log is not None:
             self.log.close()
         self.graphed = self.train_model = self.fwd_model = None
@@ -377,8 +354,8 @@ class Trainer:
                     m.recipe = None
 
     def graph_on(self, step: int, first: bool = False) -> None:
-        """After a precision change: whether micro-steps run as a CUDA graph now (logged when that
-        changes). The old graph replays the old layers' kernels, so it is dropped either way."""
+        """After a precision change: whether micro-steps run as a CUDA graph now (logged on change). The
+        old graph replays the old kernels, so it is dropped either way."""
         was = None if first else self.use_graph
         if self.graphed is None:
             self.use_graph = False
@@ -423,8 +400,7 @@ def batch_geometry(cfg: RunConfig, world: int) -> tuple[int, int]:
 
 
 def check_memory(model: nn.Module, dist: D.DistInfo, sharded: bool) -> None:
-    """FP32 weights, gradients and two Adam moments (16 bytes a parameter) must fit the GPU with room
-    for activations; say so before the optimizer runs out of memory halfway through a step."""
+    """Fail early if FP32 weights, gradients and Adam moments (16 bytes a parameter) leave no room."""
     if dist.device.type != "cuda":
         return
     per_gpu = 16 * model.num_params() / (dist.world_size if sharded else 1)

@@ -1,23 +1,15 @@
 """Built-in RL tasks: procedural problems with exact answers, generated offline from a seed.
 
-Each task module (``arithmetic``, ``countdown``) has ``problems(split, n, seed, levels) ->
-list[Problem]`` and ``reward(prompt, completion, answer) -> float``. The pieces they share are here:
+Each task module has ``problems(split, n, seed, levels)`` and ``reward(prompt, completion, answer)``.
 
-- :class:`Problem`: the user message a rollout sends, the answer string its reward reads, a worked
-  solution that ends in the format the reward reads (the SFT target), and its difficulty level.
-- The split. A problem belongs to ``eval`` iff the hash of its canonical text (``key``: the problem
-  without presentation, e.g. countdown's numbers sorted) is divisible by ``EVAL_EVERY``, else to
-  ``train``. The rule depends on the problem alone, never on the seed or on what else was drawn, so
-  no train problem can ever be an eval problem, from any seed or level. The hash is BLAKE2b (Python's
-  ``hash`` of a string changes from process to process).
-- :func:`draw`: sampling ``n`` problems of one split. Candidates come from one ``random.Random(seed)``
-  stream and those of the other split are skipped; the i-th problem has level ``levels[i %
-  len(levels)]``, so every level gets its share. Problems are sampled with replacement: a small level
-  (arithmetic level 1 has 155 problems) repeats; the same arguments give the same list everywhere, and
-  a shorter list is a prefix of a longer one.
-- :func:`held_out`: up to ``n`` *distinct* eval problems, what an evaluation scores. Repeats would
-  count one answer many times and make an accuracy look finer than the problems behind it; a level
-  with fewer eval problems than asked for (arithmetic level 1 has 23) gives all it has.
+- The split: a problem is ``eval`` iff the BLAKE2b hash of its canonical text (``key``, e.g.
+  countdown's numbers sorted) is divisible by ``EVAL_EVERY``. It depends on the problem alone, never
+  the seed, so no train problem is ever an eval problem. (Python's ``hash`` varies per process.)
+- :func:`draw`: one ``random.Random(seed)`` stream, other-split candidates skipped, the i-th problem of
+  level ``levels[i % len(levels)]``. With replacement (a small level repeats); the same arguments give
+  the same list everywhere, and a shorter list is a prefix of a longer one.
+- :func:`held_out`: up to ``n`` *distinct* eval problems: repeats would make an accuracy look finer
+  than the problems behind it.
 """
 
 from __future__ import annotations
@@ -31,8 +23,7 @@ SPLITS = ("train", "eval")
 EVAL_EVERY = 10
 """One problem in EVAL_EVERY (by hash) is held out for evaluation."""
 MAX_TRIES = 100_000
-"""Candidates drawn for one problem before giving up: far above the ~EVAL_EVERY an eval problem takes
-and the few a generator's rejections add, so reaching it means a split or level has no problems."""
+"""Candidates drawn for one problem before giving up: reaching it means a split or level has none."""
 
 
 @dataclass(frozen=True)
@@ -54,10 +45,9 @@ def split_of(key: str) -> str:
 
 
 Generator = Callable[[random.Random, int], tuple[str, Callable[[], Problem]] | None]
-"""``make(rng, level) -> (key, build)``, or None for a rejected candidate. ``build()`` writes the
-problem's text; it is called only for a candidate of the wanted split (nine in ten eval candidates are
-dropped, and writing text is most of a candidate's cost). It draws nothing from ``rng``, so what a
-seed gives does not depend on which split is asked for."""
+"""``make(rng, level) -> (key, build)``, or None for a rejected candidate. ``build()`` writes the text,
+only for candidates of the wanted split (text is most of the cost). NOTE it draws nothing from ``rng``,
+so what a seed gives does not depend on the split asked for."""
 
 
 def draw(
@@ -90,13 +80,11 @@ HELD_OUT_DRAWS = 4
 
 
 HELD_OUT_SEED = 0
-"""The seed of the held-out draw, whatever the run's seed: runs of several seeds (and fp4train eval)
-are scored on the same problems, so their spread is the training's alone."""
+"""The held-out draw's seed, whatever the run's: runs of several seeds are scored on the same problems."""
 
 
 def held_out(problems: Callable[..., list[Problem]], n: int, levels: Sequence[int]) -> list[Problem]:
-    """Up to ``n`` distinct eval problems of a task's ``problems(split, n, seed, levels)``, in draw
-    order (see the module docstring)."""
+    """Up to ``n`` distinct eval problems of a task's ``problems``, in draw order."""
     out: dict[str, Problem] = {}
     for p in problems("eval", HELD_OUT_DRAWS * n, HELD_OUT_SEED, levels):
         out.setdefault(p.prompt, p)

@@ -15,23 +15,11 @@ Levels (operations are binary ``+ - * /``; operands are non-negative integer lit
     4      2-3         1-99      + - * /    a literal dividend may have 3 digits
     5      3-4         1-99      + - * /    as level 4, longer
 
-An expression is a random binary tree of the level's size, written with the parentheses that make the
-text read as that tree (``8 + (4 - 2)`` keeps its parentheses: the steps evaluate that tree, in the
-order any reader of the text would).
-
-Every division divides exactly: either its divisor is a literal 2-12 that divides the dividend's
-value, or its dividend is a literal, a multiple (2-12 times) of the divisor's value. So every
-intermediate and final value is an integer, the worked steps are clauses a person would write, and
-the answer needs no rounding convention. Every intermediate value is at most ``MAX_VALUE`` in
-magnitude (candidates beyond it are redrawn), which keeps the numbers the size of a worked exercise.
-
-Why ``####``: it is GSM8K's final-answer marker, the one :func:`rewards.numeric` reads first, so the
-same reward serves this task and GSM8K-style data, and a model trained on one reads the other's
-prompts (and what the model says before the marker is free). The solution works the expression in
-evaluation order, one operation per line with its intermediate result, so the SFT target teaches the
-procedure rather than a memorised value.
-
-The problem's canonical text (its key for the train / eval split) is the expression text.
+An expression is a random binary tree written with the parentheses that make it read as that tree,
+so the steps evaluate in the order a reader would. Every division is exact, so no rounding convention
+is needed. Why ``####``: it is GSM8K's final-answer marker, which :func:`rewards.numeric` reads first,
+so one reward serves this task and GSM8K-style data. One operation per solution line teaches the
+procedure, not a memorised value. The split key is the expression text.
 """
 
 from __future__ import annotations
@@ -122,12 +110,9 @@ def _make(rng: random.Random, level: int) -> tuple[str, Callable[[], Problem]] |
 
 
 def problems(split: str, n: int, seed: int, levels: Sequence[int] = LEVELS) -> list[Problem]:
-    """``n`` problems of ``split`` ("train" or "eval"), the i-th of level ``levels[i % len(levels)]``;
-    the same arguments give the same problems on every machine (see ``rl/tasks/__init__.py``)."""
+    """``n`` problems of ``split`` ("train" or "eval"), as ``rl/tasks/__init__.py``'s :func:`draw`."""
     return draw(_make, split, n, seed, levels, LEVELS)
 
 
 def reward(prompt: str, completion: str, answer: str) -> float:
-    """:func:`rewards.arithmetic`: 1.0 when the number after ``####`` (or, failing that, the final
-    number) equals the answer."""
     return rewards.arithmetic(prompt, completion, answer)

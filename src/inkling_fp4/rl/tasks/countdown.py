@@ -1,7 +1,6 @@
 """Countdown: combine the given numbers with ``+ - * /`` to reach a target (TinyZero's task).
 
-    prompt:   Using the numbers [7, 3, 6], make an equation that equals 24. Use +, -, * and /
-              and parentheses, and each number at most once. Show your steps, then write the
+    prompt:   Using the numbers [7, 3, 6], make an equation that equals 24. [...] write the
               equation inside <answer> </answer> tags, for example <answer>(1 + 2) / 3</answer>.
     solution: 7 - 3 = 4
               4 * 6 = 24
@@ -10,20 +9,12 @@
     answer:   {"target": 24, "numbers": [7, 3, 6]}
 
 Levels: 1 has three numbers, 2 has four (TinyZero's 3-to-4 Countdown). Numbers are 1-99 (repeats
-allowed; a number given twice may be used twice); the target is an integer 1-``MAX_TARGET`` that is
-not one of the numbers, so no answer is a bare number.
+allowed); the target is 1-``MAX_TARGET`` and never one of the numbers, so no answer is a bare number.
 
-A problem is made backwards from a solution: draw the numbers, then repeatedly replace two random
-items by their combination under a random operator whose result is a positive integer (a subtraction
-takes the larger first; a division must be exact; a product stays below ``MAX_VALUE``), until one
-expression is left; its value is the target. So every problem is solvable with all its numbers, the
-worked solution is that construction, and candidates whose target is out of range are redrawn.
-
-Why the format: ``<answer>`` tags are TinyZero's, which its reward (0.1 for a well-formed wrong
-equation, 1.0 for a right one) was designed around, so results compare with its published curves.
-The answer string is the JSON that :func:`rewards.countdown` reads (:func:`rewards.countdown_answer`).
-The canonical text for the train / eval split is the sorted numbers and the target, so a problem
-whose numbers are listed in another order is the same problem, in the same split.
+A problem is built backwards from a solution (combine random pairs until one value, the target, is
+left), so every problem is solvable and the worked solution is that construction. Why ``<answer>``
+tags: TinyZero's reward was designed around them, so results compare with its curves. The split key
+is the sorted numbers and the target.
 """
 
 from __future__ import annotations
@@ -45,9 +36,8 @@ MAX_VALUE = 10_000
 
 
 def _plan(rng: random.Random, numbers: list[int]) -> tuple[list[tuple[int, int, str]], int]:
-    """Combine random pairs until one value is left: the steps ``(i, j, op)`` (item i op item j, the
-    two replaced by the result at the end of the list) and the final value. Plain ints: most
-    candidates are rejected by their target, so their text is never written."""
+    """Combine random pairs until one value is left: the steps ``(i, j, op)`` (the result appended) and
+    the final value. Plain ints: most candidates are rejected by their target before any text."""
     values, plan = list(numbers), []
     while len(values) > 1:
         i = rng.randrange(len(values))
@@ -89,8 +79,7 @@ def _make(rng: random.Random, level: int) -> tuple[str, Callable[[], Problem]] |
 
 
 def problems(split: str, n: int, seed: int, levels: Sequence[int] = LEVELS) -> list[Problem]:
-    """``n`` problems of ``split`` ("train" or "eval"), the i-th of level ``levels[i % len(levels)]``;
-    the same arguments give the same problems on every machine (see ``rl/tasks/__init__.py``)."""
+    """``n`` problems of ``split`` ("train" or "eval"), as ``rl/tasks/__init__.py``'s :func:`draw`."""
     return draw(_make, split, n, seed, levels, LEVELS)
 
 
