@@ -100,6 +100,13 @@ def test_every_autotuned_kernel_has_the_hook_and_forgets_its_choices_on_a_switch
     assert all(not tuner.cache for tuner in AUTOTUNED)
 
 
+@pytest.mark.skipif(not tuning.CACHE_TIMINGS, reason="this triton keeps no autotune timings on disk")
+def test_every_autotuned_kernel_keeps_its_timings_on_disk():
+    """A later process reads the choice back instead of timing every candidate before its first step."""
+    assert all(tuner.cache_results for tuner in AUTOTUNED)
+    assert not any(c.pre_hook for tuner in AUTOTUNED for c in tuner.configs)  # else triton skips the cache
+
+
 def test_enable_sets_every_switch_and_restore_undoes_them(monkeypatch, restore_determinism):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     torch.use_deterministic_algorithms(False)

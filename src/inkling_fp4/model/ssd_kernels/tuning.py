@@ -13,6 +13,7 @@ sizes, so a choice made by timing changes the last bits from process to process.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 
@@ -96,12 +97,24 @@ def first_config_when_fixed(configs: list, named_args: dict | None = None, **kwa
     return list(configs[:1]) if _fixed_configs else list(configs)
 
 
+CACHE_TIMINGS = "cache_results" in inspect.signature(triton.autotune).parameters
+"""Whether this triton keeps autotune timings on disk. Without it every process (each command, each RL
+run) times every candidate of every kernel again for each new shape before its first step; with it
+the choice is read back from triton's cache, keyed by the kernel's source, the GPU, the candidates and
+the shape key, so a later process also picks the same tile."""
+
+
 def autotune(candidates: list[triton.Config], key: list[str]) -> Callable:
-    """``triton.autotune`` with the fixed-config hook, for every autotuned kernel of the package."""
+    """``triton.autotune`` with the fixed-config hook and on-disk timings, for every autotuned kernel of
+    the package."""
+    cached = {"cache_results": True} if CACHE_TIMINGS else {}
 
     def decorate(kernel):
         tuner = triton.autotune(
-            configs=candidates, key=key, prune_configs_by={"early_config_prune": first_config_when_fixed}
+            configs=candidates,
+            key=key,
+            prune_configs_by={"early_config_prune": first_config_when_fixed},
+            **cached,
         )(kernel)
         _tuners.append(tuner)
         return tuner
