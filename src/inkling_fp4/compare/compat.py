@@ -1,18 +1,9 @@
 """Which two runs may be compared: the same model, data, seed and schedule, different precision.
 
-A loss gap measures precision only when everything else is equal. Two runs that differ in seed see
-different batches and start from different weights, and their losses differ by more than the gap
-the paper cares about (< 1%); a different schedule or data changes the loss curve itself. So the
-comparison refuses such pairs and names every key that differs, instead of publishing a number
-that means nothing.
-
-Compared: every field of ``model`` and ``data`` except pure speed or storage knobs, the seed and
-the schedule in ``train``, all of ``optim``, and the evaluation batches. RL runs (stage rollout)
-also compare their ``rl`` and ``sampler`` sections: a reward gap means something only when both runs
-draw the same prompts in groups of the same size, sample them at the same temperature, budget and
-seed, and train them with the same GRPO variant and mismatch correction. Not compared: ``precision``
-(what the comparison is about), logging, checkpointing, device and compile settings. A key missing
-from an older run's ``config.yaml`` counts as its default value.
+Runs with different seeds see different batches from different initial weights, which moves the loss
+by more than the paper's < 1% gap; a different schedule or data changes the curve itself. So a pair
+that differs in any compared key is refused, naming every such key. A key missing from an older
+run's ``config.yaml`` counts as its default value.
 """
 
 from __future__ import annotations
@@ -105,8 +96,7 @@ def describe_differences(diffs: list[tuple[str, Any, Any]]) -> str:
 
 
 def check_comparable(run_a: str | Path, run_b: str | Path, allow: tuple[str, ...] = ()) -> None:
-    """Raise a UserError naming the differing keys unless the two runs differ only in precision (and
-    in the ``allow`` keys: ``train.init_seed`` for the baseline's noise-floor repeat)."""
+    """Raise a UserError naming the differing keys unless the runs differ only in precision and ``allow``."""
     diffs = config_differences(read_config_data(run_a), read_config_data(run_b))
     diffs = [d for d in diffs if d[0] not in allow]
     if diffs:

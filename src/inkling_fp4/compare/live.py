@@ -1,15 +1,9 @@
-"""The loss gap while a run trains: its loss against a baseline run's at the same step.
+"""The loss gap while a run trains (``fp4train pretrain --baseline RUN_DIR``), step by step.
 
-``fp4train pretrain --baseline RUN_DIR`` asks, at every logged step, how far the run sits above the
-baseline (usually the FP8 run of the same recipe) so that a long NVFP4 run shows its gap as it goes
-instead of only at the end. The baseline may itself still be training: its ``metrics.jsonl`` is
-re-read whenever it has grown, from where the last read stopped, and a line still being written is
-kept back until its newline arrives.
-
-The numbers are the offline analysis's (compare/loss_gap.py): the same trailing-mean window (from the
-baseline's config), the baseline smoothed over its own logged rows, the run over the losses passed
-to :meth:`LiveGap.gap` so far. After a resume the run's window starts empty, so the first few gaps
-use fewer of the run's own rows than the report will.
+The numbers are those of compare/loss_gap.py, with the window from the baseline's config. The
+baseline may itself still be training: its ``metrics.jsonl`` is read from where the last read
+stopped, and a line still being written is kept back until its newline arrives. After a resume the
+run's own window starts empty, so the first gaps use fewer of its rows than the report will.
 """
 
 from __future__ import annotations

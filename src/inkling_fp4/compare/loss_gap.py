@@ -1,31 +1,15 @@
 """Loss-gap analysis: how far a low-precision run's loss sits above the FP8 baseline's.
 
-The paper (arXiv 2509.25149) judges NVFP4 by the *relative* difference of its loss to the
-FP8 baseline's over training tokens,
+The paper (arXiv 2509.25149) judges NVFP4 by the relative difference of its loss to FP8's,
 
     gap = (L_nvfp4 - L_fp8) / L_fp8,
 
 below 1% through the stable phase of the WSD schedule, a little above 1.5% late in the decay, and
-back to about 0.5% when the GEMMs switch to BF16 before the decay. This module computes those numbers
-from two run directories (``metrics.jsonl`` rows, see DESIGN.md):
-
-- validation loss: the eval rows of both runs aligned by step (``val_loss_bf16``, every GEMM in BF16
-  as the paper evaluates, and ``val_loss``, in the run's training precision);
-- training loss: smoothed first, because one step's loss is noisy. Smoothing is a *trailing mean*
-  over the logged rows whose step lies in ``(s - W, s]``. Trailing (causal) so that the smoothed
-  value at step s uses nothing after s, which is exactly what a comparison made while the run is
-  still training can compute (compare/live.py gives the same numbers); a plain mean over a window
-  counted in steps rather than an EMA over rows, so that the smoothing means the same whatever the
-  log interval, and known answers are easy to write down. Each run is smoothed over its own rows,
-  then the two are aligned on the steps they share. Both runs see the same batches in the same
-  order, so most batch-to-batch noise is common to both and cancels in the ratio; the smoothing
-  takes out what is left.
-
-Runs with the same data, seed and schedule (compare/compat.py checks) see the same tokens at every
-step, so aligning by step is aligning by tokens; plots use the baseline's token counts.
-
-Phases (warmup, stable, decay, and after the switch to BF16) come from the run's own config through
-the training schedules (runs/schedule.py), so that the boundaries here are the ones the run used.
+about 0.5% when the GEMMs switch to BF16 before the decay. Validation losses are aligned by step as
+logged. Training losses are first smoothed, each run over its own rows, by a trailing mean over the
+steps in ``(s - W, s]``: trailing so that a live comparison (compare/live.py) gets the same numbers,
+over steps rather than rows so that it does not depend on the log interval. Both runs see the same
+batches in the same order, so most batch noise cancels in the ratio.
 """
 
 from __future__ import annotations
@@ -60,7 +44,6 @@ SMOOTH_MIN_FRACTION = 0.01
 
 
 def load_loss_metrics(run_dir: str | Path) -> RunMetrics:
-    """The losses of ``<run_dir>/metrics.jsonl`` (a pretrain or sft run)."""
     metrics = read_metrics(run_dir, LOSS_KEYS, "fp4train pretrain")
     if not len(metrics.curve(LOSS)) and not len(metrics.curve(VAL_LOSS)):
         path = Path(run_dir) / METRICS_FILE
@@ -97,7 +80,6 @@ def train_gap(run: RunMetrics, baseline: RunMetrics, window: int) -> Aligned:
 
 
 def val_gap(run: RunMetrics, baseline: RunMetrics, bf16: bool = False) -> Aligned:
-    """Gap of the validation losses (``val_loss``, or ``val_loss_bf16`` with bf16=True)."""
     key = VAL_LOSS_BF16 if bf16 else VAL_LOSS
     return align(run.curve(key), baseline.curve(key), relative=True)
 
@@ -144,7 +126,7 @@ class PhaseBoundaries:
 
 
 def boundaries_from_config(cfg: RunConfig) -> PhaseBoundaries:
-    """The phase boundaries the run's schedules used (warmup, decay start, BF16 switch)."""
+    """The phase boundaries the run's own schedules (runs/schedule.py) used."""
     t = cfg.train
     wsd = WSDSchedule(t.steps, t.warmup_steps, t.decay_fraction, t.decay_shape, t.min_lr_ratio)
     switch = None
@@ -168,12 +150,10 @@ class PhaseStats:
     last: float
     """The gap at the last point of the phase."""
     settled_max: float
-    """Largest gap among the points whose smoothing window lies wholly inside the phase, so that the
-    previous phase's losses do not leak in; the last point's gap when the phase is shorter than the
-    window. This is what the verdict holds against the paper's bounds."""
+    """Largest gap among the points whose smoothing window lies wholly inside the phase (the last
+    point's gap when the phase is shorter than the window): what the verdict holds to the bounds."""
     settled_min: float
-    """Smallest gap among the same points: with ``settled_max``, the band a repeat of the baseline
-    (the noise floor) moves in."""
+    """Smallest gap among the same points (with ``settled_max``: the band of the noise floor)."""
 
     def to_dict(self) -> dict:
         return {

@@ -1,13 +1,7 @@
 """The loss comparison's report sections: two plots, report.md's text, and the numbers for wandb.
 
-All of it renders the plain-data summary (compare/loss_summary.py ``comparison_to_dict``) that
-compare/report.py writes as report.json, so they can never disagree. Plots use matplotlib's Agg canvas
-directly (``Figure`` + ``FigureCanvasAgg``), not pyplot: no display, no process-wide backend change.
-
-- ``loss.png``: smoothed training loss (left) and validation loss (right) of every run over tokens.
-- ``gap.png``: the relative gap of each run to the baseline over tokens (smoothed training loss as
-  lines, validation loss as markers), the phase boundaries, and the paper's 1% (stable) and 1.5%
-  (decay) lines.
+All of it renders the plain-data summary that compare/report.py writes as report.json. Plots draw
+on matplotlib's Agg canvas, not pyplot: no display, no process-wide backend change.
 """
 
 from __future__ import annotations
@@ -185,7 +179,6 @@ def _get(d: dict | None, *keys):
 
 
 def _noise_paragraph(data: dict) -> list[str]:
-    """The noise floor, when the comparison has a repeat of the baseline."""
     noise = data["noise_floor"]
     if noise is None:
         return []

@@ -1,19 +1,11 @@
 """The numbers of a comparison: each run's gap to the baseline per phase, at the end, and a verdict.
 
-The verdict holds a run to the paper's bounds (arXiv 2509.25149): the relative gap of the
-training loss stays below 1% through the stable phase and below 1.5% through the decay. "Stays
-below" is tested on the *largest* smoothed gap of the phase, not its mean, because that is what the
-paper's claim says; the smoothing (compare/loss_gap.py) keeps single noisy steps from deciding it, and
-only points whose smoothing window lies wholly inside the phase count, so the warmup's larger gaps
-do not leak into the stable phase through the window. The warmup itself is not judged: losses
-there fall fast and small shifts in time give large relative gaps.
-
-With a noise run (the baseline trained again from other initial weights, same data, order and
-schedule: ``compare-baseline --noise``) each verdict also says whether the run's judged gaps lie
-beyond the band the baseline moves in against its own repeat. At small scale that band can exceed
-the paper's bounds, and then "outside the bounds" says nothing about the precision.
-
-These numbers are what report.md, report.json and wandb all show; nothing is computed twice.
+The verdict holds a run to the paper's bounds (arXiv 2509.25149): the relative gap of the training
+loss stays below 1% through the stable phase and below 1.5% through the decay. "Stays below" is
+tested on the phase's largest smoothed gap (PhaseStats.settled_max), as the paper's claim says, not
+its mean. The warmup is not judged: its losses fall fast, and small shifts in time give large gaps.
+With a noise run (``compare-baseline --noise``) each verdict also says whether the judged gaps lie
+beyond the noise floor; at small scale that floor can exceed the paper's bounds.
 """
 
 from __future__ import annotations
@@ -48,8 +40,7 @@ class Check:
     phase: str
     bound: float
     value: float | None
-    """Largest settled smoothed gap in the phase (PhaseStats.settled_max); None when the run logged
-    no step in it."""
+    """PhaseStats.settled_max of the phase; None when the run logged no step in it."""
 
     @property
     def ok(self) -> bool | None:
@@ -69,10 +60,8 @@ class Check:
 
 @dataclass(frozen=True)
 class NoiseFloor:
-    """How far the baseline drifts from a repeat of itself started from other initial weights: per
-    judged phase, the largest |settled smoothed gap| between the two (None where the repeat logged
-    no step in the phase). A gap inside this band cannot be told apart from chance with one run per
-    precision."""
+    """Per judged phase, the largest |settled smoothed gap| of the baseline's repeat from other initial
+    weights (None where it logged no step in the phase): a gap inside it cannot be told from chance."""
 
     label: str
     """The repeat's label in the comparison."""
@@ -161,8 +150,7 @@ def judge(
     final_val: float | None,
     noise: NoiseFloor | None = None,
 ):
-    """The verdict line: within the paper's bounds or not, and by how much; with a noise floor, also
-    whether each judged gap lies beyond it."""
+    """The verdict: within the paper's bounds or not, by how much, and which gaps lie beyond the noise."""
     checks = tuple(
         Check(phase, bound, None if phases.get(phase) is None else phases[phase].settled_max)
         for phase, bound in PAPER_BOUNDS.items()
@@ -225,9 +213,8 @@ def summarize(
     about: dict[str, str] | None = None,
     noise_label: str | None = None,
 ) -> Comparison:
-    """Load the baseline and each run (label -> run dir) and compute every number of the report.
-    ``noise_label``: the run that is the baseline again from other initial weights (the noise floor
-    every other run's verdict is read against)."""
+    """Every number of the report of ``runs`` (label -> run dir). ``noise_label``: the baseline's repeat
+    from other initial weights, the noise floor every other verdict is read against."""
     if not runs:
         raise UserError("nothing to compare: give at least one run besides the baseline")
     if noise_label is not None and noise_label not in runs:

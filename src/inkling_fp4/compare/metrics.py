@@ -1,13 +1,9 @@
 """What a run's ``metrics.jsonl`` says, read the same way for every stage, and two runs aligned by step.
 
-Each stage compares its own figures (loss for pretrain and sft: compare/loss_gap.py; reward, accuracy and
-mismatch for rollout: compare/rl_gap.py), but the rows are read once, here: one Series per key, the
-last row of a step logged twice (a resumed run logs again), NaN/Inf values counted and left out,
-events left out (a monitor trigger may carry the value it rejected), and the noise monitor's skipped
-updates and BF16 stretches.
-
-Runs compared with each other see the same data in the same order (compare/compat.py checks), so
-aligning by step is aligning by tokens.
+One Series per key; a step logged twice (a resumed run logs again) keeps its last row; NaN/Inf
+values are counted and left out, and so are event rows (a monitor trigger may carry the value it
+rejected). Comparable runs see the same data in the same order (compare/compat.py), so aligning by
+step is aligning by tokens.
 """
 
 from __future__ import annotations
@@ -147,8 +143,7 @@ def metrics_from_rows(run_dir: Path, rows: list[dict], keys, skipped: int = 0) -
 
 
 def read_metrics(run_dir: str | Path, keys, writer: str) -> RunMetrics:
-    """``<run_dir>/metrics.jsonl`` read for ``keys``; ``writer`` is the command that writes such a
-    directory (named when there is none)."""
+    """``<run_dir>/metrics.jsonl`` read for ``keys``; ``writer``: the command to name when it is missing."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         raise UserError(f"no {METRICS_FILE} in {run_dir}: pass a run directory written by `{writer}`")
@@ -157,7 +152,6 @@ def read_metrics(run_dir: str | Path, keys, writer: str) -> RunMetrics:
 
 
 def load_run_config(run_dir: str | Path) -> RunConfig:
-    """The resolved config a run wrote into its directory."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise UserError(f"no {CONFIG_FILE} in {run_dir}: pass a run directory written by `fp4train pretrain`")
@@ -198,7 +192,6 @@ def common_steps(run: Series, baseline: Series) -> tuple[np.ndarray, np.ndarray,
 
 
 def align(run: Series, baseline: Series, relative: bool) -> Aligned:
-    """The two series at the steps both have, with the relative gap or the plain difference."""
     steps, ia, ib = common_steps(run, baseline)
     tokens = np.where(np.isnan(baseline.tokens[ib]), run.tokens[ia], baseline.tokens[ib])
     a, b = run.values[ia], baseline.values[ib]

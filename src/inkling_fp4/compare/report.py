@@ -7,11 +7,9 @@ What is compared depends on the stage the baseline ran:
 | pretrain, sft | losses (loss_gap.LOSS_KEYS) | relative, per phase | loss_summary, loss_report |
 | rollout | reward, accuracy, mismatch (rl_gap.FIGURES) | difference, over the tail | rl_summary, rl_report |
 
-Both read metrics.jsonl through compare/metrics.py (one reader, one aligned-series type).
-
-Every report is written the same way: one plain-data summary is report.json, report.md and the plots
-render it (so they never disagree), and report.json lists the plots (an earlier report is recognised
-by them before it is replaced).
+Every report is one plain-data summary, written as report.json, that report.md and the plots render
+(so they never disagree); report.json lists the plots, by which an earlier report is recognised
+before it is replaced.
 """
 
 from __future__ import annotations
@@ -33,9 +31,8 @@ def compare(
     about: dict[str, str] | None = None,
     noise_label: str | None = None,
 ) -> Comparison | RLComparison:
-    """Every number of the report of ``runs`` (label -> run dir) against the baseline. ``noise_label``:
-    the run that is the baseline again from other initial weights (loss comparisons only; an RL
-    comparison reads its gaps against seed repeats, labelled ``<label>-seed<n>``)."""
+    """Every number of the report of ``runs`` (label -> run dir) against the baseline. ``noise_label``
+    (loss comparisons only): the baseline's repeat from other initial weights."""
     if load_run_config(baseline_dir).stage == "rollout":
         if noise_label is not None:
             raise UserError(
@@ -72,8 +69,7 @@ def write_report(
 
 
 def not_a_report(path: Path) -> str | None:
-    """Why the directory ``path`` is not an earlier report (None: it holds only a report's files, as
-    its report.json lists them)."""
+    """Why ``path`` is not an earlier report (None: it holds only the files its report.json lists)."""
     try:
         plots = set(json.loads((path / "report.json").read_text())["plots"].values())
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):

@@ -1,24 +1,10 @@
 """RL curves and their gap: what an RL run's ``metrics.jsonl`` says, aligned by step with a baseline's.
 
-An RL comparison asks whether NVFP4 learns as well as FP8 from the same starting policy. Every run
-of it starts from the same checkpoint and draws the same prompts in the same order with the same
-sampling seeds (compare/compat.py checks the ``rl`` and ``sampler`` sections), so step s of one run
-posed the same problems as step s of another, and curves align by step.
-
-RL's numbers are not a loss, and the gap follows them:
-
-- higher is better (reward, accuracy), and both lie in [0, 1] for the built-in tasks, so the gap is
-  the plain difference ``run - baseline`` (a relative gap of a reward near 0 means nothing): +0.02
-  is two points of reward above the baseline;
-- one step's reward is the mean over P prompts x G completions: noisy. The prompts are the same for
-  every run, so a per-step difference leaves out how hard each step's problems were; what is left is
-  summarised over the *tail*, the logged steps in ``(last - k, last]`` (k: a quarter of the run, at
-  most TAIL_MAX_STEPS steps), where most of the learning has happened.
-
-Evaluations (greedy pass@1 on held-out problems every ``eval.every`` steps, with the sampled pass@1,
-pass@k and KL to the starting policy where the run logged them) are few, so each is summarised by the
-last one and the mean over all of them. Timings and throughput leave the first
-logged step out: its sampling includes warm-up (allocation, autotuning) and nothing trained before it.
+The runs of an RL comparison draw the same prompts in the same order (compare/compat.py), so step s
+poses the same problems in each. Reward and accuracy lie in [0, 1], so the gap is the plain
+difference ``run - baseline`` (a relative gap of a reward near 0 means nothing). One step's reward is
+noisy, so figures are summarised over the tail, the logged steps in ``(last - k, last]``, where most
+of the learning has happened; evaluations, being few, by the last one and the mean over all.
 """
 
 from __future__ import annotations
@@ -34,7 +20,6 @@ from inkling_fp4.errors import UserError
 from inkling_fp4.runs.metrics import METRICS_FILE
 
 TAIL_MAX_STEPS = 10
-"""The tail spans a quarter of the run's steps, at most this many."""
 REWARD = "reward_mean"
 EVAL_ACCURACY = "eval_accuracy"
 GAP_KEYS = (REWARD, EVAL_ACCURACY)
@@ -101,12 +86,10 @@ RL_KEYS = (*(f.key for f in FIGURES), EVAL_K)
 
 
 def rl_metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> RunMetrics:
-    """The rows of an RL run read for its figures."""
     return metrics_from_rows(Path(run_dir), rows, RL_KEYS, skipped)
 
 
 def load_rl_metrics(run_dir: str | Path) -> RunMetrics:
-    """Read ``<run_dir>/metrics.jsonl`` of an RL run."""
     metrics = read_metrics(run_dir, RL_KEYS, "fp4train rollout")
     if not len(metrics.curve(REWARD)):
         raise UserError(f"{Path(run_dir) / METRICS_FILE} has no rewards yet: let the RL run log a step")
@@ -175,11 +158,9 @@ def summarize_values(steps: np.ndarray, values: np.ndarray, figure: Figure, wind
 
 
 def difference(run: Series, baseline: Series) -> Aligned:
-    """``run - baseline`` at the steps both series have."""
     return align(run, baseline, relative=False)
 
 
 def gap_stat(d: Aligned, figure: Figure, window: int) -> Stat | None:
-    """The gap summarised like its figure (the mean difference over the tail, or over every
-    evaluation; the difference at the last shared step)."""
+    """The gap summarised like its figure: the mean difference over the tail or over every evaluation."""
     return summarize_values(d.steps, d.gap, Figure(figure.key, figure.label, "mean", figure.over), window)

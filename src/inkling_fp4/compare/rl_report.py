@@ -1,17 +1,8 @@
 """The RL comparison's report sections: three plots (four with seed repeats) and report.md's text.
 
-All of it renders the plain-data summary (compare/rl_summary.py ``rl_comparison_to_dict``) that
-compare/report.py writes as report.json. Plots use matplotlib's Agg canvas, as loss_report.py does.
-
-- ``reward.png``: each run's reward per RL step (faint) and its trailing mean over the tail window
-  (left), and its held-out accuracy at each evaluation (right);
-- ``gap.png``: each run's reward gap to the baseline per step (faint) and its trailing mean, and
-  its eval-accuracy gap at each evaluation (markers);
-- ``mismatch.png``: the rollout / trainer mismatch per step of every run, k3 KL (left) and mean
-  |Δ log p| (right), on log scales: they span orders of magnitude between precisions;
-- with seed repeats (``--noise``), ``seeds.png``: each precision's seeds and their mean for the
-  verdict figures (compare/rl_seeds_report.py), and a seed repeat drawn dashed in its precision's
-  colour in the other plots.
+All of it renders the plain-data summary that compare/report.py writes as report.json, on
+matplotlib's Agg canvas as loss_report.py does. The mismatch plot uses log scales: mismatch spans
+orders of magnitude between precisions.
 """
 
 from __future__ import annotations
@@ -33,8 +24,7 @@ SEEDS_PLOT = "seeds.png"
 
 
 def write_plots(data: dict, out_dir: Path) -> dict[str, str]:
-    """reward.png, gap.png, mismatch.png (seeds.png with seed repeats) into ``out_dir``; returns
-    {plot: file name}."""
+    """reward.png, gap.png, mismatch.png (seeds.png with repeats) into ``out_dir``; returns {plot: file}."""
     plots = dict(PLOTS) if data["seeds"] is None else {**PLOTS, "seeds": SEEDS_PLOT}
     plot_rewards(data, out_dir / PLOTS["reward"])
     plot_gap(data, out_dir / PLOTS["gap"])
@@ -49,7 +39,6 @@ def write_plots(data: dict, out_dir: Path) -> dict[str, str]:
 
 
 def _runs(data: dict) -> list[tuple[str, dict]]:
-    """(legend label, run data) of the baseline, then the others."""
     base = data["baseline"]
     return [(f"{base['label']} (baseline)", base)] + [(label, r) for label, r in data["runs"].items()]
 

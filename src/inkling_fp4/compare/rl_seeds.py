@@ -1,16 +1,10 @@
 """The seeds of an RL comparison: each precision over its seed repeats, its gap to the baseline beside
 the spread between seeds, and a verdict per precision.
 
-One RL run says little alone: its reward and held-out accuracy move with the prompts it drew, the
-completions it sampled and its stochastic rounding. ``compare-baseline --stage rollout --noise``
-repeats every precision's run with the next seed (``<label>-seed1``: ``train.seed`` and
-``sampler.seed`` one higher; the same starting checkpoint). Per precision and figure that gives one
-value per seed, their mean and their spread (max - min). A precision's gap is its mean minus the
-baseline's mean; it lies within the seeds' spread when |gap| <= the larger of the two spreads, and is
-otherwise stated with its size in multiples of that spread.
-
-A built-in task draws its held-out problems from ``train.seed`` too, so each seed evaluates on its
-own problems (the same ones for every precision at that seed): an evaluation's spread holds that.
+One RL run says little alone: its reward and accuracy move with the prompts it drew, the completions
+it sampled and its stochastic rounding. A precision's gap is its mean over seeds minus the baseline's,
+within the seeds' spread when |gap| <= the larger of the two spreads (max - min). A built-in task
+draws its held-out problems from ``train.seed`` too, so an evaluation's spread includes the problems.
 """
 
 from __future__ import annotations
@@ -52,8 +46,7 @@ def seed_groups(labels: list[str]) -> dict[str, list[str]]:
 
 
 def pair_label(label: str, baseline: str, labels) -> str:
-    """The run ``label`` has its per-step gaps to: the baseline's repeat of the same seed where there
-    is one (the same prompts in the same order), else the baseline."""
+    """The run ``label``'s per-step gaps are against: the baseline's repeat of its seed, else the baseline."""
     root, n = _split(label)
     twin = seed_label(baseline, n)
     return twin if n and root in labels and twin in labels and twin != label else baseline
@@ -89,7 +82,6 @@ VERDICT_FIGURES = ("eval_accuracy", "reward_mean")
 
 
 def describe(f: SeedFigure, window: int) -> str:
-    """A figure's label with where it is read."""
     if f.at == "last":
         return f"{f.label} (last evaluation)"
     if f.at == "change":
@@ -121,14 +113,12 @@ class SeedStat:
 
     @property
     def mean(self) -> float | None:
-        """The mean over the seeds; None unless every seed has it."""
         if not self.values or None in self.values:
             return None
         return float(np.mean(self.values))
 
     @property
     def spread(self) -> float | None:
-        """max - min over the seeds; None with fewer than two seeds (or a seed without it)."""
         if len(self.values) < 2 or None in self.values:
             return None
         return float(max(self.values) - min(self.values))
@@ -150,7 +140,6 @@ class SeedGap:
 
     @property
     def times_spread(self) -> float | None:
-        """|gap| / spread; None when either is missing or the spread is 0."""
         if self.gap is None or not self.spread:
             return None
         return abs(self.gap) / self.spread
@@ -208,8 +197,7 @@ def precision_seeds(
 
 
 def verdict(p: PrecisionSeeds, base: PrecisionSeeds, window: int) -> str:
-    """One line: for each verdict figure the gap of the means, both means, and within the seeds'
-    spread or beyond it by how much."""
+    """One line: per verdict figure, the gap of the means, both means, and how it sits in the spread."""
     n = str(len(p.runs)) if len(p.runs) == len(base.runs) else f"{len(p.runs)} and {len(base.runs)}"
     parts = []
     for key in VERDICT_FIGURES:
@@ -222,8 +210,7 @@ def verdict(p: PrecisionSeeds, base: PrecisionSeeds, window: int) -> str:
 def summarize_seeds(
     groups: dict[str, list[str]], metrics: dict[str, RunMetrics], baseline: str, window: int
 ) -> SeedComparison:
-    """Every precision's figures over its seeds (``groups``: precision -> its runs' labels; ``metrics``:
-    run label -> its metrics) and each one's gaps and verdict against ``baseline``."""
+    """Every precision's figures over its seeds (``groups``: precision -> run labels), gaps and verdict."""
     base = precision_seeds(baseline, groups[baseline], metrics, window)
     others = {}
     for label, runs in groups.items():

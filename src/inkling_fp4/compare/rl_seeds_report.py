@@ -40,8 +40,7 @@ def _k_text(p: dict) -> str:
 
 
 def seeds_section(data: dict) -> list[str]:
-    """The verdicts, then one row per figure and precision: each seed's value, their mean and
-    spread, and the gap to the baseline's mean beside the seeds' spread."""
+    """The verdicts, then per figure and precision: each seed's value, mean, spread and gap to baseline."""
     seeds = data["seeds"]
     base, precisions = seeds["baseline"], seeds["precisions"]
     lines = [

@@ -1,14 +1,8 @@
 """The numbers of an RL comparison: every run's figures side by side, each run's reward and
-eval-accuracy gap to the baseline, and one headline line per run; with seed repeats, each precision
-over its seeds (compare/rl_seeds.py).
+eval-accuracy gap to the baseline, and a headline per run (with seed repeats: compare/rl_seeds.py).
 
-RL has no published bound to hold the gap to, as pretraining has (the paper's 1% / 1.5% of the
-loss), so the headline states the gaps and what they are made of (both runs' values) and leaves the
-judgement to the reader. The mismatch figures are not a gap: each precision has its own rollout /
-trainer mismatch, and the report puts them side by side.
-
-These numbers are what report.md and report.json show (compare/rl_report.py renders the plain data of
-:func:`rl_comparison_to_dict`); nothing is computed twice.
+RL has no published bound for the gap, so the headline states the gaps and both runs' values and
+leaves the judgement to the reader. Mismatch is not a gap: each precision has its own, side by side.
 """
 
 from __future__ import annotations
@@ -57,8 +51,7 @@ class RLRunSummary:
     differences: dict[str, Aligned] = field(default_factory=dict)
     """run - baseline per shared step, for the GAP_KEYS (empty for the baseline)."""
     against: str = ""
-    """The label of the run its gaps are to: the baseline, or with seed repeats the baseline's run
-    of the same seed (the same prompts and samples' seeds)."""
+    """The run its gaps are to: the baseline, or with seed repeats the baseline's run of the same seed."""
     gaps: dict[str, Stat | None] = field(default_factory=dict)
     headline: str = ""
 
@@ -110,9 +103,8 @@ def summarize_rl(
     window: int | None = None,
     about: dict[str, str] | None = None,
 ) -> RLComparison:
-    """Load the baseline and each run (label -> run dir) and compute every number of the report.
-    Runs labelled ``<label>-seed<n>`` are seed repeats (compare/rl_seeds.py): each has its gaps to the
-    baseline's repeat of the same seed, and the comparison adds each precision over its seeds."""
+    """Every number of the report of ``runs`` (label -> run dir). A ``<label>-seed<n>`` run is a seed
+    repeat, with its gaps to the baseline's repeat of the same seed."""
     if not runs:
         raise UserError("nothing to compare: give at least one run besides the baseline")
     about = about or {}

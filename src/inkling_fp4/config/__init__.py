@@ -1,12 +1,10 @@
 """Run configuration: typed dataclasses, YAML recipes and dotted overrides.
 
-Precedence is dataclass defaults < recipe YAML < ``key=value`` overrides. Each section of a run
-(model, precision, data, rl, ...) owns its dataclass next to the code that uses it, but the sections
-of packages above this one (the trainer's, the sampler's) live here, in ``trainer.py`` and
-``sampler.py``, so that every layer that reads a run's config can import it. This module only
-composes them into :class:`RunConfig` and converts plain data (YAML, overrides) into those
-dataclasses with strict checking: an unknown key or a value of the wrong type is a
-:class:`ConfigError` that names the key and says what would be valid, never a silent default.
+Precedence is dataclass defaults < recipe YAML < ``key=value`` overrides. Each section owns its
+dataclass next to the code that uses it; the trainer's and the sampler's live here (trainer.py,
+sampler.py) so that every layer that reads a run's config can import them. Plain data is converted
+strictly: an unknown key or a value of the wrong type is a :class:`ConfigError` naming the key,
+never a silent default.
 """
 
 from __future__ import annotations
@@ -39,8 +37,7 @@ from inkling_fp4.precision.config import PrecisionConfig
 from inkling_fp4.rl.config import RLConfig
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
-"""The built-in recipes, package data: in the repository a link to the top-level ``recipes/`` folder,
-in an installed package (wheel, ``pip install .``) a copy of it."""
+"""The built-in recipes (package data: a link to ``recipes/`` in the repository, a copy when installed)."""
 
 
 @dataclass
@@ -50,13 +47,10 @@ class RunConfig:
     name: str = "tiny"
     """Run name: the default run directory is ``runs/<name>`` and wandb's run name."""
     stage: str = "pretrain"
-    """Which stage trains this run: pretrain (token shards, every token trained), sft (chat
-    examples, loss on the answers) or rollout (RL: sampled completions, rewards, GRPO), each from
-    its own ``fp4train`` command."""
+    """Which stage trains this run: pretrain, sft or rollout (RL), each from its own ``fp4train`` command."""
     init_from: str | None = None
-    """The run, checkpoint or Nemotron-H directory whose weights, model config and tokenizer this run
-    starts from (``--from``; resolved to the checkpoint that was used): always for sft and rollout,
-    optionally for pretraining (continued pretraining); None: pretraining from random weights."""
+    """The run, checkpoint or Nemotron-H directory this run starts from (``--from``, resolved to the
+    checkpoint used): always for sft and rollout; None: pretraining from random weights."""
     model: ModelConfig = field(default_factory=ModelConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -284,9 +278,8 @@ def load_config(recipe: str | Path | None = "tiny", overrides: list[str] | None 
 
 
 def save_config(cfg: Any, path: Path) -> None:
-    """Write the config whole or not at all (a temporary file renamed over ``path``): runs of one
-    comparison trained side by side read each other's configs, and a crash mid-write must not leave
-    a truncated one."""
+    """Write the config whole or not at all (a temporary file renamed over ``path``): runs trained side
+    by side read each other's configs, and a crash must not leave a truncated one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -10,9 +10,8 @@ PRECISIONS = ("train", "bf16", "fp8", "nvfp4")
 @dataclass
 class SamplerConfig:
     precision: str = "train"
-    """The forward pass sampling runs: 'train' (the run's own recipe, layer policy and precision
-    switch as its checkpoint stands: what the trainer computes), or 'bf16' | 'fp8' | 'nvfp4' (that
-    recipe with the run's other precision settings, for comparisons)."""
+    """The forward pass sampling runs: 'train' (the run's own precision as its checkpoint stands: what
+    the trainer computes), or 'bf16' | 'fp8' | 'nvfp4' (that recipe, for comparisons)."""
     temperature: float = 1.0
     """Logits are divided by it before the filters; 0 is greedy (the most likely token)."""
     top_k: int = 0
@@ -34,20 +33,17 @@ class SamplerConfig:
     """A row whose sequence ends takes the next prompt at once (``infer/continuous.py``); false
     decodes a batch at a time, each until its longest member ends. Completions are the same."""
     max_context: int | None = None
-    """Prompt plus completion in tokens; None: the run's data.seq_len. The hybrid has no positional
-    embedding to bound it, but it never trained on longer sequences: a longer prompt is refused
-    and a completion ends (finish reason 'length') where the context does."""
+    """Prompt plus completion in tokens; None: the run's data.seq_len, the longest it trained on. A
+    longer prompt is refused, and a completion ends (finish reason 'length') where the context does."""
     check_every: int = 8
     """Decode steps between host reads of the finished flags and the stop strings (results do not
     depend on it: finished sequences keep decoding until the check and are cut where they ended)."""
     device: str = "auto"
     """auto (CUDA when available) | cpu | cuda | cuda:N."""
     cuda_graph: bool = True
-    """On a CUDA device, replay the decode step as a CUDA graph per batch bucket, captured once and
-    kept across generate calls (``infer/decode_graphs.py``): a small model's step otherwise waits on
-    kernel launches. It computes what eager decoding computes (a batch smaller than its bucket is
-    padded with copies of its first row, which change no other row); ignored on other devices and
-    where the model cannot be captured (decoded eagerly then, with one line saying why)."""
+    """On CUDA, replay the decode step as a CUDA graph per batch bucket, kept across generate calls
+    (``infer/decode_graphs.py``), so a small model's step does not wait on kernel launches. Results
+    are eager decoding's; a model that cannot be captured decodes eagerly, saying why."""
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:

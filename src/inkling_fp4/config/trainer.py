@@ -1,7 +1,7 @@
 """Training-loop configuration: steps, batch, schedule, optimizer, evaluation, checkpoints, logs.
 
-Steps are counted from 1: step k is the k-th optimizer update, ``checkpoints/step_<k>`` holds the
-state after it, and the schedules below take the same numbers.
+Steps are counted from 1: step k is the k-th optimizer update and ``checkpoints/step_<k>`` holds the
+state after it.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ class TrainConfig:
     seed: int = 0
     """Seed of the model init, data order and stochastic rounding."""
     init_seed: int | None = None
-    """Seed of the initial weights alone (None: ``seed``). A run that changes only this sees the same
-    data in the same order from another starting point: how far two runs drift apart by chance
-    (``compare-baseline --noise``)."""
+    """Seed of the initial weights alone (None: ``seed``): the same data and order from another start,
+    how far two runs drift apart by chance (``compare-baseline --noise``)."""
     batch_size: int = 8
     """Sequences per optimizer step (global, across ranks and accumulation)."""
     micro_batch_size: int | None = None
@@ -32,12 +31,9 @@ class TrainConfig:
     compile: bool = False
     """torch.compile the model."""
     cuda_graph: bool | str = "auto"
-    """Replay each micro-batch's forward + backward as a CUDA graph (trainer/graphed_step.py): the host
-    cost of a step no longer grows with its ~1,500 kernel launches, which sets the step time of small
-    models. Every recipe (stochastic rounding replays the eager seeds); one GPU; captured anew after
-    each precision change. auto: on wherever it applies (one CUDA device, no train.compile), else
-    eager, saying why on a GPU; true: on wherever it can be (train.compile too), saying why not on any
-    device; false: eager. Logged when it turns on or off."""
+    """Replay each micro-batch's forward + backward as a CUDA graph (trainer/graphed_step.py), so the
+    host's kernel launches do not set a small model's step time; one GPU, any recipe. auto: where it
+    applies (no train.compile), saying why not on a GPU; true: also with train.compile; false: eager."""
     parallel: str = "ddp"
     """Several GPUs (torchrun): ddp (a replica per GPU) or fsdp (FSDP2: weights, gradients and Adam
     states sharded across the GPUs, for models whose replica does not fit one)."""
@@ -57,9 +53,8 @@ class TrainConfig:
     """End this invocation after this step with a checkpoint, as an interrupt would (e.g. to fit a job's
     time limit); ``--resume`` then goes on to train.steps with the same schedule."""
     deterministic: bool = False
-    """Bit-reproducible runs on GPU (same config, seed and data -> the same losses and weights), for
-    A/B comparisons at the 1% level: deterministic torch kernels, a fixed cuBLAS workspace and fixed
-    SSD kernel configs (trainer/determinism.py). Slower; process-wide once on."""
+    """Bit-reproducible GPU runs (same config, seed and data -> same losses and weights), for A/B
+    comparisons at the 1% level (trainer/determinism.py); slower, process-wide once on."""
 
     def __post_init__(self):
         if self.steps < 1:
@@ -166,9 +161,8 @@ class MonitorConfig:
     """Floor of the spread in the z-score, as a fraction of the median, so that a very flat history
     does not turn ordinary noise into a spike."""
     grad_min_ratio: float = 3.0
-    """A grad norm below this multiple of the history's median is never a spike, whatever its
-    z-score: between batches of real data the norm moves by up to 2.5x (hybrid-125m on the built-in
-    corpus, in BF16 as in FP8 and NVFP4), while gradient clipping already bounds such updates."""
+    """A grad norm below this multiple of the history's median is never a spike, whatever its z-score:
+    real batches move the norm that much, and gradient clipping already bounds such updates."""
     max_triggers: int = 3
     """Triggers within `window` steps before the run falls back to BF16."""
     fallback_steps: int = 0
@@ -200,8 +194,7 @@ class LogConfig:
     progress: bool = True
     """Show a progress bar (off when not a terminal)."""
     peak_flops: float | None = None
-    """Peak dense BF16 FLOP/s of one device for MFU; None = from the device name (H100/H200 989e12,
-    B200 2.25e15, A100 312e12); MFU is not reported on CPU."""
+    """Peak dense BF16 FLOP/s of one device for MFU; None = from the device name (no MFU on CPU)."""
 
     def __post_init__(self):
         if self.peak_flops is not None and not 0 < self.peak_flops < math.inf:

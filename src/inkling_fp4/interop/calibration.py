@@ -1,10 +1,9 @@
 """Input scales for the NVFP4 exports: the amax of each quantized linear's input over a few batches.
 
-Serving engines quantize activations with a static per-tensor (global) scale from the checkpoint,
-where the training forward takes each batch's own amax. The export runs ``export.calibration_batches``
-validation batches of the run's data through the run's recipe (NVFP4 forward passes, no gradients)
-and records max |x| per linear layer: input_scale = amax / (6·448) (ModelOpt), input_global_scale =
-6·448 / amax (compressed-tensors).
+Serving engines quantize activations with a static global scale from the checkpoint, where the
+training forward takes each batch's own amax. So the export runs a few validation batches through
+the run's recipe and records max |x| per linear layer: input_scale = amax / (6·448) (ModelOpt),
+input_global_scale = 6·448 / amax (compressed-tensors).
 """
 
 from __future__ import annotations
@@ -69,8 +68,7 @@ def input_amaxes(
 def calibration_batches(
     cfg: RunConfig, tokenizer: Tokenizer, export: ExportConfig, run_dir: Path | None
 ) -> list[torch.Tensor]:
-    """[B, L] token batches of the run's validation data (pretraining windows, or packed chat rows
-    for an sft run)."""
+    """[B, L] token batches of the run's validation data (windows, or packed chat rows for sft)."""
     n, b = export.calibration_batches, export.calibration_batch_size
     if cfg.stage == "sft":
         data = build_sft_data(cfg.data, cfg.sft, tokenizer, cfg.train.seed)

@@ -10,9 +10,8 @@ Per quantized linear module ``<m>`` (transformers' names):
     <m>.input_global_scale   float32        [1]           6·448 / calibrated input amax
 
 so W = code · weight_scale / weight_global_scale. config.json's ``quantization_config`` has one
-``tensor_group`` scheme (group size 16, E4M3 scales) for weights and dynamic-local input
-activations, targets ``Linear``, and ``ignore`` lists every linear module the recipe keeps in BF16,
-the embeddings and the LM head. Unquantized tensors are BF16 (A_log, D, dt_bias FP32).
+``tensor_group`` scheme (group size 16, E4M3 scales) for weights and input activations; ``ignore``
+lists the modules kept in BF16 (:data:`~.export.ALWAYS_EXCLUDED` among them).
 """
 
 from __future__ import annotations

@@ -5,9 +5,8 @@
     nvfp4-compressed-tensors  the hf directory with compressed-tensors' NVFP4 weights
                               (:mod:`~.compressed_tensors_writer`)
 
-The source is anything ``--from`` takes (a run, a checkpoint, a Nemotron-H directory); ``--step N``
-picks ``checkpoints/step_N`` of a run. The NVFP4 formats quantize the layers the run's recipe
-quantizes (:mod:`~.nvfp4_weights`) and calibrate their input scales (:mod:`~.calibration`).
+The NVFP4 formats quantize the layers the run's recipe quantizes (:mod:`~.nvfp4_weights`) and
+calibrate their input scales (:mod:`~.calibration`).
 """
 
 from __future__ import annotations
@@ -51,7 +50,6 @@ def run_export(
     force: bool = False,
     echo: Callable[[str], None] = print,
 ) -> list[Path]:
-    """Export ``source`` as ``fmt`` into ``out``; returns the files written."""
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
     options = options or ExportConfig()

@@ -1,19 +1,15 @@
 """The ``hf`` export: a directory that transformers loads as ``NemotronHForCausalLM``.
 
-    <out>/config.json               model_type nemotron_h (the pattern as hybrid_override_pattern and
-                                    layers_block_type), plus ``quantization_config`` for NVFP4 exports
-    <out>/model.safetensors         transformers' names (:mod:`~.nemotron_h`); FP32 master weights, or
-                                    the NVFP4 writers' tensors
-    <out>/generation_config.json    bos / eos (``<|end|>`` and ``<|endoftext|>``) / pad ids
-    <out>/tokenizer.json            the run's tokenizer
-    <out>/tokenizer_config.json     for ``AutoTokenizer``: special tokens and the chat template
-    <out>/fp4train_export.json      the format and the files written: how ``--force`` recognises an
-                                    earlier export, the only thing it replaces
+    config.json              model_type nemotron_h, plus ``quantization_config`` for NVFP4 exports
+    model.safetensors        transformers' names; FP32 master weights, or the NVFP4 writers' tensors
+    generation_config.json   bos / eos (``<|end|>`` and ``<|endoftext|>``) / pad ids
+    tokenizer.json           the run's tokenizer, and tokenizer_config.json for ``AutoTokenizer``
+    fp4train_export.json     the format and the files written: how ``--force`` recognises an
+                             earlier export, the only thing it replaces
 
 Every file is a function of the model and the tokenizer only (sorted JSON keys, no timestamps), so
 exporting an imported export gives the same bytes. The directory is written next to ``out`` and
-renamed into place: a failed export leaves nothing that looks complete. Its files take the modes
-of files the user creates (the umask), like the rest of their work.
+renamed into place: a failed export leaves nothing that looks complete. Files follow the umask.
 """
 
 from __future__ import annotations
@@ -54,7 +50,6 @@ def model_config_json(cfg: ModelConfig, tokenizer: Tokenizer, max_len: int) -> d
 
 
 def tokenizer_files(tokenizer: Tokenizer, max_len: int) -> dict[str, str]:
-    """tokenizer.json and tokenizer_config.json as text."""
     bos = tokenizer.token(tokenizer.bos)
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -111,9 +106,8 @@ def write_hf(
 ) -> list[Path]:
     """Write an ``hf`` export of ``tensors`` (transformers' names) into ``out``; returns the files.
 
-    ``quantization_config`` goes into config.json (the NVFP4 formats); ``extra_files`` (name -> text)
-    beside it (ModelOpt's hf_quant_config.json); ``fmt`` names the format in the marker. ``out`` must
-    be new or empty, or an earlier export and ``force`` (:func:`check_export_target`)."""
+    ``quantization_config`` goes into config.json and ``extra_files`` (name -> text) beside it, for
+    the NVFP4 formats; ``fmt`` names the format in the marker."""
     out = Path(out)
     check_export_target(out, force)
     config = model_config_json(cfg, tokenizer, max_len)

@@ -1,16 +1,11 @@
 """A Nemotron-H directory in transformers' layout as fp4train's (RunConfig, model, tokenizer).
 
-``config.json`` (``model_type: nemotron_h``) becomes the model section (:func:`~.nemotron_h.model_config`,
-which refuses what fp4train's model cannot express); the weights are every ``*.safetensors`` file of
-the directory (one file or shards), cast to FP32 master weights. Both are checked first
-(:mod:`~.nemotron_h_check`): the config's keys, the headers against the config, the values as they
-are read, so a bad directory is one line before anything is written; the tokenizer is its
-``tokenizer.json`` (fp4train's special tokens are added after its vocabulary when it lacks them).
-A hub id (``org/name``) is fetched into the local hub cache first when the hub is reachable.
-
-The RunConfig is a pretrain-stage config around that model: ``data.tokenizer`` points at the
-directory's tokenizer, ``data.seq_len`` is ``max_position_embeddings``, the rest fp4train's defaults.
-Quantized checkpoints (``quantization_config``) are refused: import the BF16/FP32 checkpoint.
+``config.json`` becomes the model section (:func:`~.nemotron_h.model_config` refuses what fp4train's
+model cannot express), the weights are every ``*.safetensors`` file cast to FP32 master weights, and
+the tokenizer is its ``tokenizer.json`` (fp4train's special tokens appended when it lacks them). The
+config and the weights' headers are checked first (:mod:`~.nemotron_h_check`), so a bad directory
+fails with one line before anything is written. A hub id (``org/name``) is fetched into the local
+hub cache first. Quantized checkpoints are refused: import the BF16/FP32 one.
 """
 
 from __future__ import annotations
@@ -48,7 +43,6 @@ def read_hf_config(path: str | Path) -> dict | None:
 
 
 def is_nemotron_h_dir(path: str | Path) -> bool:
-    """Whether ``path`` is a directory with a transformers config.json of ``model_type: nemotron_h``."""
     data = read_hf_config(path)
     return data is not None and data.get("model_type") == MODEL_TYPE
 

@@ -1,12 +1,8 @@
 """A run's model as one call, for every command that starts from another: sft, rollout, generate, export.
 
-``load_run(path)`` takes a run directory (its newest checkpoint whose checksums verify), one
-checkpoint directory (``<run>/checkpoints/step_<N>``) or a Nemotron-H directory in transformers'
-layout (``config.json`` of ``model_type: nemotron_h``, or a hub id when online; see
-:mod:`inkling_fp4.interop.importer`) and returns the run's config (as recorded, amendments applied;
-for Nemotron-H the imported model section), its model with the checkpoint's weights, and its
-tokenizer. The model is a plain ``HybridLM`` in FP32 master weights with no precision policy
-applied: the caller applies its own recipe. Run directories alone are :mod:`inkling_fp4.runs.find`'s.
+It takes a run directory, a checkpoint directory or a Nemotron-H directory or hub id (:mod:`~.importer`);
+run directories alone are :mod:`inkling_fp4.runs.find`'s. The model is a plain ``HybridLM`` in FP32
+master weights with no precision policy applied: the caller applies its own recipe.
 """
 
 from __future__ import annotations
@@ -37,9 +33,8 @@ def _imported(path: Path) -> bool:
 
 
 def find_checkpoint(path: str | Path) -> tuple[Path, Checkpoint]:
-    """(run directory, verified checkpoint) for a run directory or a checkpoint directory. For a
-    Nemotron-H directory: (that directory, a step-0 Checkpoint of it whose weights are not read yet:
-    :func:`load_run_checkpoint` reads them)."""
+    """(run directory, verified checkpoint) of a run or checkpoint directory; of a Nemotron-H directory,
+    (it, a step-0 Checkpoint whose weights :func:`load_run_checkpoint` reads later)."""
     if looks_like_hub_id(path):
         path = resolve(path)
     path = Path(path)
@@ -75,16 +70,14 @@ def load_run_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
 def base_weights(
     model: HybridLM, tokenizer: Tokenizer | None = None
 ) -> tuple[dict[str, torch.Tensor], str | None]:
-    """(copies of the tensors of the model ``--from`` loaded, the vocabulary log line or None): what a
-    stage builds its own model from (:func:`~inkling_fp4.runs.checkpoint.build_model`), the
-    vocabulary first fitted to ``tokenizer`` when given (:func:`~inkling_fp4.model.vocab.fit_tokenizer`)."""
+    """(copies of the loaded model's tensors, to build a stage's own model from; the log line of
+    fitting the vocabulary to ``tokenizer``, or None)."""
     grown = None if tokenizer is None else fit_tokenizer(model, tokenizer)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, grown
 
 
 def describe(path: str | Path) -> list[str]:
-    """What ``--from path`` finds, as lines: the kind of directory, the checkpoint, the model, the
-    tokenizer (no weights are read)."""
+    """What ``--from path`` finds, as lines: the directory, checkpoint, model and tokenizer (no weights)."""
     run_dir, ckpt = find_checkpoint(path)
     if _imported(run_dir):
         cfg, tokenizer = imported_config(run_dir)

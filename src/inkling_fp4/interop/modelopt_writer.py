@@ -8,9 +8,8 @@ Per quantized linear module ``<m>`` (transformers' names):
     <m>.input_scale     float32        []            calibrated input amax / (6·448)
 
 so W = code · weight_scale · weight_scale_2. ``hf_quant_config.json`` and config.json's
-``quantization_config`` say ``quant_algo: NVFP4``, ``group_size: 16``, no KV-cache quantization, and
-list in ``exclude_modules`` every linear module the recipe keeps in BF16, the embeddings and the LM
-head. Unquantized tensors are BF16, except the Mamba-2 A_log, D and dt_bias (FP32, as trained).
+``quantization_config`` say ``quant_algo: NVFP4``, ``group_size: 16``, and list in ``exclude_modules``
+the modules kept in BF16. Unquantized tensors are as :func:`~.nvfp4_weights.keep_dtype` says.
 """
 
 from __future__ import annotations

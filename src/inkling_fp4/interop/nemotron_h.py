@@ -2,28 +2,15 @@
 
 The architectures are the same (pre-norm blocks; Mamba-2 with in_proj order [z, x, B, C, dt], a
 depthwise conv with bias, a grouped gated RMSNorm; GQA attention without positions; squared-ReLU
-MLP; untied head); only names and shapes differ:
+MLP; untied head); only names and shapes differ: transformers puts the body under ``backbone.``
+(the embedding as ``embeddings``), holds the conv weight as [C, 1, k] where fp4train has [C, k], and
+splits the fused ``qkv_proj`` [(H+2K)E, D] into ``q_proj``, ``k_proj`` and ``v_proj``.
 
-    fp4train                                   transformers
-    embed.weight                               backbone.embeddings.weight
-    layers.{i}.norm.weight                     backbone.layers.{i}.norm.weight
-    layers.{i}.mixer.in_proj.weight [W, D]     backbone.layers.{i}.mixer.in_proj.weight
-    layers.{i}.mixer.conv_weight    [C, k]     backbone.layers.{i}.mixer.conv1d.weight [C, 1, k]
-    layers.{i}.mixer.conv_bias      [C]        backbone.layers.{i}.mixer.conv1d.bias
-    layers.{i}.mixer.{A_log, D, dt_bias, norm.weight, out_proj.weight}     (same names)
-    layers.{i}.mixer.qkv_proj.weight [(H+2K)E, D]  backbone.layers.{i}.mixer.{q,k,v}_proj.weight (split)
-    layers.{i}.mixer.o_proj.weight             backbone.layers.{i}.mixer.o_proj.weight
-    layers.{i}.mixer.{up,down}_proj.weight     backbone.layers.{i}.mixer.{up,down}_proj.weight
-    norm_f.weight                              backbone.norm_f.weight
-    lm_head.weight                             lm_head.weight
-
-One semantic detail: transformers clamps Mamba's dt from below at ``time_step_min``; fp4train does
-at ``model.dt_min_clamp`` (0: no clamp), which is what ``time_step_min`` carries both ways. The
-init-only fields (``dt_min`` as the init range, ``a_init_range``, ``init_std``) do not change a
-model's function: an imported config keeps fp4train's defaults for those transformers lacks.
-
-A transformers config that fp4train cannot express (MoE layers, biases, tied embeddings, other
-activations, multi-token prediction, sliding windows) is refused with one line naming the fields.
+NOTE: transformers clamps Mamba's dt from below at ``time_step_min``, fp4train at
+``model.dt_min_clamp`` (0: no clamp), so ``time_step_min`` carries that clamp both ways. Init-only
+fields (``a_init_range``, ``init_std``, ...) do not change a model's function: an import keeps
+fp4train's defaults for those transformers lacks. A config fp4train cannot express (MoE, biases,
+tied embeddings, ...) is refused with one line naming the fields.
 
 Shape letters: D d_model, H attention heads, K kv heads, E head dim, C conv channels, k conv width.
 """
@@ -108,8 +95,7 @@ def hf_config(cfg: ModelConfig, bos: int | None, eos: int | None, pad: int | Non
 
 
 def layer_pattern(hf: dict) -> str:
-    """The pattern string of a config.json's layers_block_type (or layer_types), else its
-    hybrid_override_pattern."""
+    """The pattern of a config.json's layers_block_type (or layer_types), else its hybrid_override_pattern."""
     kinds = hf.get("layers_block_type") or hf.get("layer_types")
     if kinds is None:
         pattern = hf.get("hybrid_override_pattern")
@@ -230,8 +216,7 @@ def to_hf_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[st
 
 
 def from_hf_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers' tensor names -> fp4train's (the inverse of :func:`to_hf_tensors`); every name
-    must be there (:func:`~.nemotron_h_check.check_weights` says which is missing)."""
+    """The inverse of :func:`to_hf_tensors`; every name must be there (``check_weights`` names a gap)."""
     take = tensors.__getitem__
     out = {"embed.weight": take("backbone.embeddings.weight")}
     for i, kind in enumerate(cfg.pattern):

@@ -1,16 +1,13 @@
 """The checks of a Nemotron-H directory, before fp4train builds a model from it or writes anything.
 
-    config.json          the keys the model is built from: present where required, of their JSON
-                         type (integers, numbers, a pattern string or list) and in range; the layer
-                         pattern (hybrid_override_pattern / layers_block_type) against num_hidden_layers
-    *.safetensors        a header that parses, a file of the size the header declares, each tensor's
-                         byte span matching its dtype and shape; every tensor the config predicts
-                         present once, of a floating-point dtype and of the predicted shape, no other
-    the values           finite (a NaN would otherwise surface as a loss spike blamed on the LR)
+    config.json     the keys the model is built from: present where required, of their JSON type,
+                    in range, and a layer pattern that matches num_hidden_layers
+    *.safetensors   a header that parses and a file of the size it declares; every tensor the config
+                    predicts present once, floating-point, of the predicted shape, and no other
+    the values      finite (a NaN would otherwise surface as a loss spike blamed on the LR)
 
-Each refusal is one line naming the file, the key or tensor, what was found and what was expected.
-The header and size checks read no tensor data, so ``info`` stays cheap; the values are checked as
-the importer reads them.
+The header checks read no tensor data, so ``info`` stays cheap; the values are checked as the
+importer reads them.
 """
 
 from __future__ import annotations
@@ -212,7 +209,6 @@ def check_weights(path: Path, cfg: ModelConfig) -> list[Path]:
 
 
 def check_finite(file: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """Refuse a file whose tensors hold NaN or Inf."""
     for name, t in tensors.items():
         bad = int((~torch.isfinite(t)).sum())
         if bad:

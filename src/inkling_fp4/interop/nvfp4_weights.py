@@ -1,21 +1,18 @@
 """Each quantized linear layer's NVFP4 weight, exactly as the training forward quantizes it.
 
-The training fprop quantizes the FP32 master weight W [N, K] once per step with the recipe's weight
-operand (2D: one E4M3 scale per 16×16 tile, one FP32 tensor scale from amax(|W|)); this module calls
-the same quantizer (:func:`inkling_fp4.precision.gemm.quantize`) so an export holds those values bit
-for bit:
+It calls the training fprop's quantizer (:func:`inkling_fp4.precision.gemm.quantize`, 2D: one E4M3
+scale per 16×16 tile, one FP32 tensor scale) on the FP32 master weight W [N, K], so an export holds
+the values the run trained with bit for bit:
 
     codes   uint8          [N, K/2]   even element in the low nibble, bit 3 the sign
     scales  float8_e4m3fn  [N, K/16]  a 16×16 tile's scale repeated for its 16 rows
     amax    float32        []         the tensor amax: S_enc = 6·448 / amax, S_dec = 1 / S_enc
     W ≈ code · scale · S_dec
 
-Fused linears split by rows into the modules transformers has (qkv_proj -> q, k, v) keep their one
-tensor scale: serving engines fuse q, k and v again and need one global scale for them, which is also
-what the training forward used. A split must fall on a 16-row tile boundary (else refused).
-
-Which layers: those the run's precision policy quantizes (``precision.bf16_first_layers`` /
-``bf16_last_layers`` stay BF16), with the recipe as trained before any switch to BF16.
+Fused linears split by rows into transformers' modules (qkv_proj -> q, k, v) keep their one tensor
+scale: serving engines fuse q, k and v again and need one global scale, as the training forward
+used. A split must fall on a 16-row tile boundary. The layers are those the run's precision policy
+quantizes, with the recipe as trained before any switch to BF16.
 """
 
 from __future__ import annotations
@@ -109,8 +106,7 @@ def split_rows(w: NVFP4Weight, widths: list[int], name: str) -> list[NVFP4Weight
 def quantized_modules(
     model: HybridLM, cfg: RunConfig
 ) -> tuple[dict[str, tuple[NVFP4Weight, str]], list[str]]:
-    """({transformers module name: (its NVFP4 weight, the fp4train layer it comes from)}, the
-    transformers names of the linear modules kept in BF16)."""
+    """({transformers module: (its NVFP4 weight, the fp4train layer)}, the linear modules kept in BF16)."""
     policy, recipe = nvfp4_recipe(cfg)
     mcfg = model.cfg
     quantized: dict[str, tuple[NVFP4Weight, str]] = {}
@@ -146,10 +142,8 @@ def keep_dtype(name: str, t: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class NVFP4Layout:
-    """Where an NVFP4 export format puts a quantized module ``<m>``'s tensors: ``<m>.<codes>`` uint8
-    [N, K/2], ``<m>.<scales>`` E4M3 [N, K/16] and the FP32 global scales of W and of the input, of
-    shape ``scale_shape``; ``decode``: they are decode scales amax / (6·448), else encode scales
-    6·448 / amax. One row per format (``modelopt_writer.py``, ``compressed_tensors_writer.py``)."""
+    """The tensor names of an NVFP4 export format (one per writer module), and the shape of its global
+    scales; ``decode``: they are decode scales amax / (6·448), else encode scales 6·448 / amax."""
 
     codes: str
     scales: str

@@ -7,25 +7,14 @@ A checkpoint is ``checkpoints/step_<N>/`` (the state after N optimizer steps) wi
     state.json              step, data position, RNG states, schedule / precision / monitor state,
                             and the sha256 of the two safetensors files; written LAST
 
-Everything is written into a hidden temporary directory that is renamed into place at the end, so a
-crash leaves either the old set of checkpoints or the new one, never a half-written ``step_<N>``.
-On load the checksums are recomputed and state.json's shape is checked: a truncated, altered,
-unreadable or malformed checkpoint is reported with its reason and the previous good one is used
-instead (:func:`latest_good`; :func:`checkpoint_report` gives every checkpoint's verdict). Tensors
-inside state.json (RNG states, generator states) are stored as base64 bytes with their dtype and
-shape, so the JSON round-trips exactly.
+Nothing half-written is ever left under a ``step_<N>`` name: a checkpoint is written into a hidden
+temporary directory renamed into place at the end, and one is deleted (pruned, or replaced by a newer
+write of its step) only after an atomic rename to a hidden temporary. Free space is checked first
+(the files are serialized in memory, so their size is known exactly).
 
-Nothing half-written is ever left under a ``step_<N>`` name:
-
-- free space is checked before writing (the blobs are serialized in memory first, so the bytes
-  needed are known exactly), and a full disk or quota during the write (ENOSPC / EDQUOT) removes
-  the temporary directory; both raise :class:`DiskFullError`;
-- a directory is deleted (pruned by ``keep_last``, or replaced by a newer write of its step) only
-  after an atomic rename to a hidden ``.tmp_prune_step_<N>``, so a kill mid-delete leaves a hidden
-  temporary, never a ``step_<N>`` without its state.json;
-- every hidden temporary a kill or a full disk left behind is removed by
-  :func:`clean_stale_temporaries`, which the run calls while it holds the run directory's lock
-  (runs/lock.py), so no other process can be writing one.
+On load the checksums and state.json's shape are checked; a bad checkpoint is reported with its
+reason and the previous good one is used (:func:`latest_good`). Tensors inside state.json are stored
+as base64 bytes with their dtype and shape, so the JSON round-trips exactly.
 """
 
 from __future__ import annotations
@@ -159,9 +148,8 @@ def save_checkpoint(
 ) -> Path:
     """Write ``checkpoints/step_<step>`` atomically, then drop all but the newest ``keep_last``.
 
-    Raises :class:`DiskFullError` when the disk cannot take it, before writing or midway; either way
-    nothing of this checkpoint remains on disk (the caller still holds the state in memory).
-    """
+    Raises :class:`DiskFullError` when the disk cannot take it, before or during the write; nothing of
+    this checkpoint then remains on disk (the caller still holds the state in memory)."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step}"
     tmp = root / f"{TMP_PREFIX}step_{step}_{os.getpid()}"
@@ -192,11 +180,8 @@ def save_checkpoint(
 
 
 def clean_stale_temporaries(run_dir: Path) -> list[Path]:
-    """Remove the hidden ``checkpoints/.tmp_*`` entries that a kill or a full disk left behind.
-
-    Call it only while holding the run directory's lock: then no process is writing one of them,
-    whatever pid its name carries. Returns what was removed.
-    """
+    """Remove (and return) the hidden ``checkpoints/.tmp_*`` entries a kill or a full disk left behind.
+    Call it only under the run directory's lock: then no process is writing one, whatever pid it names."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
@@ -357,8 +342,7 @@ def latest_good(run_dir: Path, report: Callable[[str], None] = print) -> Checkpo
 
 
 def checkpoint_report(run_dir: Path) -> list[tuple[Path, str]]:
-    """Every checkpoint of ``run_dir``, newest first, with its verdict: "ok" or what is wrong with it
-    (for the message when none is good). Each is loaded in full, one at a time."""
+    """Every checkpoint of ``run_dir``, newest first, with "ok" or what is wrong with it (loaded in full)."""
     verdicts = []
     for _, path in reversed(checkpoint_dirs(run_dir)):
         try:

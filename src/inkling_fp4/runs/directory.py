@@ -1,26 +1,16 @@
 """Starting or resuming a run directory: validate everything first, write second.
 
 The run directory is the contract between commands (``config.yaml``, ``metrics.jsonl``,
-``tokenizer.json``, ``checkpoints/``), so a command that is refused must leave it byte for byte as it
-was, and no sequence of failures may leave it in a state that only ``rm -rf`` fixes. Hence two
-phases:
+``tokenizer.json``, ``checkpoints/``): a refused command must leave it byte for byte as it was, and
+no sequence of failures may leave it in a state that only ``rm -rf`` fixes. Hence two phases:
+:func:`plan_start` reads only (the recorded config, the newest checkpoint that verifies, what this
+command changes), and every refusal happens there or in the stage's own checks after it; then
+:meth:`RunStart.commit` writes the lock, the config or an amendment, and the tokenizer.
 
-1. :func:`plan_start` reads only: the run's recorded config (``config.yaml`` plus its amendments),
-   the newest checkpoint that verifies, and what this command asks to change. Every refusal happens
-   here, or in the stage's own checks of data, tokenizer and model shapes that follow it.
-2. :meth:`RunStart.commit` writes: the lock, the config (a fresh start) or a dated amendment (a
-   resume), the tokenizer; stale temporary checkpoint directories are removed.
-
-What may change on ``--resume`` (``AMENDABLE``): the length of the run and the cadence of logs,
-evaluations and checkpoints, and where files and logs go. These are recorded as dated lines in
-``amendments.jsonl``; ``config.yaml`` keeps what the run started with. Anything else (batch size,
-seed, data, model, precision, optimizer, schedule shape) would make the resumed run differ from an
-uninterrupted one, or make it incomparable to its baseline, and is refused with the field named.
-
-No dead ends: a directory that holds a config but no complete checkpoint (a start that failed or
-was interrupted before its first checkpoint) is a fresh start, said in the log; with ``--resume``
-and no checkpoint at all, likewise. A directory whose checkpoints all fail to verify is refused
-with each one's reason.
+A resume may change only the ``AMENDABLE`` keys, recorded as dated lines in ``amendments.jsonl``
+(``config.yaml`` keeps what the run started with); anything else would make the resumed run differ
+from an uninterrupted one and is refused, naming the field. A directory with a config but no
+complete checkpoint is a fresh start, said in the log.
 """
 
 from __future__ import annotations
@@ -189,10 +179,9 @@ class RunStart:
 def plan_start(
     cfg: RunConfig, run_dir: Path, resume: bool, is_main: bool = True, baseline: Path | None = None
 ) -> RunStart:
-    """Decide how ``cfg`` starts in ``run_dir`` (see the module docstring); reads only, except for
-    the lock of an existing directory, which it takes so that no other process changes what it read.
-    ``run_dir`` may not be the current directory, hold another run or an input of the run
-    (:mod:`~inkling_fp4.output_guard`)."""
+    """Decide how ``cfg`` starts in ``run_dir``; reads only, but takes the lock of an existing directory
+    so that no other process changes what it read. ``run_dir`` may not be the current directory, hold
+    another run or an input of the run (:mod:`~inkling_fp4.output_guard`)."""
     run_dir = Path(run_dir)
     check_location(run_dir, "--run-dir", run_inputs(cfg, baseline), run=True)
     if run_dir.exists() and not run_dir.is_dir():

@@ -1,14 +1,7 @@
 """Finding a run and its checkpoint: what every command that starts from another run reads.
 
-``find_run_checkpoint(path)`` takes a run directory (its newest checkpoint whose checksums verify)
-or one checkpoint directory (``<run>/checkpoints/step_<N>``); ``read_run`` builds that run's config
-(as recorded, amendments applied), its model with the checkpoint's weights (a plain ``HybridLM`` in
-FP32 master weights, no precision policy applied) and its tokenizer. A Nemotron-H directory is
-interop's to read (:mod:`inkling_fp4.interop.load_run` takes all three kinds).
-
-``newest_run(root)`` is how every command without ``--from`` finds what to start from: the run under
-``root`` (of any stage the command can use) whose last checkpoint was written last, whatever stage
-wrote it; :func:`default_from` says on the console which run that is.
+A run is named by its directory (its newest checkpoint that verifies) or one checkpoint directory
+(``<run>/checkpoints/step_<N>``); Nemotron-H directories are :mod:`inkling_fp4.interop.load_run`'s.
 """
 
 from __future__ import annotations
@@ -64,8 +57,7 @@ def find_run_checkpoint(path: str | Path) -> tuple[Path, Checkpoint]:
 def read_run(
     run_dir: Path, ckpt: Checkpoint, device: str | torch.device = "cpu", path: str | Path | None = None
 ) -> tuple[RunConfig, HybridLM, Tokenizer]:
-    """(config, model with ``ckpt``'s weights on ``device``, tokenizer) of a run found by
-    :func:`find_run_checkpoint` (``path``: what ``--from`` said, for messages)."""
+    """(config, model with ``ckpt``'s weights on ``device``, tokenizer); ``path``: what ``--from`` said."""
     path = run_dir if path is None else path
     cfg = recorded_config(run_dir)
     if cfg is None:
@@ -80,8 +72,7 @@ def read_run(
 def newest_run(
     root: str | Path, stages: tuple[str, ...] | None = None, exclude: Path | None = None
 ) -> Path | None:
-    """The run under ``root`` (of one of ``stages``; None: any) whose last complete checkpoint was
-    written last."""
+    """The run under ``root`` (of one of ``stages``; None: any) whose last complete checkpoint is newest."""
     root = Path(root)
     if not root.is_dir():
         return None

@@ -1,14 +1,9 @@
 """Whether a run's weights learnt the chat template: its own stage, then the runs it started from.
 
-sft trains on chat-templated examples and rollout samples and trains on templated prompts, so their
-models answer a prompt in that template; a raw prompt is text they were never trained to continue
-as a question. A run started from such a run (``init_from``, of any stage: a second sft, a rollout
-of a rollout, continued pretraining) holds weights that were trained on the template too, so the
-chain of ``init_from`` decides. A run whose weights learnt the template stores it beside its
-tokenizer (``chat_template.jinja``), which keeps the answer when the runs it came from are gone.
-
-A Nemotron-H directory, a hub id or a base that no longer exists ends the chain: nothing recorded
-says its weights saw this template.
+sft and rollout train on chat-templated text; a run started from one (``init_from``, any stage) holds
+weights trained on the template too, so the chain of ``init_from`` decides. Such a run stores the
+template beside its tokenizer (``chat_template.jinja``), which keeps the answer when the runs it came
+from are gone. A Nemotron-H directory, a hub id or a base that no longer exists ends the chain.
 """
 
 from __future__ import annotations
@@ -24,8 +19,7 @@ CHAT_STAGES = ("sft", "rollout")
 
 
 def trained_on_chat(path: str | Path) -> bool:
-    """True when the weights of ``path`` (a run directory or one of its checkpoints) were trained on
-    the chat template."""
+    """Whether the weights of ``path`` (a run or checkpoint directory) were trained on the chat template."""
     seen: set[Path] = set()
     current = base_run_dir(path)
     while current is not None and current.resolve() not in seen:
@@ -45,9 +39,8 @@ def trained_on_chat(path: str | Path) -> bool:
 
 
 def base_run_dir(path: str | Path | None) -> Path | None:
-    """The run directory of ``path`` (a run directory or one of its checkpoints, as ``init_from``
-    records it), or None when there is no run there (a Nemotron-H directory, a hub id, a base that
-    was moved or removed)."""
+    """The run directory of ``path`` (a run or checkpoint directory, as ``init_from`` records it), or
+    None when there is no run there (a Nemotron-H directory, a hub id, a base moved or removed)."""
     if path is None:
         return None
     path = Path(path)

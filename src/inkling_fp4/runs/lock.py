@@ -1,22 +1,12 @@
 """One process per run directory: a lock file ``<run_dir>/.lock`` that says who holds it.
 
-Two processes training into one run directory would interleave checkpoints, prune each other's and
-append to one metrics.jsonl. The lock file holds JSON ``{"pid", "host", "started", "token"}`` and is
-created atomically: its content is written to a temporary file first and hard-linked to ``.lock``
-(``os.link`` fails when the name exists), so a reader never sees a half-written lock.
-
-A lock whose holder is gone must not wedge the run directory for good (a kill -9, a lost node, a
-container restarted), so a lock is taken over, and :attr:`RunLock.took_over` says so for the log, when
-
-- it names this host and its pid is dead (``os.kill(pid, 0)`` raises ProcessLookupError), or alive
-  but started after the lock was written (the pid was reused: after a container restart the new
-  run is often given the very pid of the old one);
-- it is unreadable or garbled (not JSON of the shape above).
-
-A lock from another host is never taken over, since this host cannot tell whether its process
-lives; the error names the file to delete when that process is gone. Takeovers are serialized by an
-``flock`` on the run directory itself, and re-read the lock under it, so two processes that both
-found the same stale lock cannot both end up holding the directory.
+Two processes training into one run directory would interleave checkpoints and prune each other's.
+The lock (JSON ``{"pid", "host", "started", "token"}``) is hard-linked into place from a temporary
+file, so a reader never sees it half-written. A stale lock is taken over: one that names this host
+and a dead pid, or a live pid started after the lock was written (a restarted container often
+reuses the old pid), or a garbled one. A lock from another host never is: this host cannot tell
+whether its process lives. Takeovers re-read the lock under an ``flock`` on the run directory, so
+two processes that found the same stale lock cannot both end up holding it.
 """
 
 from __future__ import annotations
@@ -68,8 +58,7 @@ class RunLock:
         return self._record is not None
 
     def acquire(self) -> str | None:
-        """Take the lock (creating the run directory) or raise :class:`RunLockedError`; returns
-        :attr:`took_over`."""
+        """Take the lock (making the run directory) or raise RunLockedError; returns ``took_over``."""
         if self.held:
             raise AssertionError(f"{self.path} is already held by this RunLock")
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,18 +1,11 @@
 """The metrics logger: one interface, so the training loop never branches on where numbers go.
 
-Every record goes to ``<run_dir>/metrics.jsonl`` (one JSON object per line: per logged step, per
-evaluation, per event such as a precision switch or a monitor trigger), to wandb when enabled
-(offline unless WANDB_API_KEY is set, so a run never blocks on a login), and a fixed-format line goes
-to the console on rank 0. When stderr is a terminal a progress bar shows loss, tokens/s, MFU and ETA.
-Ranks other than 0 get a logger that does nothing.
-
-On resume the JSONL is cut back to the checkpoint's step, so the file always describes one
-consistent history (steps after the checkpoint are trained again and logged again).
-
-Every line is strict JSON, readable by any parser: a non-finite number (a NaN loss, an Inf grad norm)
-is written as ``null`` and the record gains ``"nonfinite": [<the fields that were>]``, since
-``NaN`` / ``Infinity`` are Python's extension and jq, JavaScript or pandas' strict readers reject the
-line. wandb gets only the finite numbers. The console line renders them as ``nan`` / ``inf``.
+Every record goes to ``<run_dir>/metrics.jsonl`` (one JSON object per logged step, evaluation or
+event), to wandb when enabled (offline unless WANDB_API_KEY is set, so a run never blocks on a
+login), and to the console on rank 0. On resume the JSONL is cut back to the checkpoint's step, so
+it describes one history. Every line is strict JSON: a non-finite number is written as ``null`` and
+the record gains ``"nonfinite": [<the fields that were>]``, since strict readers (jq, JavaScript)
+reject ``NaN`` / ``Infinity``.
 """
 
 from __future__ import annotations
@@ -62,8 +55,8 @@ def step_line(step: int, total: int, r: dict) -> str:
 
 
 def _num(r: dict, key: str, spec: str, nonfinite=()) -> str:
-    """``r[key]`` formatted; ``nan`` / ``inf`` as such, and a value already written as null
-    (named in ``nonfinite``) as ``nan``; missing or None: ``n/a``."""
+    """``r[key]`` formatted; ``nan`` / ``inf`` as such, a null named in ``nonfinite`` as ``nan``;
+    missing: ``n/a``."""
     value = r.get(key)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return "nan" if key in nonfinite else "n/a"
@@ -104,7 +97,6 @@ def sanitize(record: dict) -> dict:
 
 
 def dumps(record: dict) -> str:
-    """One strict-JSON line for ``record`` (see :func:`sanitize`)."""
     return json.dumps(sanitize(record), allow_nan=False)
 
 
@@ -115,10 +107,8 @@ def _refuse_constant(name: str):
 def truncate_metrics(path: Path, last_step: int) -> None:
     """Keep only records with step <= last_step (resume from the checkpoint at last_step).
 
-    A line that is not a JSON object (cut short by a crash, garbage, invalid UTF-8) is dropped, the
-    others are kept; one with bare NaN / Infinity (Python's extension) is rewritten as strict JSON.
-    The file is replaced atomically, so a crash here leaves the old one.
-    """
+    A line that is not a JSON object (cut short by a crash) is dropped; one with bare NaN / Infinity
+    is rewritten as strict JSON. The file is replaced atomically, so a crash here leaves the old one."""
     if not path.is_file():
         return
     kept = []
@@ -206,7 +196,6 @@ class MetricsLogger:
             )
 
     def advance(self, step: int) -> None:
-        """Move the progress bar to ``step``."""
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
 

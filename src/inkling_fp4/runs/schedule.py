@@ -1,9 +1,8 @@
 """Warmup-stable-decay learning rate and the precision schedule that rides on it.
 
-WSD (warmup, a long constant stable phase, a short decay at the end) is what the NVFP4 paper trains
-with, and its decay is where the paper turns NVFP4 off: switching the GEMMs to BF16 for the last
-stretch of the run closes most of the remaining loss gap to FP8. Both schedules therefore speak of
-the same step numbers, and "the first decay step" is a precision switch point.
+The NVFP4 paper trains with WSD and switches the GEMMs to BF16 for the last stretch of the run,
+which closes most of the remaining loss gap to FP8; so both schedules count the same steps, and
+"the first decay step" is a precision switch point.
 
 Steps are counted from 1 (step k is the k-th optimizer update) and a run has ``total`` steps:
 
@@ -70,9 +69,7 @@ class PrecisionSchedule:
     """Resolves ``precision.switch_to_bf16`` to the first step that trains in BF16 (or None).
 
     An int is that step; a float in (0, 1) a fraction of the run (0.8 of 100 steps: steps 81..100 in
-    BF16, like a decay_fraction of 0.2); 'decay' the first decay step of ``wsd``; None or 'never' no
-    switch.
-    """
+    BF16); 'decay' the first decay step of ``wsd``; None or 'never' no switch."""
 
     def __init__(self, switch_to_bf16: str | int | float | None, wsd: WSDSchedule):
         self.switch_step = self._resolve(switch_to_bf16, wsd)
@@ -99,5 +96,4 @@ class PrecisionSchedule:
         return value
 
     def in_bf16(self, step: int) -> bool:
-        """Whether ``step`` trains after the switch."""
         return self.switch_step is not None and step >= self.switch_step

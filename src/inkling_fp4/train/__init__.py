@@ -1,1 +1,1 @@
-"""Schedules, optimizer, the training loop, checkpoints and metrics."""
+"""The training stages (pretrain, sft, rollout) and compare-baseline."""

@@ -1,42 +1,18 @@
 """compare-baseline: train one recipe under the FP8 baseline and under its own precision, then report.
 
-The question is "does NVFP4 train as well as FP8 for my model and data?", so every run of a
-comparison is the same recipe (model, data, seed and data order, schedule) and only the precision
-differs:
+Every run of a comparison is the same recipe (model, data, seed and data order, schedule) and only
+the precision differs: ``fp8``, the paper's baseline, in FP8 to the last step (the paper's FP8 run
+never switches to BF16); the recipe as configured; ``--with`` other precisions; ``--ablate`` one
+piece of the recipe off per run; ``--noise`` repeats (the baseline from other initial weights, or for
+RL, whose runs start from trained weights, every precision with the next seed).
 
-- ``fp8``: the paper's baseline, E4M3 with 1x128 / 128x128 block scales and that recipe's own
-  default BF16 layers (first 1 and last 2 at the paper's depth), in FP8 from the first step to the
-  last (the paper's FP8 run never switches to BF16);
-- the recipe's own precision (``nvfp4`` by default), exactly as configured, BF16 switch included;
-- ``--with bf16,mxfp4,nvfp4-row``: the same recipe in those precisions (same layer split and switch;
-  ``nvfp4-row`` is nvfp4 with one FP32 activation scale per row, ``precision.activation_scale=row``);
-- ``--ablate rht,sr,2d,bf16-layers,switch``: the recipe with one piece off at a time;
-- ``--noise``: the baseline again from other initial weights (``train.init_seed``), same data, order
-  and schedule: its gap to the baseline is the noise floor each verdict is read against. In an RL
-  comparison every precision's run is repeated with the next seed instead (compare/rl_seeds.py).
+Runs go to ``<run_dir>/<label>`` and the report to ``<run_dir>/report``. A finished run is reused and
+an interrupted one resumed, so a long comparison can run in pieces: interrupt it and run the same
+command again. The run without the BF16 switch equals the recipe's run up to the switch, so it starts
+from a copy of the recipe's checkpoint at the step before the switch.
 
-Runs go to ``<run_dir>/<label>`` and the report to ``<run_dir>/report``. A run that already finished
-is reused (after checking that its config is the one planned), an interrupted one is resumed from
-its latest checkpoint, so a long comparison can be run in pieces: interrupt it (Ctrl-C, SIGTERM) and
-run the same command again. Each run after the baseline logs its live gap to the baseline.
-
-The run without the BF16 switch is identical to the recipe's run up to the switch, so it is not
-trained twice: the recipe's run stops at the step before the switch, its checkpoint there is copied
-to start the run without the switch, and both continue from that same state.
-
-The RL stage (``--stage rollout``) compares the same way: every run starts from the same sft or
-pretrain checkpoint with the same seed, prompt order and sampling seeds, and only the precision of
-its rollouts and updates differs. Its report (compare/rl_report.py) gives the reward and held-out
-accuracy curves with their gap to the baseline and the mismatch figures side by side; its runs log
-no live gap (a policy loss hovers around 0, so it has no relative gap). Its runs start from trained
-weights, so ``--noise`` cannot change those: it repeats the baseline, the recipe and each ``--with``
-precision with ``train.seed`` and ``sampler.seed`` one higher (``<label>-seed1``: other prompts in
-another order, other samples and stochastic rounding), and the report sets each precision's gap
-beside the spread between its seeds.
-
-Under torchrun every process runs this code and trains every run together (the training loop is
-data-parallel by itself); rank 0 alone speaks, copies checkpoints and writes the report, and the
-other ranks wait at a barrier wherever rank 0 writes files that they read.
+Under torchrun every process trains every run together; rank 0 alone speaks, copies checkpoints and
+writes the report, and the other ranks wait at a barrier wherever rank 0 writes files they read.
 """
 
 from __future__ import annotations
@@ -100,7 +76,7 @@ ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 """Pieces of the recipe that ``--ablate`` switches off, one run each."""
 ABLATABLE = {"rht": ("nvfp4", "mxfp4"), "sr": ("nvfp4", "mxfp4"), "2d": ("nvfp4",)}
-"""Recipes that have the piece (the others have every piece in any 4-bit or 8-bit recipe)."""
+"""Recipes that have the piece; a piece not listed exists in nvfp4 and mxfp4."""
 
 
 @dataclass
@@ -124,7 +100,6 @@ def derive(cfg: RunConfig, changes: dict[str, Any], name: str) -> RunConfig:
 
 
 def precision_label(cfg: RunConfig) -> str:
-    """The label of a config's precision: its recipe, or ``nvfp4-row`` with per-row activation scales."""
     return ROW_SCALE if cfg.precision.activation_scale == "row" else cfg.precision.recipe
 
 
@@ -134,9 +109,7 @@ def seed_changes(cfg: RunConfig) -> dict[str, int]:
 
 
 def plan_runs(cfg: RunConfig, with_recipes=(), ablate=(), noise: bool = False) -> list[PlannedRun]:
-    """The runs of a comparison, the baseline first, then the recipe, the extra precisions, the
-    ablations and, with ``noise``, the baseline's repeat from other initial weights (RL: every
-    precision's repeat with the next seed)."""
+    """The runs of a comparison: baseline, recipe, other precisions, ablations, and ``noise``'s repeats."""
     main, main_label = cfg.precision.recipe, precision_label(cfg)
     if main == BASELINE:
         raise ConfigError(
@@ -287,9 +260,8 @@ def branch(parent: PlannedRun, child: PlannedRun, run_dir: Path, echo: Callable[
 def train_planned(
     plan: list[PlannedRun], run_dir: Path, echo: Callable[[str], None] = print, only: str | None = None
 ) -> bool:
-    """Train the planned runs in order (or just the one labelled ``only``); False as soon as one stops
-    before its last step. A run that branches from another is branched before that other one trains
-    past the branch point."""
+    """Train the planned runs in order (or just ``only``); False as soon as one stops early. A run that
+    branches from another is branched before that one trains past the branch point."""
     by_label = {p.label: p for p in plan}
     if only is not None and only not in by_label:
         raise UserError(f"no run '{only}' in this comparison; its runs are {', '.join(by_label)}")
@@ -310,9 +282,8 @@ def train_planned(
 
 
 def sync_ranks(cfg: RunConfig) -> D.DistInfo:
-    """Wait until every torchrun process gets here (nothing to wait for in a single process); returns
-    this process's rank. The first call opens the process group and every run after it uses that one
-    (the training loop closes only a group it opened itself)."""
+    """A barrier over the torchrun processes; returns this one's rank. The first call opens the process
+    group every later run uses (the training loop closes only a group it opened itself)."""
     ranks = D.init_distributed(cfg.train.device)
     D.barrier(ranks)
     return ranks
@@ -339,9 +310,8 @@ RL_BASES = ("sft", "pretrain")
 
 
 def rollout_config(recipe: str | None, overrides: list[str], base: str | Path) -> RunConfig:
-    """The RL recipe on the model of ``base``, which must be an sft or pretrain run (or one of its
-    checkpoints, or a Nemotron-H directory): every run of the comparison starts from the policy
-    before any RL, and an RL run's checkpoint is the end of another RL run, not such a start."""
+    """The RL recipe on the model of ``base``, an sft or pretrain run or checkpoint (or a Nemotron-H
+    directory): every run of an RL comparison starts from the policy before any RL."""
     base_dir, _ = find_checkpoint(base)
     base_cfg = run_config(base_dir)
     if base_cfg is not None and base_cfg.stage not in RL_BASES:
@@ -393,7 +363,6 @@ def write_comparison(run_dir: str | Path, labels: list[str], about: dict[str, st
 
 
 def _is_rollout(run_dir: Path) -> bool:
-    """Whether a run is an RL run (its report is of rewards, not of losses)."""
     return load_run_config(run_dir).stage == "rollout"
 
 
@@ -410,10 +379,8 @@ def compare_runs(
     force: bool = False,
     echo: Callable[[str], None] = print,
 ) -> Path:
-    """Compare two existing run directories (refusing unless only their precision differs); with
-    ``noise_run``, the baseline again from other initial weights, read each gap against the noise.
-    An ``out_dir`` other than ``<run_a>/report`` is checked as every output is (``force`` replaces an
-    earlier report there)."""
+    """Compare two existing run directories that differ only in precision; with ``noise_run`` (the
+    baseline from other initial weights), read each gap against the noise floor."""
     run_a, baseline_b = Path(run_a), Path(baseline_b)
     own = run_a / "report"
     if out_dir is not None and Path(out_dir).resolve() != own.resolve():
@@ -439,8 +406,7 @@ def compare_runs(
 
 
 def _check_noise_run(noise_run: Path, baseline: Path) -> None:
-    """A noise-floor repeat must be the baseline with other initial weights: same precision, config
-    and data, a different ``train.init_seed``."""
+    """A noise run must be the baseline with another ``train.init_seed`` and nothing else changed."""
     check_comparable(noise_run, baseline, allow=_noise_allowance(True))
     repeat, base = load_run_config(noise_run), load_run_config(baseline)
     if repeat.precision != base.precision:

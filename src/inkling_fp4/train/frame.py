@@ -1,13 +1,11 @@
 """What every stage's ``run()`` shares: the frame around it and its end.
 
-A stage (pretrain.py, sft.py) builds its own data, model and task; around that, every stage has the
-same frame and the same end:
+A stage builds its own data, model and task; around that:
 
     with stage_frame(cfg, run_dir, resume) as (dist, start):   determinism, the process group, the
         ... build data, model, Trainer, task ...              run directory's plan (read only)
         return finish(trainer, task, start, tokenizer, ...)   restore the checkpoint, write the run
-                                                              directory, train to the end, and
-                                                              say what to run next
+                                                              directory, train, say what to run next
 """
 
 from __future__ import annotations
@@ -77,8 +75,8 @@ CHAT_PROMPT = "Compute 12 + 30. End your answer with #### followed by the result
 
 
 def next_commands(cfg: RunConfig, run_dir: Path, step: int) -> list[str]:
-    """The commands that follow a run of ``cfg`` that stopped at ``step``: its resume if it stopped
-    before ``train.steps``, then the next stage, generation, evaluation and export, on ``run_dir``."""
+    """The commands that follow a run stopped at ``step``: its resume if unfinished, then the next stage,
+    generate, eval and export."""
     here = shlex.quote(str(run_dir))
     commands = [f"fp4train {cfg.stage} --resume --run-dir {here}"] if step < cfg.train.steps else []
     if cfg.stage == "pretrain":

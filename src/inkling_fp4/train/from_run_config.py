@@ -1,8 +1,6 @@
-"""The config of a stage that starts from another run (sft, rollout, pretraining continued from a
-run): its recipe and overrides on the base run's model and tokenizer.
-
-The base is a run or checkpoint directory, or a Nemotron-H directory, which interop reads; nothing
-below the stages knows that layout.
+"""The config of a stage that starts from another run (sft, rollout, continued pretraining): its
+recipe and overrides on the base run's model and tokenizer. The base may be a Nemotron-H directory,
+which interop reads; nothing below the stages knows that layout.
 """
 
 from __future__ import annotations
@@ -20,11 +18,9 @@ from inkling_fp4.runs.directory import TOKENIZER_FILE
 def from_run_config(
     recipe: str | Path | None, overrides: list[str], base: str | Path, *, stage: str, default_recipe: str
 ) -> RunConfig:
-    """The recipe of a stage that starts from another run (sft, rollout) with its overrides, on the
-    model of ``base`` (a run or checkpoint directory).
-
-    The model section and the tokenizer come from the base run; a recipe or override that sets one
-    of their fields to another value is refused, naming the field and both values."""
+    """The recipe and overrides of a stage on the model of ``base`` (a run or checkpoint directory).
+    The model section and the tokenizer are the base run's: a recipe or override that sets one of
+    their fields to another value is refused, naming the field and both values."""
     base_dir, ckpt = find_checkpoint(base)
     base_cfg = run_config(base_dir)  # a Nemotron-H directory: its imported config
     if base_cfg is None:

@@ -1,18 +1,8 @@
 """The pretraining stage: token shards in, every token trained, on the shared trainer.
 
-What happens, in order: the run directory's plan (config recorded or amended, the checkpoint to
-resume; nothing written yet); seeds; the data stream (rank-sharded) and its tokenizer; the model on
-its device (built in place: a 12B model never passes through host memory); the trainer (precision
-policy, AdamW, WSD and the BF16 switch, monitor); resume; only then, every check passed, the run
-directory is written; then :func:`~inkling_fp4.trainer.fit.fit` steps the task to the end.
-
-Under torchrun the same function runs on every rank: DDP replicas or FSDP2 shards
-(``train.parallel``), each rank reading its own share of every global batch, rank 0 logging and
-writing checkpoints; the global batch and so the loss curve do not depend on the number of GPUs.
-Evaluation measures the validation loss with every GEMM in BF16 (how the paper reports loss) and,
-optionally, in the training precision too.
-
-Legend: B micro-batch sequences, L sequence length.
+The model is built in place on its device: a 12B model never passes through host memory. Under
+torchrun every rank runs this function (DDP replicas or FSDP2 shards, ``train.parallel``) and reads
+its own share of every global batch, so the loss curve does not depend on the number of GPUs.
 """
 
 from __future__ import annotations

@@ -2,30 +2,24 @@
 
 One RL step, synchronous and on-policy:
 
-    weights changed since the last sampling?  -> quantize them once more (the sampler holds them)
+    weights changed since the last sampling?  -> quantize them again (the sampler holds them)
     prompts <- the task's train stream (P of them), each asked G times with the chat template
-    completions, sampler log p <- the sampler, under the run's precision recipe (NVFP4 W4A4 by
+    completions, sampler log p <- the sampler, in the run's precision recipe (NVFP4 W4A4 by
                                   default: the trainer's fprop values, not an approximation)
     rewards <- the task's reward (a user's in a worker with a timeout); advantages within each group
-    trainer log p <- the trainer's forward on the same rows, without gradient: the mismatch figures
-                     against the sampler's, the old policy (or the sampler's own: rl.old_logp), the
-                     correction weights (TIS or masking)
+    trainer log p <- the trainer's forward on the same rows, without gradient: the mismatch figures,
+                     the old policy (or the sampler's: rl.old_logp), the correction weights
     rl.epochs x rl.mini_batches optimizer steps of the clipped surrogate (rl/policy_loss.py)
 
-The trainer counts optimizer steps (``train.steps``); each step takes one mini-batch of
-``train.batch_size = P x G / rl.mini_batches`` completions. The task's state (the prompt position,
-the RL step, mini-batches not yet trained) is checkpointed with the trainer's, and the sampler draws
-from a seed of the RL step, so a resumed run samples what the uninterrupted one would have.
+Each trainer step (``train.steps``) takes one mini-batch of ``train.batch_size = P x G /
+rl.mini_batches`` completions. The task's state (prompt position, RL step, mini-batches not yet
+trained) is checkpointed with the trainer's and the samples' seed is of the RL step, so a resumed run
+samples what the uninterrupted one would have.
 
-Under torchrun (DDP) every rank draws the step's P prompts from the same seeded stream and samples
-its contiguous share of P / W of them (W ranks), whole groups, with a seed of the step and its rank;
-its rows are its share of every mini-batch. What needs the whole batch is taken over all ranks: the
-rewards are gathered (advantages with ``rl.scale_rewards=batch``, the reward figures), the token
-weights of the per-sequence aggregations use the mini-batch's global counts, and every logged figure
-is the one process's figure over all ranks' completions (``rl/ranks.py``). The trainer divides each
-rank's summed loss by the global token count and DDP averages the gradients, so the step is the one
-process's over the same global batch, and every rank's weights, hence its sampler's, stay identical.
-Evaluation splits the held-out problems over the ranks and gathers the scores.
+Under torchrun (DDP) every rank draws the same P prompts and samples its contiguous P / W of them
+(whole groups); what needs the whole batch (rewards, the loss's token counts, every logged figure)
+is taken over all ranks (rl/ranks.py), so a step is the one process's and every rank's weights,
+hence its sampler's, stay identical.
 """
 
 from __future__ import annotations
@@ -109,8 +103,7 @@ class RolloutTask:
         return {**figures, **self.loss_fn.figures(sum_ranks)}
 
     def evaluate(self, trainer: Trainer) -> dict:
-        """The held-out figures of ``train/rollout_eval.py`` with the policy as it stands; their time is
-        not training time (``time_train_s``)."""
+        """The held-out figures of train/rollout_eval.py; their time is not training time."""
         t0 = time.perf_counter()
         sampler = self._sampler_now()
         held = ranks.rank_share(self.data.eval, self.dist)
@@ -159,15 +152,14 @@ class RolloutTask:
                                    rows.lengths, self.pack)  # fmt: skip
 
     def _step_prompts(self) -> list[Prompt]:
-        """This rank's share of the RL step's P prompts: every rank draws all P from the same stream
-        (so every rank's stream position stays the same), then keeps its contiguous P / W."""
+        """This rank's P / W of the step's prompts; every rank draws all P, so the streams stay in step."""
         return ranks.rank_share(self.stream.take(self.rl.prompts_per_step), self.dist)
 
     def _sampling_seed(self) -> int:
-        """The seed of this RL step's samples on this rank: of the step, so a resumed run draws what
-        the uninterrupted one did; of the rank, so the ranks draw independent samples. Rank 0's is
-        the one process's. The ranks are 2**20 steps apart, within the 32 bits the CPU generator
-        keeps of a seed (rank << 32 would give every rank the same samples there)."""
+        """The seed of this step's samples on this rank: of the step, so a resumed run draws what the
+        uninterrupted one did; of the rank (rank 0's is the one process's), so ranks draw independent
+        samples. Ranks are 2**20 apart: the CPU generator keeps 32 bits of a seed (rank << 32 would
+        give every rank the same samples)."""
         return self.cfg.sampler.seed * 1_000_003 + self.rl_step + (self.dist.rank << 20)
 
     def _roll(self) -> None:

@@ -5,14 +5,13 @@ On the task's held-out problems, with the policy as it stands:
     eval_accuracy       greedy pass@1: the argmax answer is right (what ``generate`` at T = 0 gives)
     eval_pass1_sampled  the mean reward of k completions per problem at the rollouts' temperature
     eval_pass_at_k      the share of problems with at least one right answer among those k
-    eval_kl_to_start    k3 estimate of KL(policy || starting policy) per completion token, over the
-                        sampled completions (draws of the policy, which the estimate needs)
+    eval_kl_to_start    k3 estimate of KL(policy || starting policy) per token of the sampled
+                        completions (draws of the policy, as the estimate needs)
     eval_reward_failures  reward calls that failed and scored 0, by kind (only when some did)
 
 Before RL, pass@k well above pass@1 says there is something to sharpen; pass@1 rising towards pass@k
 with a moderate KL says RL sharpens; greedy accuracy falling while the KL grows says the updates are
-noise. The sampled completions draw from a fixed seed at every evaluation, so the curve compares the
-policies on the same random numbers. Each rank answers its share; the figures are of all problems.
+noise. Each rank answers its share; the figures are of all problems.
 """
 
 from __future__ import annotations
@@ -41,9 +40,8 @@ def completion_logprobs(
     model, input_ids: torch.Tensor, targets: torch.Tensor, micro: int, device, autocast, temperature: float,
     lengths: torch.Tensor | None = None, pack: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """log p of the targets and the entropy [B, L] (host FP32) of logits / T under ``model``'s
-    forward, in micro batches of ``micro`` rows; packed as the training forward is (``pack`` =
-    (row length, pad id), with the rows' ``lengths``)."""
+    """log p of the targets and the entropy [B, L] (host FP32) of logits / T under ``model``'s forward,
+    in micro batches; packed as the training forward is (``pack``: (row length, pad id))."""
     logp, ent = [], []
     with autocast:
         for i in range(0, input_ids.shape[0], micro):
@@ -122,9 +120,9 @@ def _kl_to_start(completions, prompts, models, sampler: Sampler, dist, micro, au
 
 
 def summary_line(rows: list[dict], window: int = 3) -> str | None:
-    """The RL run's outcome in one line, from its metrics rows: the held-out figures at the first and
-    the last evaluation, the reward and the share of groups without signal over the first and the
-    last ``window`` steps. None before any evaluation or step."""
+    """The RL run's outcome in one line from its metrics rows: held-out figures at the first and last
+    evaluation, reward and groups without signal over the first and last ``window`` steps; None
+    before any evaluation or step."""
     evals = [r for r in rows if "eval_accuracy" in r]
     steps = [r for r in rows if "reward_mean" in r]
     if not evals or not steps:

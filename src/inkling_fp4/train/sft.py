@@ -1,20 +1,12 @@
 """The supervised fine-tuning stage: chat examples in, loss on the answers, on the shared trainer.
 
 A fine-tuning run starts from another run's checkpoint (``init_from``, the ``--from`` of
-``fp4train sft``): its weights, its model config and its tokenizer. What is new is this stage's own:
-a fresh AdamW (the pretraining moments describe another objective and another LR), the SFT
-recipe's WSD schedule and precision (NVFP4 by default, with its BF16 first / last layers and the
-switch to BF16 before the decay, as in pretraining).
+``fp4train sft``): its weights, model config and tokenizer. The optimizer is a fresh AdamW (the
+pretraining moments describe another objective and another LR); schedule and precision are the SFT
+recipe's.
 
-What happens, in order: the run directory's plan (nothing written yet); the base run's model and
-tokenizer (fresh start) or this run's own (resume); the chat data, validated record by record,
-templated, masked and packed (``data/sft_data.py``); new token rows when the tokenizer outgrew the
-model; the trainer and, on resume, its checkpoint; only then the run directory is written (config,
-tokenizer, chat template); then :func:`~inkling_fp4.trainer.fit.fit`.
-
-Packed examples cannot see each other: the document ids of a packed row restart the conv, the SSM
-state and attention at every example's first token, so a row of several examples trains each as if
-it were alone. Throughput counts the real (non-padding) tokens of each row.
+Packed examples cannot see each other: a packed row's document ids restart the conv, the SSM state
+and attention at every example's first token, so each example trains as if it were alone.
 """
 
 from __future__ import annotations
@@ -62,10 +54,6 @@ class SFTTask:
 
     def load_state_dict(self, state: dict) -> None:
         self.data.train.load_state_dict(state)
-
-
-# ----------------------------------------------------------------------------------------------
-# the config of a fine-tuning run
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from inkling_fp4.train.frame import RunResult
 
 
 def run_stage(cfg: RunConfig, run_dir: Path, resume: bool = False, baseline: Path | None = None) -> RunResult:
-    """Train ``cfg`` with its stage's task."""
     if cfg.stage == "pretrain":
         return pretrain.run(cfg, run_dir, resume=resume, baseline=baseline)
     if cfg.stage == "sft":
