@@ -172,7 +172,9 @@ def test_one_rl_step_moves_log_p_the_way_of_the_advantages(base, tmp_path, monke
     queue, roll = rollout.RolloutTask._queue_mini_batches, rollout.RolloutTask._roll
 
     def queued(self, rows, correction):
-        seen.setdefault("rows", rows)
+        if "rows" not in seen:  # the trainer's log p before the first update
+            seen["rows"] = rows
+            seen["before"], _ = self._trainer_logp(rows, self.trainer.fwd_model)
         return queue(self, rows, correction)
 
     def rolled(self):
@@ -188,7 +190,7 @@ def test_one_rl_step_moves_log_p_the_way_of_the_advantages(base, tmp_path, monke
              "train.warmup_steps=1")  # fmt: skip
     rows = seen["rows"]
     mask = rows.loss_mask.float()
-    moved = ((seen["after"] - rows.old_logp) * mask).sum(1) / mask.sum(1).clamp(min=1)  # [B] mean d log p
+    moved = ((seen["after"] - seen["before"]) * mask).sum(1) / mask.sum(1).clamp(min=1)  # [B] mean d log p
     adv = rows.advantages
     assert (adv > 0).sum() >= 4 and (adv < 0).sum() >= 4
     assert moved[adv > 0].mean() > 0.02 and moved[adv < 0].mean() < -0.02, moved
@@ -296,3 +298,44 @@ def test_packed_forwards_give_the_padded_runs_first_step(base, tmp_path):
     assert packed[0]["reward_mean"] == padded[0]["reward_mean"]
     for key in ("loss", "mismatch_abs_mean", "entropy"):
         assert packed[0][key] == pytest.approx(padded[0][key], rel=1e-5, abs=1e-9), key
+
+
+def test_one_forward_a_step_gives_the_recompute_passs_figures_and_update(base, tmp_path, monkeypatch):
+    """With one update per rollout the training forward's own log p (detached) is the old policy, the
+    correction's trainer log p and the source of the mismatch and entropy figures: a step runs the
+    model once per micro batch instead of twice, and logs and trains what the separate recompute
+    pass gave (a cap so tight that the correction reweights tokens; a reward with spread in every
+    group, so every step has a gradient)."""
+    (tmp_path / "spaces.py").write_text(
+        "def reward(prompt, completion, answer):\n"
+        "    return completion.count(' ') / max(1, len(completion))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ("train.steps=3", "eval.every=0", "eval.at_start=false", "rl.correction=tis", "rl.tis_cap=1.00001",
+            "rl.reward=spaces:reward", "optim.lr=0.01", "train.warmup_steps=1")  # fmt: skip
+    calls = {"n": 0}
+    forward = rollout.HybridLM.forward
+
+    def counted(self, *a, **k):
+        calls["n"] += 1
+        return forward(self, *a, **k)
+
+    monkeypatch.setattr(rollout.HybridLM, "forward", counted)
+    one = train_rl(base, tmp_path / "one", *args)
+    one_calls, calls["n"] = calls["n"], 0
+    init = rollout.RolloutTask.__init__
+
+    def recomputing(self, *a, **k):  # the separate recompute pass the default leaves out
+        init(self, *a, **k)
+        self.one_forward = self.loss_fn.correct_from_forward = False
+
+    monkeypatch.setattr(rollout.RolloutTask, "__init__", recomputing)
+    two = train_rl(base, tmp_path / "two", *args)
+    micro_batches = 3 * 2  # steps x (train.batch_size / train.micro_batch_size)
+    assert calls["n"] - one_calls == micro_batches  # the recompute's forwards, and only those
+    steps_one, steps_two = ([r for r in rs if "reward_mean" in r] for rs in (one, two))
+    assert len(steps_one) == len(steps_two) == 3
+    assert all(r["mismatch_frac_over_cap"] > 0 and r["grad_norm"] > 0 for r in steps_one)
+    for a, b in zip(steps_one, steps_two, strict=True):
+        for key in ("loss", "grad_norm", "entropy", "reward_mean", *(k for k in METRICS if "mismatch" in k)):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key

@@ -77,10 +77,18 @@ def row_lengths(prompts: list[list[int]], completions: list[list[int]]) -> torch
 
 
 def token_logprobs(
-    logits_BLV: torch.Tensor, targets_BL: torch.Tensor, entropy: bool = False, temperature: float = 1.0
+    logits_BLV: torch.Tensor,
+    targets_BL: torch.Tensor,
+    entropy: bool = False,
+    temperature: float = 1.0,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log p(target) [B, L], entropy [B, L] or None) in FP32 from logits [B, L, V] / ``temperature``:
-    the distribution the sampler drew from, before top-k / top-p truncation (as TRL takes it)."""
+    the distribution the sampler drew from, before top-k / top-p truncation (as TRL takes it).
+    ``entropy_grad`` False: the entropy as a figure only, outside autograd (no [B, L, V] kept for it)."""
     logp_BLV = F.log_softmax(logits_BLV.float() / temperature, dim=-1)
     picked = logp_BLV.gather(-1, targets_BL[..., None])[..., 0]
-    return picked, (-(logp_BLV.exp() * logp_BLV).sum(-1) if entropy else None)
+    if not entropy:
+        return picked, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        return picked, -(logp_BLV.exp() * logp_BLV).sum(-1)

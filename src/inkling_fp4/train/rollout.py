@@ -11,6 +11,10 @@ One RL step, synchronous and on-policy:
                      the old policy (or the sampler's: rl.old_logp), the correction weights
     rl.epochs x rl.mini_batches optimizer steps of the clipped surrogate (rl/policy_loss.py)
 
+With one update per rollout and the trainer's old policy (the default) there is no separate
+recompute: the training forward's own log p, detached, is the old policy, gives the correction
+weights and, after the step, the mismatch and entropy figures (one forward of the rows fewer).
+
 Each trainer step (``train.steps``) takes one mini-batch of ``train.batch_size = P x G /
 rl.mini_batches`` completions. The task's state (prompt position, RL step, mini-batches not yet
 trained) is checkpointed with the trainer's and the samples' seed is of the RL step, so a resumed run
@@ -69,7 +73,9 @@ class RolloutTask:
         on_policy = cfg.rl.old_logp == "trainer" and updates_per_rollout(cfg.rl) == 1
         self.pack = (cfg.data.seq_len, self.tokenizer.pad or 0) if cfg.rl.pack else None
         """(row length, pad id) of the trainer's packed forwards, or None: rows padded to the longest."""
-        self.loss_fn = PolicyLossFn(cfg.rl, cfg.sampler.temperature, on_policy, self.pack)
+        self.one_forward = on_policy
+        """No recompute pass: the training forward gives the old log p, the correction and the figures."""
+        self.loss_fn = PolicyLossFn(cfg.rl, cfg.sampler.temperature, on_policy, self.pack, on_policy)
         self.stream = PromptStream(data.train, cfg.train.seed)
         self.runner = RewardRunner(data.reward, cfg.rl.reward_timeout, isolate=not data.builtin)
         self.ref = ref
@@ -78,6 +84,8 @@ class RolloutTask:
         self.queue: list[RolloutBatch] = []
         self.rl_step = 0
         self.figures: dict = {}
+        self._awaiting: tuple[torch.Tensor, torch.Tensor] | None = None
+        """(sampler log p, completion mask) [B, L] of the rows whose figures the training forward gives."""
         self._sampler: Sampler | None = None
         self._weights_at: int | None = None
         self._trained_since = None
@@ -99,6 +107,9 @@ class RolloutTask:
 
     def step_metrics(self) -> dict:
         figures, self.figures = self.figures, {}
+        if self._awaiting is not None:
+            figures.update(self._forward_figures(*self._awaiting))
+            self._awaiting = None
         sum_ranks = functools.partial(ranks.sum_ranks, dist=self.dist) if self.dist.active else None
         return {**figures, **self.loss_fn.figures(sum_ranks)}
 
@@ -203,11 +214,15 @@ class RolloutTask:
             mask &= ~ranks.rank_share(zero_var_P, self.dist).repeat_interleave(G)[:, None]
         rows = RolloutBatch(input_ids, targets, mask, adv_B, s_logp, s_logp, torch.zeros_like(s_logp),
                             lengths=row_lengths(prompts, [c.tokens for c in completions]))  # fmt: skip
-        t_logp, entropy = self._trainer_logp(rows, trainer.fwd_model)
-        rows.old_logp = t_logp if rl.old_logp == "trainer" else s_logp
-        correction = mismatch.correction_weights(
-            t_logp, s_logp, mask, rl.correction, rl.tis_cap, rl.correction_level, rl.old_logp == "trainer"
-        )
+        if self.one_forward:  # the training forward gives the old log p, the correction and the figures
+            t_logp = entropy = correction = None
+            self._awaiting = (s_logp, completion_mask)
+        else:
+            t_logp, entropy = self._trainer_logp(rows, trainer.fwd_model)
+            rows.old_logp = t_logp if rl.old_logp == "trainer" else s_logp
+            correction = mismatch.correction_weights(
+                t_logp, s_logp, mask, rl.correction, rl.tis_cap, rl.correction_level, rl.old_logp == "trainer"
+            )
         if self.ref is not None:
             rows.ref_logp, _ = self._trainer_logp(rows, self.ref)
         self._queue_mini_batches(rows, correction)
@@ -224,7 +239,6 @@ class RolloutTask:
             "completion_len_mean": float(lengths.mean()),
             "completion_len_max": float(lengths.max()),
             "truncated_frac": float(truncated.float().mean()),
-            "entropy": ranks.token_mean(entropy, completion_mask, self.dist),
             "zero_var_frac": float(zero_var_P.float().mean()),
             # the two ends of learning: groups with no completion right (reward < 1), and all right
             "unsolved_frac": float((rewards_PG < 1.0).all(dim=1).float().mean()),
@@ -236,14 +250,29 @@ class RolloutTask:
             "time_score_s": score_s,
             "time_train_s": train_s,
         }
-        drift = ranks.mismatch_figures(t_logp, s_logp, completion_mask, rl.tis_cap, self.dist)
-        figures.update({f"mismatch_{key}": value for key, value in drift.items()})
+        if t_logp is not None:
+            figures.update(self._forward_figures(s_logp, completion_mask, t_logp, entropy))
         self._reward_failures(scores, figures)
         self.figures = figures
         self.rl_step += 1
         self._trained_since = gathered  # the log-prob recompute above counts as training
 
-    def _queue_mini_batches(self, rows: RolloutBatch, correction: torch.Tensor) -> None:
+    def _forward_figures(self, s_logp, completion_mask, t_logp=None, entropy=None) -> dict:
+        """The entropy and mismatch figures of the trainer's log p (by default the training forward's,
+        over the rows it reached: a step cut short by a NaN/Inf stops early) against the sampler's."""
+        if t_logp is None:
+            seen = self.loss_fn.forward_figures()
+            if seen is None:
+                return {}
+            t_logp, entropy = (x.cpu() for x in seen)
+            s_logp, completion_mask = s_logp[: len(t_logp)], completion_mask[: len(t_logp)]
+        drift = ranks.mismatch_figures(t_logp, s_logp, completion_mask, self.rl.tis_cap, self.dist)
+        return {
+            "entropy": ranks.token_mean(entropy, completion_mask, self.dist),
+            **{f"mismatch_{key}": value for key, value in drift.items()},
+        }
+
+    def _queue_mini_batches(self, rows: RolloutBatch, correction: torch.Tensor | None) -> None:
         """rl.epochs passes over the rows, each split into rl.mini_batches in a seeded order. Each rank
         splits its own rows, so a mini-batch is every rank's m-th piece; its token weights count the
         trained tokens and rows of all those pieces (what the trainer's loss is divided by)."""
@@ -261,7 +290,7 @@ class RolloutTask:
         tokens = ranks.sum_ranks(counts, self.dist)  # [epochs x mini_batches], all ranks
         for mini, idx, n in zip(minis, picks, tokens.tolist(), strict=True):
             mini.weights = grpo.token_weights(mini.loss_mask, rl.aggregation, n, size * self.dist.world_size)
-            mini.correction = correction[idx]
+            mini.correction = None if correction is None else correction[idx]
             self.queue.append(mini)
 
     def _reward_failures(self, scores: Scores, figures: dict) -> None:
