@@ -1,7 +1,7 @@
 """RL under NVFP4 on one GPU end to end, in one command: the measurement behind docs/RL.md.
 
     python scripts/bench_rl.py --out runs/rl-bench [--pretrain-steps 40] [--sft-steps 500] [--rl-steps 120]
-                               [--rl-seconds S] [--until sft]
+                               [--rl-seconds S] [--seconds S] [--until sft]
     python scripts/bench_rl.py --tiny --out /tmp/rl-bench      # the same pipeline on CPU, tiny sizes
 
 1. pretrain hybrid-125m briefly (``hybrid-125m`` with an 8192-token vocabulary, as bench_sft.py);
@@ -20,7 +20,8 @@
 
 Every command's output goes to ``<out>/logs/<name>.log``. A command that fails is reported in the
 summary, the commands that need its result are skipped, and the script exits 1 after writing the
-summary. ``--rl-seconds`` stops the RL runs after that long (SIGTERM: each checkpoints); run again on
+summary. ``--rl-seconds`` stops the RL runs after that long (SIGTERM: each checkpoints), ``--seconds``
+stops them so that the whole command ends within that many seconds (a job's time limit); run again on
 the same --out, it reuses the stages that finished and resumes the runs that did not. ``--until sft``
 stops after the base the RL runs start from (to try RL settings on it, then call again without it).
 """
@@ -131,11 +132,11 @@ class Job:
     proc: subprocess.Popen | None = field(default=None, repr=False)
     started: float = 0.0
     stopped: bool = False
-    """Stopped by --rl-seconds: checkpointed, to be resumed by the next call."""
+    """Stopped at the time limit (--rl-seconds, --seconds): checkpointed, to be resumed by the next call."""
 
     @property
     def ok(self) -> bool:
-        """Finished: a run stopped by --rl-seconds exits 0 after its checkpoint, but is not done."""
+        """Finished: a run stopped at the time limit exits 0 after its checkpoint, but is not done."""
         return (self.rc == 0 and not self.stopped) or (
             self.skipped is not None and self.skipped.startswith("done")
         )
@@ -144,7 +145,7 @@ class Job:
         if self.skipped is not None:
             return f"skipped: {self.skipped}"
         if self.stopped:
-            return "stopped by --rl-seconds (run again to resume)"
+            return "stopped at the time limit (run again to resume)"
         return "ok" if self.rc == 0 else f"failed (exit {self.rc})"
 
     def to_dict(self) -> dict:
@@ -187,7 +188,7 @@ def run_jobs(jobs: list[Job], echo=print, seconds: float | None = None) -> None:
     deadline = None if seconds is None else time.time() + seconds
     while any(j.proc is not None and j.rc is None for j in todo):
         if deadline is not None and time.time() > deadline:
-            echo(f"  --rl-seconds {seconds:g} reached: stopping the runs (each checkpoints)")
+            echo(f"  the time limit ({seconds:.0f} s of RL) reached: stopping the runs (each checkpoints)")
             for job in todo:
                 if job.rc is None:
                     job.proc.send_signal(signal.SIGTERM)
@@ -198,6 +199,19 @@ def run_jobs(jobs: list[Job], echo=print, seconds: float | None = None) -> None:
                 job.rc, job.seconds = job.proc.returncode, time.time() - job.started
                 echo(f"  {job.name}: {job.status()} after {job.seconds:.0f} s")
         time.sleep(0.2)
+
+
+STOP_MARGIN_S = 45.0
+"""What stopping the RL runs takes under --seconds: each checkpoints, then the summary is written."""
+
+
+def rl_time_limit(rl_seconds: float | None, budget: float | None, elapsed: float) -> float | None:
+    """Seconds the RL runs may take: ``--rl-seconds``, and under ``--seconds`` what is left of the
+    command's budget after ``elapsed`` and the stop margin (None: no limit)."""
+    if budget is None:
+        return rl_seconds
+    left = max(0.0, budget - elapsed - STOP_MARGIN_S)
+    return left if rl_seconds is None else min(rl_seconds, left)
 
 
 def skip_all(jobs: list[Job], why: str) -> None:
@@ -468,6 +482,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--rl-seconds", type=float, help="stop the RL runs after this long (the next call resumes)"
     )
+    p.add_argument(
+        "--seconds", type=float, help="stop the RL runs so that this command ends within this long"
+    )
     for stage in ("pretrain", "sft", "rl"):
         p.add_argument(f"--{stage}-set", action="append", metavar="KEY=VALUE",
                        help=f"one more override of the {stage} stage (repeatable)")  # fmt: skip
@@ -494,7 +511,8 @@ def main(argv=None) -> int:
             continue
         if name == "report" and not all(j.ok for j in stages["rl"][: len(COMPARED)]):
             skip_all(jobs, "a run of the comparison failed")
-        run_jobs(jobs, seconds=a.rl_seconds if name == "rl" else None)
+        limit = rl_time_limit(a.rl_seconds, a.seconds, time.time() - t0) if name == "rl" else None
+        run_jobs(jobs, seconds=limit)
         if not all(j.ok for j in jobs) and name in ("pretrain", "sft"):
             failed = name
     every = [j for jobs in stages.values() for j in jobs]

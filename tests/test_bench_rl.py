@@ -144,8 +144,21 @@ def test_rl_seconds_stops_the_runs_still_going_and_says_they_resume(tmp_path, mo
     monkeypatch.setattr(bench_rl.subprocess, "Popen", Proc)
     jobs = [bench_rl.Job(name, [name], tmp_path / f"{name}.log") for name in ("quick", "slow")]
     bench_rl.run_jobs(jobs, echo=lambda _: None, seconds=0.5)
-    assert [j.status() for j in jobs] == ["ok", "stopped by --rl-seconds (run again to resume)"]
+    assert [j.status() for j in jobs] == ["ok", "stopped at the time limit (run again to resume)"]
     assert [j.ok for j in jobs] == [True, False]  # the report waits for the stopped run
+
+
+def test_seconds_leaves_the_rl_runs_what_the_budget_has_left_after_the_stop_margin():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import bench_rl
+
+    margin = bench_rl.STOP_MARGIN_S
+    assert bench_rl.rl_time_limit(None, None, 100.0) is None
+    assert bench_rl.rl_time_limit(200.0, None, 100.0) == 200.0
+    assert bench_rl.rl_time_limit(None, 560.0, 300.0) == 560.0 - 300.0 - margin
+    assert bench_rl.rl_time_limit(100.0, 560.0, 300.0) == 100.0  # the tighter of the two
+    assert bench_rl.rl_time_limit(None, 560.0, 540.0) == 0.0  # the base took it all: stop at once
+    assert bench_rl.parse_args(["--seconds", "560"]).seconds == 560.0
 
 
 def test_until_stops_after_a_stage_and_the_next_call_reuses_it(tmp_path):
