@@ -339,3 +339,23 @@ def test_one_forward_a_step_gives_the_recompute_passs_figures_and_update(base, t
     for a, b in zip(steps_one, steps_two, strict=True):
         for key in ("loss", "grad_norm", "entropy", "reward_mean", *(k for k in METRICS if "mismatch" in k)):
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
+
+
+def test_the_kl_to_the_start_reads_one_sampled_completion_per_problem(base, tmp_path, monkeypatch):
+    """Its two forwards (policy and start) take the first of each problem's k samples: an unbiased k3
+    estimate at the size of the greedy batch; 0 before any update, above 0 after some."""
+    from inkling_fp4.train import rollout_eval
+
+    seen, kl = [], rollout_eval._kl_to_start
+
+    def counted(completions, prompts, *args):
+        seen.append((len(completions), len(prompts), prompts))
+        return kl(completions, prompts, *args)
+
+    monkeypatch.setattr(rollout_eval, "_kl_to_start", counted)
+    logged = train_rl(base, tmp_path / "r", "train.steps=3", "eval.at_start=true", "rl.eval_samples=3",
+                      "optim.lr=0.01")  # fmt: skip
+    evals = [r for r in logged if "eval_kl_to_start" in r]
+    assert [r["step"] for r in evals] == [0, 3] and len(seen) == 2
+    assert all(n == m == 4 and len(set(map(tuple, p))) == 4 for n, m, p in seen)  # 4 distinct problems
+    assert evals[0]["eval_kl_to_start"] == 0.0 and evals[1]["eval_kl_to_start"] > 0.0

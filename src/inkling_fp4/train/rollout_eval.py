@@ -5,8 +5,9 @@ On the task's held-out problems, with the policy as it stands:
     eval_accuracy       greedy pass@1: the argmax answer is right (what ``generate`` at T = 0 gives)
     eval_pass1_sampled  the mean reward of k completions per problem at the rollouts' temperature
     eval_pass_at_k      the share of problems with at least one right answer among those k
-    eval_kl_to_start    k3 estimate of KL(policy || starting policy) per token of the sampled
-                        completions (draws of the policy, as the estimate needs)
+    eval_kl_to_start    k3 estimate of KL(policy || starting policy) per token of the first sampled
+                        completion of each problem (draws of the policy, as the estimate needs; one
+                        per problem keeps its two forwards to the size of the greedy batch)
     eval_reward_failures  reward calls that failed and scored 0, by kind (only when some did)
 
 Before RL, pass@k well above pass@1 says there is something to sharpen; pass@1 rising towards pass@k
@@ -91,7 +92,7 @@ def held_out_figures(
         figures["eval_pass1_sampled"] = float(per_problem.mean())
         figures["eval_pass_at_k"], figures["eval_k"] = float(per_problem.any(1).mean()), k
         if kl_models is not None:
-            kl = _kl_to_start(sampled, repeated, kl_models, sampler, dist, micro, autocast)
+            kl = _kl_to_start(sampled[::k], prompts, kl_models, sampler, dist, micro, autocast)
             figures["eval_kl_to_start"] = kl
     total = Counter()
     for part in D.gather_objects(dict(outcomes), dist):
