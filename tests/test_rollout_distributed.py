@@ -205,3 +205,27 @@ def test_refusals_under_several_processes(base):
         rollout.check_ranks(cfg("rl.prompts_per_step=3", "train.batch_size=6"), 2)
     with pytest.raises(UserError, match="set train.parallel=ddp"):
         rollout.check_ranks(cfg("train.parallel=fsdp"), 2)
+
+
+def test_one_update_per_rollout_takes_the_whole_batchs_figures_from_the_training_forwards(
+    base, task_dir, tmp_path
+):
+    """rl.mini_batches=1: no recompute pass; after each step every rank's training forward gives the
+    mismatch and entropy figures of its tokens, and the logged figures are those of both ranks'."""
+    run, record = tmp_path / "one", tmp_path / "record"
+    record.mkdir()
+    _torchrun(task_dir, "--from", str(base), "--data", str(task_dir / "qa.jsonl"), "--run-dir", str(run), *RL,
+              "rl.mini_batches=1", f"train.batch_size={P * G}", "train.steps=2", record=record)  # fmt: skip
+    r0, r1 = (torch.load(record / f"rank{r}.pt") for r in (0, 1))
+    cap = run_config(run).rl.tis_cap
+    rl_steps = [r for r in rows(run) if "reward_mean" in r]
+    assert len(rl_steps) == len(r0["mismatch"]) == len(r1["mismatch"]) == 2
+    for k, r in enumerate(rl_steps):
+        t, s = (torch.cat([r0["mismatch"][k][i], r1["mismatch"][k][i]])[None] for i in (0, 1))
+        everywhere = torch.ones_like(t, dtype=torch.bool)
+        whole = mismatch.stats_from_parts(*mismatch.mismatch_parts(t, s, everywhere, cap))
+        assert all(r[f"mismatch_{key}"] == pytest.approx(v, rel=1e-5, abs=1e-9) for key, v in whole.items())
+        entropy = torch.cat([r0["entropy"][k], r1["entropy"][k]])
+        assert len(entropy) == t.shape[1]
+        assert r["entropy"] == pytest.approx(float(entropy.double().mean()), rel=1e-5)
+    assert r0["final"] == r1["final"]

@@ -262,7 +262,7 @@ class RolloutTask:
         over the rows it reached: a step cut short by a NaN/Inf stops early) against the sampler's."""
         if t_logp is None:
             seen = self.loss_fn.forward_figures()
-            if seen is None:
+            if D.any_rank(seen is None, self.dist):  # a forward failed before any row: no figures anywhere
                 return {}
             t_logp, entropy = (x.cpu() for x in seen)
             s_logp, completion_mask = s_logp[: len(t_logp)], completion_mask[: len(t_logp)]
