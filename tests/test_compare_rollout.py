@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from inkling_fp4.compare.compat import config_differences
+from inkling_fp4.compare.metrics import metrics_from_rows
 from inkling_fp4.compare.report import write_report
-from inkling_fp4.compare.rl_gap import FIGURES, Figure, rl_metrics_from_rows, summarize_values, tail_window
+from inkling_fp4.compare.rl_gap import FIGURES, RL_KEYS, Figure, summarize_values, tail_window
 from inkling_fp4.compare.rl_summary import summarize_rl
 from inkling_fp4.config import RunConfig, apply_overrides, from_dict, load_config, save_config, to_dict
 from inkling_fp4.errors import ConfigError
@@ -61,7 +62,7 @@ def hand_made_pair(tmp_path):
 def test_rl_metrics_keep_a_steps_last_row_and_leave_out_events_junk_and_nan(tmp_path):
     run, baseline = hand_made_pair(tmp_path)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    m = rl_metrics_from_rows(run, rows)
+    m = metrics_from_rows(run, rows, RL_KEYS)
     assert "entropy" not in m.curves and m.nonfinite == 1  # the NaN entropy of step 1
     assert m.curve("reward_mean").steps.tolist() == list(range(1, 9))
     b = summarize_rl({"nvfp4": run}, baseline).baseline.metrics

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from inkling_fp4.compare.compat import check_comparable, read_config_data
+from inkling_fp4.compare.metrics import metrics_from_rows
 from inkling_fp4.compare.report import write_report
-from inkling_fp4.compare.rl_gap import rl_metrics_from_rows, tail_window
+from inkling_fp4.compare.rl_gap import RL_KEYS, tail_window
 from inkling_fp4.compare.rl_seeds import BY_KEY
 from inkling_fp4.compare.rl_seeds import seed_value as read_seed_value
 from inkling_fp4.compare.rl_summary import summarize_rl
@@ -87,9 +88,9 @@ def seed_value(run_dir, key, at, window):
 
 def test_seed_value_reads_a_change_only_from_an_evaluation_at_step_0(tmp_path):
     rows = [{"step": 2, "eval_accuracy": 0.5}, {"step": 4, "eval_accuracy": 0.75}]
-    m = rl_metrics_from_rows(tmp_path, rows)
+    m = metrics_from_rows(tmp_path, rows, RL_KEYS)
     assert read_seed_value(m, BY_KEY["eval_accuracy_change"], 2) == (None, 4)
-    m = rl_metrics_from_rows(tmp_path, [{"step": 0, "eval_accuracy": 0.25}, *rows])
+    m = metrics_from_rows(tmp_path, [{"step": 0, "eval_accuracy": 0.25}, *rows], RL_KEYS)
     assert read_seed_value(m, BY_KEY["eval_accuracy_change"], 2) == (0.5, 4)
     assert read_seed_value(m, BY_KEY["eval_pass_at_k"], 2) == (None, None)
 

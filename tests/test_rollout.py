@@ -327,7 +327,7 @@ def test_one_forward_a_step_gives_the_recompute_passs_figures_and_update(base, t
 
     def recomputing(self, *a, **k):  # the separate recompute pass the default leaves out
         init(self, *a, **k)
-        self.one_forward = self.loss_fn.correct_from_forward = False
+        self.loss_fn.correct_from_forward = False
 
     monkeypatch.setattr(rollout.RolloutTask, "__init__", recomputing)
     two = train_rl(base, tmp_path / "two", *args)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inkling_fp4.compare.metrics import Aligned, RunMetrics, Series, align, metrics_from_rows, read_metrics
+from inkling_fp4.compare.metrics import Aligned, RunMetrics, read_metrics
 from inkling_fp4.errors import UserError
 from inkling_fp4.runs.metrics import METRICS_FILE
 
@@ -85,10 +85,6 @@ RL_KEYS = (*(f.key for f in FIGURES), EVAL_K)
 # loading
 
 
-def rl_metrics_from_rows(run_dir: Path, rows: list[dict], skipped: int = 0) -> RunMetrics:
-    return metrics_from_rows(Path(run_dir), rows, RL_KEYS, skipped)
-
-
 def load_rl_metrics(run_dir: str | Path) -> RunMetrics:
     metrics = read_metrics(run_dir, RL_KEYS, "fp4train rollout")
     if not len(metrics.curve(REWARD)):
@@ -155,10 +151,6 @@ def summarize_values(steps: np.ndarray, values: np.ndarray, figure: Figure, wind
         first_step=int(steps[pick][0]),
         last_step=int(steps[-1]),
     )
-
-
-def difference(run: Series, baseline: Series) -> Aligned:
-    return align(run, baseline, relative=False)
 
 
 def gap_stat(d: Aligned, figure: Figure, window: int) -> Stat | None:

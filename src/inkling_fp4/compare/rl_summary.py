@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inkling_fp4.compare.metrics import Aligned, RunMetrics, load_run_config
+from inkling_fp4.compare.metrics import Aligned, RunMetrics, align, load_run_config
 from inkling_fp4.compare.rl_gap import (
     BY_KEY,
     EVAL_ACCURACY,
@@ -19,7 +19,6 @@ from inkling_fp4.compare.rl_gap import (
     GAP_KEYS,
     REWARD,
     Stat,
-    difference,
     gap_stat,
     load_rl_metrics,
     plain,
@@ -90,7 +89,7 @@ def add_gaps(run: RLRunSummary, baseline: RLRunSummary, window: int) -> None:
     """The run's GAP_KEYS against the baseline's, and its headline."""
     run.against = baseline.label
     for key in GAP_KEYS:
-        d = difference(run.metrics.curve(key), baseline.metrics.curve(key))
+        d = align(run.metrics.curve(key), baseline.metrics.curve(key), relative=False)
         run.differences[key] = d
         run.gaps[key] = gap_stat(d, BY_KEY[key], window)
     run.headline = headline(run, baseline, window)

@@ -73,8 +73,7 @@ class RolloutTask:
         on_policy = cfg.rl.old_logp == "trainer" and updates_per_rollout(cfg.rl) == 1
         self.pack = (cfg.data.seq_len, self.tokenizer.pad or 0) if cfg.rl.pack else None
         """(row length, pad id) of the trainer's packed forwards, or None: rows padded to the longest."""
-        self.one_forward = on_policy
-        """No recompute pass: the training forward gives the old log p, the correction and the figures."""
+        # on-policy: no recompute pass, the training forward gives the correction and the figures
         self.loss_fn = PolicyLossFn(cfg.rl, cfg.sampler.temperature, on_policy, self.pack, on_policy)
         self.stream = PromptStream(data.train, cfg.train.seed)
         self.runner = RewardRunner(data.reward, cfg.rl.reward_timeout, isolate=not data.builtin)
@@ -107,8 +106,12 @@ class RolloutTask:
 
     def step_metrics(self) -> dict:
         figures, self.figures = self.figures, {}
-        if self._awaiting is not None:
-            figures.update(self._forward_figures(*self._awaiting))
+        if self._awaiting is not None:  # the figures of the step's training forward
+            seen = self.loss_fn.forward_figures()
+            if not D.any_rank(seen is None, self.dist):  # a forward failed before any row: none anywhere
+                t_logp, entropy = (x.cpu() for x in seen)
+                s_logp, mask = (x[: len(t_logp)] for x in self._awaiting)  # the rows it reached
+                figures.update(self._logp_figures(t_logp, entropy, s_logp, mask))
             self._awaiting = None
         sum_ranks = functools.partial(ranks.sum_ranks, dist=self.dist) if self.dist.active else None
         return {**figures, **self.loss_fn.figures(sum_ranks)}
@@ -214,7 +217,7 @@ class RolloutTask:
             mask &= ~ranks.rank_share(zero_var_P, self.dist).repeat_interleave(G)[:, None]
         rows = RolloutBatch(input_ids, targets, mask, adv_B, s_logp, s_logp, torch.zeros_like(s_logp),
                             lengths=row_lengths(prompts, [c.tokens for c in completions]))  # fmt: skip
-        if self.one_forward:  # the training forward gives the old log p, the correction and the figures
+        if self.loss_fn.correct_from_forward:  # the training forward gives the correction and the figures
             t_logp = entropy = correction = None
             self._awaiting = (s_logp, completion_mask)
         else:
@@ -251,21 +254,14 @@ class RolloutTask:
             "time_train_s": train_s,
         }
         if t_logp is not None:
-            figures.update(self._forward_figures(s_logp, completion_mask, t_logp, entropy))
+            figures.update(self._logp_figures(t_logp, entropy, s_logp, completion_mask))
         self._reward_failures(scores, figures)
         self.figures = figures
         self.rl_step += 1
         self._trained_since = gathered  # the log-prob recompute above counts as training
 
-    def _forward_figures(self, s_logp, completion_mask, t_logp=None, entropy=None) -> dict:
-        """The entropy and mismatch figures of the trainer's log p (by default the training forward's,
-        over the rows it reached: a step cut short by a NaN/Inf stops early) against the sampler's."""
-        if t_logp is None:
-            seen = self.loss_fn.forward_figures()
-            if D.any_rank(seen is None, self.dist):  # a forward failed before any row: no figures anywhere
-                return {}
-            t_logp, entropy = (x.cpu() for x in seen)
-            s_logp, completion_mask = s_logp[: len(t_logp)], completion_mask[: len(t_logp)]
+    def _logp_figures(self, t_logp, entropy, s_logp, completion_mask) -> dict:
+        """The entropy and the mismatch of the trainer's log p against the sampler's, all ranks'."""
         drift = ranks.mismatch_figures(t_logp, s_logp, completion_mask, self.rl.tis_cap, self.dist)
         return {
             "entropy": ranks.token_mean(entropy, completion_mask, self.dist),
