@@ -53,7 +53,9 @@ def fused_path_trains_bit_for_bit(
         monkeypatch.setattr(module, "applies", real_applies if fused else lambda *a: False)
         torch.manual_seed(0)
         cfg = ModelConfig(**model_kw)
-        model = fuse_fp8(HybridLM(cfg).to(device))  # as the trainer converts it
+        model = HybridLM(cfg).to(device)
+        if fused:  # as the trainer converts it; the reference is the plain model's own path
+            model = fuse_fp8(model)
         pc = PrecisionConfig(recipe="fp8-tensorwise", fp8_scaling="delayed", amax_history=4)
         if device == "cuda":
             pc.backend = "native-fp8"

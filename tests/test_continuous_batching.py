@@ -45,8 +45,8 @@ def as_tuples(cs):
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "buckets"])
 def test_the_same_completions_as_a_batch_at_a_time(tok, precision, temperature, graphs):
-    """11 ragged prompts through 4 rows (and 8 bucket rows, 3 of them idle at the end), sequences
-    ending at different steps on two end tokens: every completion equal to the reference's."""
+    """11 ragged prompts through 4 rows (idle rows once the queue runs dry), sequences ending at
+    different steps on end tokens: every completion equal to the reference's."""
     prompts = ragged_prompts(11, seed=7)
     kw = dict(temperature=temperature, max_new_tokens=20)
     free, _ = completions(tok, precision, prompts, continuous=False, rows=4, **kw)

@@ -79,6 +79,9 @@ class ContinuousDecoder:
         self.budget_R = torch.ones(R, dtype=torch.long, device=device)
         self.ended_R = torch.ones(R, dtype=torch.bool, device=device)
         self.steps = 0
+        self.copies: tuple[int | None, set[int]] = (None, set())
+        """(the sequence the idle rows copy, the rows that hold its copy): such a row is fed that
+        sequence's token every step, so it stays a copy and is not written again."""
 
     def run(self, prompts: list[list[int]], budgets: list[int]) -> list[Completion]:
         cfg, R, device = self.s.cfg, self.cache.batch_size, self.cache.lengths.device
@@ -112,8 +115,11 @@ class ContinuousDecoder:
                 freed = self._collect([r for r, q in enumerate(self.rows) if q is not None])
                 if not self.queue and all(q is None for q in self.rows):
                     break
-            logits = self.decode(tok_R[self.feed_R])  # [R, V]; freed rows are overwritten below
-            self.steps += 1
+            if all(q is None for q in self.rows):  # every row just ended: the newcomers' prefill is all
+                logits = None
+            else:
+                logits = self.decode(tok_R[self.feed_R])  # [R, V]; freed rows are overwritten below
+                self.steps += 1
             if freed:
                 logits = self._admit(logits, freed)
         return self.done
@@ -152,11 +158,9 @@ class ContinuousDecoder:
             rows_t = torch.tensor(free[: len(take)], device=device)
             staging, first = self._prefill([self.prompts[i] for i in take])  # first: [n, V]
             self.cache.write_rows(rows_t, staging, torch.arange(len(take), device=device))
-            if logits is None:
-                logits = torch.empty(self.cache.batch_size, first.shape[-1], dtype=first.dtype, device=device)
-            else:
-                logits = logits.clone()  # a graph's output buffer: the next replay overwrites it
-            logits[rows_t] = first
+            if logits is None:  # idle rows sample from zeros; their tokens are never read
+                logits = torch.zeros(self.cache.batch_size, first.shape[-1], dtype=first.dtype, device=device)
+            logits[rows_t] = first  # into a graph's output buffer too: sampled before the next replay
             self.sequence_R[rows_t] = torch.tensor(take, device=device)
             self.step_R[rows_t] = 0
             self.budget_R[rows_t] = torch.tensor([self.budgets[i] for i in take], device=device)
@@ -188,19 +192,23 @@ class ContinuousDecoder:
         return staging, logits[:n]
 
     def _copy_into_idle(self) -> None:
-        """Every idle row becomes a copy of the first live row, fed its token."""
+        """Every idle row becomes a copy of the first live row, fed its token (a row that already holds
+        that sequence's copy stays as it is)."""
         live = [r for r, q in enumerate(self.rows) if q is not None]
         idle = [r for r, q in enumerate(self.rows) if q is None]
         if not live:
             return
         length = [self.row_len[r] + self.rounds - self.row_at[r] for r in range(len(self.rows))]
-        if idle:
-            src = live[0]
-            idle_t = torch.tensor(idle, device=self.cache.lengths.device)
+        src = live[0]
+        same, held = self.copies
+        fresh = [r for r in idle if not (same == self.rows[src].index and r in held)]
+        self.copies = (self.rows[src].index, set(idle))
+        if fresh:
+            idle_t = torch.tensor(fresh, device=self.cache.lengths.device)
             self.cache.write_rows(idle_t, self.cache, torch.full_like(idle_t, src))
             self.feed_R[idle_t] = src
             self.ended_R[idle_t] = True
-            for r in idle:
+            for r in fresh:
                 self.row_len[r], self.row_at[r] = length[src], self.rounds
                 length[r] = length[src]
         self.cache.longest = max(length)

@@ -14,7 +14,11 @@ Shape letters: B batch, V vocabulary.
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from inkling_fp4.numerics.kernels import seeds
 
 MASK64 = (1 << 64) - 1
 
@@ -25,9 +29,9 @@ def _signed(c: int) -> int:
     return c - (1 << 64) if c >= 1 << 63 else c
 
 
-GOLDEN = _signed(0x9E3779B97F4A7C15)
-MIX1 = _signed(0xBF58476D1CE4E5B9)
-MIX2 = _signed(0x94D049BB133111EB)
+GOLDEN = _signed(seeds.PHI)
+MIX1 = _signed(seeds.MIX1)
+MIX2 = _signed(seeds.MIX2)
 SEED_SALT = _signed(0xD1B54A32D192ED03)
 
 
@@ -47,8 +51,13 @@ def uniform_bits(seed: int, sequence_B: torch.Tensor, step_B: torch.Tensor, voca
     """[B, V] int64 in [0, 2^24): the 24-bit draw of every token id of each row's (sequence, step)."""
     seed_key = _signed(seed * SEED_SALT + GOLDEN)
     row_B = mix(mix(sequence_B.long() * GOLDEN + seed_key) + step_B.long() * GOLDEN)  # [B]
-    ids_V = torch.arange(vocab, device=row_B.device, dtype=torch.long) * GOLDEN  # [V]
-    return _shr(mix(row_B[:, None] + ids_V[None, :]), 40)  # [B, V]
+    return _shr(mix(row_B[:, None] + _token_keys(vocab, row_B.device)[None, :]), 40)  # [B, V]
+
+
+@functools.lru_cache(maxsize=8)
+def _token_keys(vocab: int, device: torch.device) -> torch.Tensor:
+    """[V] int64: token id x the golden ratio, built once per vocabulary and device."""
+    return torch.arange(vocab, device=device, dtype=torch.long) * GOLDEN
 
 
 def exponential_noise(seed: int, sequence_B: torch.Tensor, step_B: torch.Tensor, vocab: int) -> torch.Tensor:

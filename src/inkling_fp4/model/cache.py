@@ -80,8 +80,9 @@ class InferenceCache:
             if isinstance(mine, AttentionState):
                 for dst_t, src_t in ((mine.k, theirs.k), (mine.v, theirs.v)):
                     block = src_t[src_rows]  # [r, src.max_len, H_kv, hd], a copy (src may be self)
-                    dst_t.index_fill_(0, rows, 0)
                     dst_t[rows, : block.shape[1]] = block
+                    if block.shape[1] < dst_t.shape[1]:
+                        dst_t[rows, block.shape[1] :] = 0
             elif isinstance(mine, MambaState):
                 mine.conv[rows] = theirs.conv[src_rows]
                 mine.ssm[rows] = theirs.ssm[src_rows]

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 
 PHI = 0x9E3779B97F4A7C15
+MIX1, MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+"""splitmix64's finaliser multipliers (infer/sequence_noise.py uses the same hash on tensors)."""
 SEED_FLOOR = 2**32
 """Seeds lie in [2^32, 2^62): the kernel argument keeps one type (int64), so one compiled kernel."""
 SEED_SPAN = 2**62 - 2**32
@@ -30,8 +32,8 @@ OFFSET_STEP = 4
 
 def mix64(value: int) -> int:
     """splitmix64's finalizer: a bijection of 64-bit words that spreads every input bit."""
-    value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
-    value = (value ^ (value >> 27)) * 0x94D049BB133111EB % 2**64
+    value = (value ^ (value >> 30)) * MIX1 % 2**64
+    value = (value ^ (value >> 27)) * MIX2 % 2**64
     return value ^ (value >> 31)
 
 
