@@ -240,11 +240,10 @@ def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         history = policy.amax_history
-        captured_current = graphed is not None and graphed.graph is not None
-        captured_current = captured_current and history is not None and not history.ready
+        first_history = history is not None and not history.ready
         policy.end_step(False, lambda t: D.all_reduce_max(t, dist))  # delayed scaling's history
-        if captured_current:  # that graph scales from each tensor's own amax: capture the delayed one
-            graphed.reset()
+        if graphed is not None and first_history and history.ready:
+            graphed.reset()  # as the trainer: warm up (autotune) and capture the delayed kernels anew
         if graphed is not None:
             graphed.zero_grad()  # in place where the graph adds into these tensors
         else:

@@ -101,6 +101,19 @@ class Recipe:
     backend: str = "emulated"
     """emulated | native-fp8 | te: which kernels compute the GEMMs (resolved by the policy)."""
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once: every linear's GEMMs look up their operand plan by recipe
+        on each call, and hashing the nested specs anew costs about a microsecond."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            self.__dict__["_hash"] = cached
+        return cached
+
+    def __getstate__(self) -> dict:
+        """Without the cached hash: a string's hash differs from process to process."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def bf16_forward(self) -> Recipe:
         """This recipe with fprop in BF16 and the backward GEMMs unchanged (paper appendix D)."""
         return dataclasses.replace(self, fprop=None)
