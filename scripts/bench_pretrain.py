@@ -30,7 +30,7 @@ Examples:
     python scripts/bench_pretrain.py --recipes bf16,nvfp4 --profile 3      # + GPU time by kernel group
     python scripts/bench_pretrain.py --config peer158m --cuda-graph        # steps as CUDA graphs
     python scripts/bench_pretrain.py --recipes fp8 --profile 2 --sources   # + which line launched what
-    python scripts/bench_pretrain.py --recipes fp8-delayed --without mlp_fp8  # one fused FP8 path off
+    python scripts/bench_pretrain.py --recipes fp8-delayed --without mlp  # one fused FP8 path off
     torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
         --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
 """
@@ -57,7 +57,7 @@ from inkling_fp4 import distributed as D
 from inkling_fp4.config import RunConfig, from_dict, to_dict
 from inkling_fp4.config.trainer import OptimConfig
 from inkling_fp4.model.config import ModelConfig
-from inkling_fp4.model.fused_fp8_layers import fuse_fp8
+from inkling_fp4.model.fused_fp8.layers import fuse_fp8
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision.config import PrecisionConfig
 from inkling_fp4.precision.graph_capture import graph_blocker
@@ -73,8 +73,8 @@ BACKENDS |= {"nvfp4": "emulated", "mxfp4": "emulated", "fp8-delayed": "native-fp
 DELAYED = "fp8-delayed"
 """A name of this script's: fp8-tensorwise with ``precision.fp8_scaling=delayed``."""
 PEER_TOKENS_PER_S = 126_000
-FUSIONS = ("norm_fp8", "in_proj_fp8", "out_proj_fp8", "mlp_fp8", "residual_fp8")
-"""The fused FP8 paths of ``inkling_fp4.model`` (delayed FP8 scaling on the GPU), by module."""
+FUSIONS = ("norm", "in_proj", "out_proj", "mlp", "residual")
+"""The fused FP8 paths of ``inkling_fp4.model.fused_fp8`` (delayed FP8 scaling on the GPU), by module."""
 
 
 def disable_fusions(names: str) -> list[str]:
@@ -85,7 +85,7 @@ def disable_fusions(names: str) -> list[str]:
     for name in chosen:
         if name not in FUSIONS:
             raise SystemExit(f"--without {name}: not one of {', '.join(FUSIONS)} (or all)")
-        importlib.import_module(f"inkling_fp4.model.{name}").applies = lambda *args, **kwargs: False
+        importlib.import_module(f"inkling_fp4.model.fused_fp8.{name}").applies = lambda *args, **kwargs: False
     return chosen
 
 

@@ -1,4 +1,4 @@
-"""What the tests of the fused FP8 paths (``model/mlp_fp8.py``, ``in_proj_fp8.py``, ``out_proj_fp8.py``,
+"""What the tests of the fused FP8 paths (``model/fused_fp8/mlp.py``, ``in_proj_fp8.py``, ``out_proj_fp8.py``,
 ``norm_fp8.py``, ``residual_fp8.py``) share: a kernel's FP8 epilogue against its BF16 output quantized
 by the reference (:func:`check_fp8_epilogue`), and the model-level check that a small model under
 delayed-scaled fp8-tensorwise trains the same with the path as with its linears run one by one, loss,
@@ -35,7 +35,7 @@ def fused_path_trains_bit_for_bit(
     fused path runs), the later ones from the history. Asserts the two runs equal bit for bit and that
     the unfused run never called ``module.<fn_name>``; returns how often the fused run did."""
     from inkling_fp4.model.config import ModelConfig
-    from inkling_fp4.model.fused_fp8_layers import fuse_fp8
+    from inkling_fp4.model.fused_fp8.layers import fuse_fp8
     from inkling_fp4.model.hybrid import HybridLM
     from inkling_fp4.precision.config import PrecisionConfig
     from inkling_fp4.precision.policy import PrecisionPolicy

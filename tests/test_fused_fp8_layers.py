@@ -1,4 +1,4 @@
-"""fuse_fp8 (model/fused_fp8_layers.py): the model and every layer get their fused FP8 class and keep
+"""fuse_fp8 (model/fused_fp8/layers.py): the model and every layer get their fused FP8 class and keep
 their parameters, state dict and outputs; converting twice changes nothing; the trainer converts
 under delayed FP8 scaling only. (That a converted model trains bit for bit as the plain one, with
 the fused paths taken, is tests/fused_fp8.py's check in each fused path's tests.)"""
@@ -10,8 +10,8 @@ import torch
 
 from inkling_fp4.config import load_config
 from inkling_fp4.distributed import DistInfo
-from inkling_fp4.model import fused_fp8_layers as F
 from inkling_fp4.model.config import ModelConfig
+from inkling_fp4.model.fused_fp8 import layers as F
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.trainer.trainer import Trainer
 

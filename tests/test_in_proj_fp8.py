@@ -1,4 +1,4 @@
-"""Mamba-2's in_proj gradient written as FP8 by its consumers (model/in_proj_fp8.py, model/grad_slab.py,
+"""Mamba-2's in_proj gradient written as FP8 by its consumers (model/fused_fp8/in_proj.py, model/grad_slab.py,
 numerics/kernels/fp8_epilogue.py), each piece against an independent reference:
 
 - the byte transpose against ``t().contiguous()``;
@@ -29,7 +29,7 @@ from fused_fp8 import (
     delayed_linear,
     fused_path_trains_bit_for_bit,
 )
-from inkling_fp4.model import in_proj_fp8
+from inkling_fp4.model.fused_fp8 import in_proj as in_proj_fp8
 from inkling_fp4.model.grad_slab import GradSlab
 from inkling_fp4.numerics import fp8
 from interpreter import INTERPRET, interpreted_parent, kernel_test

@@ -1,4 +1,4 @@
-"""The MLP's squared ReLU fused into the delayed-scaled FP8 quantizers (model/mlp_fp8.py).
+"""The MLP's squared ReLU fused into the delayed-scaled FP8 quantizers (model/fused_fp8/mlp.py).
 
 Three layers of evidence, each against an independent reference:
 
@@ -19,7 +19,7 @@ import torch
 
 from bits import same_bits
 from fused_fp8 import CPU_MODEL, fused_path_trains_bit_for_bit
-from inkling_fp4.model import mlp_fp8
+from inkling_fp4.model.fused_fp8 import mlp as mlp_fp8
 from inkling_fp4.model.mlp import squared_relu
 from inkling_fp4.numerics import fp8
 from interpreter import interpreted, run_interpreted

@@ -66,7 +66,7 @@ def test_norm_fp8_equals_the_norm_then_the_linear(add):
     """On CPU the function runs the reference norm and quantizes its BF16 output: h, the linear's
     output, every gradient and the amax history equal the unfused path's bit for bit, with the delayed
     scales in use (some of the norm's output saturates at the x amax chosen)."""
-    from inkling_fp4.model import norm_fp8
+    from inkling_fp4.model.fused_fp8 import norm as norm_fp8
     from inkling_fp4.model.norm import RMSNorm, add_rms_norm, rms_norm
 
     g = fresh_generator()
@@ -102,7 +102,7 @@ def test_norm_fp8_equals_the_norm_then_the_linear(add):
 
 
 def test_norm_fp8_applies_only_to_delayed_pairs_on_the_kernels():
-    from inkling_fp4.model import norm_fp8
+    from inkling_fp4.model.fused_fp8 import norm as norm_fp8
 
     lin, history = delayed_linear(64, 32, "mixer.in_proj", (1.0, 0.02, 0.1))
     x = torch.randn(2, 16, 64, requires_grad=True)
@@ -121,7 +121,7 @@ def test_norm_fp8_applies_only_to_delayed_pairs_on_the_kernels():
 def test_model_with_fp8_norm_output_trains_bit_for_bit(monkeypatch):
     """A model under CPU autocast with the norms' FP8 path (their reference form) against the same model
     without it: Mamba-2, attention and MLP blocks, the first block's plain norm and the fused adds."""
-    from inkling_fp4.model import norm_fp8
+    from inkling_fp4.model.fused_fp8 import norm as norm_fp8
 
     monkeypatch.setattr(
         norm_fp8, "fast_forms_on", lambda t: True
@@ -136,7 +136,7 @@ def test_model_with_fp8_norm_output_trains_bit_for_bit(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_model_with_fp8_norm_output_trains_bit_for_bit(monkeypatch):
-    from inkling_fp4.model import norm_fp8
+    from inkling_fp4.model.fused_fp8 import norm as norm_fp8
 
     cfg = GPU_MODEL
     n = fused_path_trains_bit_for_bit(

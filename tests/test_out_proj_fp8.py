@@ -1,4 +1,4 @@
-"""Mamba-2's gated norm writing out_proj's x as FP8 (model/out_proj_fp8.py), each piece against an
+"""Mamba-2's gated norm writing out_proj's x as FP8 (model/fused_fp8/out_proj.py), each piece against an
 independent reference:
 
 - the norm's forward kernel storing FP8 bytes against the same kernel storing BF16 values, then
@@ -26,7 +26,7 @@ from fused_fp8 import (
     delayed_linear,
     fused_path_trains_bit_for_bit,
 )
-from inkling_fp4.model import out_proj_fp8
+from inkling_fp4.model.fused_fp8 import out_proj as out_proj_fp8
 from inkling_fp4.model.norm import skip_gated_rms_norm
 from interpreter import INTERPRET, interpreted_parent, kernel_test
 

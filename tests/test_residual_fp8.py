@@ -1,4 +1,5 @@
-"""The output projections' gradient written as FP8 by the next norm's backward (``model/residual_fp8.py``):
+"""The output projections' gradient written as FP8 by the next norm's backward
+(``model/fused_fp8/residual.py``):
 the backward kernel storing dy's FP8 bytes against the same kernel storing BF16 dy, then quantized by
 the torch reference with the same delayed scale (bytes, recorded amax, dx and the norm weight's
 gradient, with a saturating and a non-saturating amax and zero rows); a linear taking its dy from the
@@ -74,7 +75,7 @@ def test_linear_takes_its_output_gradient_from_the_slab():
     """A delayed linear handed a slab: where dy comes as its placeholder with the bytes written (as the
     norm's kernel does), and where it comes as values (a consumer without the epilogue), dx, dW and
     the amax history equal the linear's own quantization of dy, bit for bit."""
-    from inkling_fp4.model.residual_fp8 import output_grad
+    from inkling_fp4.model.fused_fp8.residual import output_grad
 
     g = fresh_generator()
     K, N = 48, 64
@@ -108,7 +109,7 @@ def test_linear_takes_its_output_gradient_from_the_slab():
 
 
 def test_slab_only_for_delayed_pairs_on_the_kernels():
-    from inkling_fp4.model import residual_fp8
+    from inkling_fp4.model.fused_fp8 import residual as residual_fp8
 
     lin, history = delayed_linear(64, 32, "mixer.out_proj", (1.0, 0.02, 0.1))
     x = torch.randn(2, 16, 32, requires_grad=True)
@@ -122,7 +123,8 @@ def test_model_with_fp8_residual_gradient_trains_bit_for_bit(monkeypatch):
     """A model under CPU autocast with the slabs (the norms' reference forms return values, which the
     linears quantize into the slabs) against the same model without them, with the norms' FP8 outputs
     on in both: Mamba-2, attention and MLP blocks."""
-    from inkling_fp4.model import norm_fp8, residual_fp8
+    from inkling_fp4.model.fused_fp8 import norm as norm_fp8
+    from inkling_fp4.model.fused_fp8 import residual as residual_fp8
 
     monkeypatch.setattr(norm_fp8, "fast_forms_on", lambda t: True)
     monkeypatch.setattr(residual_fp8, "fast_forms_on", lambda t: True)
@@ -138,7 +140,7 @@ def test_model_with_fp8_residual_gradient_trains_bit_for_bit(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_model_with_fp8_residual_gradient_trains_bit_for_bit(monkeypatch):
-    from inkling_fp4.model import residual_fp8
+    from inkling_fp4.model.fused_fp8 import residual as residual_fp8
 
     taken = count_fp8_slab_takes(monkeypatch, blocks=1)  # the output linears' slabs
     n = fused_path_trains_bit_for_bit(

@@ -345,11 +345,12 @@ def test_kills_at_any_moment_resume_bit_exact_without_leftovers(small, tmp_path)
     hooks = [KILL_AT.format(write=5, prune=10**9), KILL_AT.format(write=10**9, prune=3), ""]
     for i, hook in enumerate(hooks):
         proc = _spawn(run, common, *(["--resume"] if i else []), code=hook)
-        if not hook:  # a kill at a random moment after training started
+        if not hook:  # a kill at a random moment of training: after a random step's log line, well
+            target = random.randint(1, 8)  # before the last step (a tiny step takes milliseconds)
             for line in proc.stdout:
-                if line.startswith("step "):
+                if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= target:
                     break
-            time.sleep(random.uniform(0.0, 1.0))
+            time.sleep(random.uniform(0.0, 0.05))
             proc.kill()
         assert proc.wait(timeout=300) == -signal.SIGKILL
     assert _spawn(run, common, "--resume").wait(timeout=300) == 0

@@ -11,5 +11,5 @@ Kernels, each beside its torch reference: ssd_triton.py (ssd_kernels/), conv_tri
 compiled.py, which runs the elementwise glue through glue_kernels/ or torch.compile.
 
 Fused FP8 training paths (delayed scaling), swapped in by the trainer, never branched on here:
-fused_fp8_layers.py and the ``*_fp8.py`` files it calls; grad_slab.py.
+fused_fp8/ (layers.py and the paths it calls); grad_slab.py.
 """

@@ -46,7 +46,8 @@ def add_rms_norm(
     x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype, dy_into=None
 ):
     """The pre-norm residual step: x, y: [..., D] -> (h = x + y in the promoted dtype, rms_norm(h) in
-    ``out_dtype``), fused on CUDA. ``dy_into``: for the kernel's backward (``model/residual_fp8.py``)."""
+    ``out_dtype``), fused on CUDA. ``dy_into``: for the kernel's backward
+    (``model/fused_fp8/residual.py``)."""
     h = x + y
     return h, rms_norm.reference(h, weight, eps, out_dtype)
 

@@ -109,7 +109,7 @@ class _QuantLinearFn(torch.autograd.Function):
 class LinearGEMMs:
     """The three GEMMs of one quantized linear layer, forward and backward, outside autograd.
 
-    Blocks that own several linears (the fused FP8 MLP, ``model/mlp_fp8.py``) call these directly,
+    Blocks that own several linears (the fused FP8 MLP, ``model/fused_fp8/mlp.py``) call these directly,
     handing in x or dy already quantized (``pair_x`` / ``pair_dy``). Only plain attributes live here:
     tensors to save go in the dict :meth:`forward` returns (through ``ctx.save_for_backward``)."""
 
@@ -193,7 +193,7 @@ class LinearGEMMs:
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(dx [M, K] in ``x_dtype``, dW [N, K] FP32), each None where ``saved`` has no operand for it.
         ``pair_dy``: dy already quantized (dy is then not read). ``dy_fp8``: the FP8 gradient slab
-        (``model/residual_fp8.py``): dy is a placeholder where the consumer wrote the bytes."""
+        (``model/fused_fp8/residual.py``): dy is a placeholder where the consumer wrote the bytes."""
         recipe, generator, name = self.recipe, self.generator, self.name
         if pair_dy is None and dy_fp8 is not None:
             pair_dy = dy_fp8.fp8_operands((dy,), recipe.dgrad.a, recipe.wgrad.a)

@@ -59,8 +59,8 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, pair_x: tuple | None = None, dy_fp8=None) -> torch.Tensor:
         """x [..., K] -> [..., N]. ``pair_x``: x's fprop and wgrad operands already quantized by x's
-        producer (``model/norm_fp8.py``; x is then not read, only its gradient flows). ``dy_fp8``: the
-        FP8 slab the output's consumer writes the output's gradient into (``model/residual_fp8.py``).
+        producer (``model/fused_fp8/norm.py``; x is then not read, only its gradient flows). ``dy_fp8``: the
+        FP8 slab the output's consumer writes the output's gradient into (``model/fused_fp8/residual.py``).
         Both only for training forwards of delayed FP8 pairs (:meth:`delayed_fp8_pairs`)."""
         recipe = self.recipe
         handed = pair_x is not None or dy_fp8 is not None

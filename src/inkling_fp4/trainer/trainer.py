@@ -30,7 +30,7 @@ from inkling_fp4.compare.live import LiveGap
 from inkling_fp4.config import RunConfig, to_dict
 from inkling_fp4.data.batch import Batch
 from inkling_fp4.errors import ConfigError, NumericsError, UserError
-from inkling_fp4.model.fused_fp8_layers import fuse_fp8
+from inkling_fp4.model.fused_fp8.layers import fuse_fp8
 from inkling_fp4.precision import finite_guard
 from inkling_fp4.precision.autocast import autocast_for
 from inkling_fp4.precision.graph_capture import graph_blocker

@@ -1,7 +1,7 @@
 """Tensorwise FP8 written by the kernel that produces a tensor, and the transposed copy of those bytes.
 
 Under delayed scaling a tensor's FP8 scale is known before the tensor exists, so its producer can store
-FP8 bytes instead of BF16 and the quantizer pass goes away (the ``model/*_fp8.py`` paths). These pieces
+FP8 bytes instead of BF16 and the quantizer pass goes away (the ``model/fused_fp8/`` paths). These pieces
 make every producer round exactly as the quantizer does:
 
     v (FP32) -> BF16 value r (round half to even: the tensor the unfused path would have stored)

@@ -1,9 +1,10 @@
 """The model's layers with the fused FP8 training paths, swapped in once by :func:`fuse_fp8`.
 
-Under delayed-scaled FP8 the producers of the linears' operands write them as FP8 (the ``*_fp8.py``
-modules) and gradients flow back as FP8 slabs; these subclasses carry the extra arguments (``fp8_in``,
-``dy_fp8``, ``pending_grad``). Each fused path checks its module's ``applies`` and otherwise runs the
-plain code, so a converted model computes what the plain one does, bit for bit (tests/fused_fp8.py).
+Under delayed-scaled FP8 the producers of the linears' operands write them as FP8 (the other
+modules of this package) and gradients flow back as FP8 slabs; these subclasses carry the extra
+arguments (``fp8_in``, ``dy_fp8``, ``pending_grad``). Each fused path checks its module's
+``applies`` and otherwise runs the plain code, so a converted model computes what the plain one
+does, bit for bit (tests/fused_fp8.py).
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inkling_fp4.model import in_proj_fp8, mlp_fp8, norm_fp8, out_proj_fp8, residual_fp8
 from inkling_fp4.model.attention import Attention
+from inkling_fp4.model.fused_fp8 import in_proj as in_proj_fp8
+from inkling_fp4.model.fused_fp8 import mlp as mlp_fp8
+from inkling_fp4.model.fused_fp8 import norm as norm_fp8
+from inkling_fp4.model.fused_fp8 import out_proj as out_proj_fp8
+from inkling_fp4.model.fused_fp8 import residual as residual_fp8
 from inkling_fp4.model.grad_slab import GradSlab
 from inkling_fp4.model.hybrid import Block, HybridLM
 from inkling_fp4.model.mamba2 import Mamba2Mixer, output_dtype, skip_gated_rms_norm
