@@ -359,3 +359,36 @@ def test_the_kl_to_the_start_reads_one_sampled_completion_per_problem(base, tmp_
     assert [r["step"] for r in evals] == [0, 3] and len(seen) == 2
     assert all(n == m == 4 and len(set(map(tuple, p))) == 4 for n, m, p in seen)  # 4 distinct problems
     assert evals[0]["eval_kl_to_start"] == 0.0 and evals[1]["eval_kl_to_start"] > 0.0
+
+
+PARITY_REWARD = """
+def reward(prompt, completion, answer):
+    if int(float(answer)) % 2 == 0:
+        return 0.0  # no signal: every completion of these prompts scores the same
+    return float(len(completion) % 2)
+"""
+
+
+def test_dynamic_sampling_trains_the_groups_with_a_signal_first(base, tmp_path, monkeypatch):
+    """rl.oversample=2: each step samples 4 prompts' groups and trains 2, those with unequal rewards
+    first, so the trained share without signal is what is left once the signal groups run out; the
+    step's figures are of all 4, and a resumed run draws what the uninterrupted one did."""
+    (tmp_path / "parity_rewards.py").write_text(PARITY_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["train.steps=4", "rl.oversample=2", "rl.reward=parity_rewards:reward", "eval.every=0"]
+    straight = train_rl(base, tmp_path / "a", *args)
+    steps = [r for r in straight if "reward_mean" in r]
+    assert len(steps) == 4
+    S, P = 4, 2
+    for r in steps:
+        no_signal = round(r["zero_var_frac"] * S)
+        assert r["trained_zero_var_frac"] * P == max(0, no_signal - (S - P)), r
+    assert any(0 < r["zero_var_frac"] < 1 for r in steps)  # the choice mattered somewhere
+    train_rl(base, tmp_path / "b", *args, "train.stop_after=2")
+    parted = train_rl(base, tmp_path / "b", *args, resume=True)
+
+    def trained(rs):
+        keys = ("step", "loss", "reward_mean", "trained_zero_var_frac")
+        return [tuple(r[k] for k in keys) for r in rs if "loss" in r]
+
+    assert trained(straight) == trained(parted)

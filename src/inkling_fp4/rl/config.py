@@ -33,6 +33,10 @@ class RLConfig:
     """Prompts sampled per RL step; each gets ``group_size`` completions."""
     group_size: int = 8
     """Completions per prompt (G): the group whose rewards are normalised together."""
+    oversample: int = 1
+    """DAPO's dynamic sampling: sample this many times ``prompts_per_step`` prompts and train on
+    ``prompts_per_step`` of their groups, those with unequal rewards first (``rl/dynamic_sampling.py``).
+    The step's reward, accuracy and group figures are of every sampled group."""
     epochs: int = 1
     """Passes over each step's rollouts (1: strictly on-policy)."""
     mini_batches: int = 1
@@ -98,6 +102,7 @@ class RLConfig:
                 self.prompts_per_step >= 1 and self.group_size >= 2,
                 "rl.prompts_per_step >= 1, rl.group_size >= 2",
             ),
+            (self.oversample >= 1, "rl.oversample must be >= 1 (1: train on every sampled group)"),
             (self.epochs >= 1 and self.mini_batches >= 1, "rl.epochs and rl.mini_batches must be >= 1"),
             (0 <= self.eps_low < 1 and self.eps_high >= 0, "rl.eps_low in [0, 1) and rl.eps_high >= 0"),
             (self.kl_coef >= 0 and self.entropy_coef >= 0, "rl.kl_coef and rl.entropy_coef must be >= 0"),

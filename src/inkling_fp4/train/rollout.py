@@ -48,6 +48,7 @@ from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision.autocast import autocast_for
 from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.rl import grpo, mismatch, ranks
+from inkling_fp4.rl.dynamic_sampling import kept_groups
 from inkling_fp4.rl.policy_loss import PolicyLossFn
 from inkling_fp4.rl.prompts import Prompt, PromptStream, TaskData, load_task
 from inkling_fp4.rl.rollout_batch import RolloutBatch, build_rows, row_lengths
@@ -166,8 +167,9 @@ class RolloutTask:
                                    rows.lengths, self.pack)  # fmt: skip
 
     def _step_prompts(self) -> list[Prompt]:
-        """This rank's P / W of the step's prompts; every rank draws all P, so the streams stay in step."""
-        return ranks.rank_share(self.stream.take(self.rl.prompts_per_step), self.dist)
+        """This rank's share of the step's P x oversample prompts; every rank draws them all, so the
+        streams stay in step."""
+        return ranks.rank_share(self.stream.take(self.rl.prompts_per_step * self.rl.oversample), self.dist)
 
     def _sampling_seed(self) -> int:
         """The seed of this step's samples on this rank: of the step, so a resumed run draws what the
@@ -186,7 +188,7 @@ class RolloutTask:
         sampler = self._sampler_now()
         t1 = time.perf_counter()
         G = rl.group_size
-        problems = self._step_prompts()  # this rank's P / W prompts; B = P / W x G rows below
+        problems = self._step_prompts()  # this rank's S / W prompts (S = P x oversample)
         prompts = [self._encode(p.text) for p in problems for _ in range(G)]
         done_before = sampler.stats.new_tokens, sampler.stats.seconds
         completions = sampler.generate(prompts, seed=self._sampling_seed())
@@ -198,12 +200,21 @@ class RolloutTask:
         scores = self.runner.score(texts, [c.text for c in completions], answers)
         t3 = time.perf_counter()
 
-        # every rank's completions in the step's prompt order: the one process's [P, G] batch
-        rewards_PG, lengths, truncated = ranks.all_completions(
+        # every rank's completions in the step's prompt order: the one process's [S, G] batch
+        rewards_SG, lengths_S, truncated_S = ranks.all_completions(
             scores.rewards, [len(c.tokens) for c in completions],
             [c.finish_reason == "length" for c in completions], G, self.dist,
         )  # fmt: skip
         gathered = time.perf_counter()  # a rank that waited here for a slower one was not training
+        rewards_PG, truncated = rewards_SG, truncated_S
+        if rl.oversample > 1:  # train on P of the S groups, those with a signal first
+            kept = kept_groups(rewards_SG, self.dist.world_size, rl.prompts_per_step)
+            first = ranks.rank_share(range(rewards_SG.shape[0]), self.dist).start
+            own = [i - first for i in ranks.rank_share(kept, self.dist)]
+            prompts = [prompts[i * G + g] for i in own for g in range(G)]
+            completions = [completions[i * G + g] for i in own for g in range(G)]
+            rewards_PG = rewards_SG[kept]
+            truncated = truncated_S.view(-1, G)[kept].reshape(-1)
         adv_PG = grpo.group_advantages(rewards_PG, rl.scale_rewards)
         adv_B = ranks.rank_share(adv_PG, self.dist).reshape(-1)
         zero_var_P = grpo.zero_variance_groups(rewards_PG)
@@ -234,18 +245,18 @@ class RolloutTask:
         # the ranks sample, score and train side by side: a step takes as long as its slowest rank
         spans = ranks.max_ranks([gen_s, t1 - t0, t2 - t1, t3 - t2, train_s], self.dist)
         gen_s, refresh_s, sample_s, score_s, train_s = spans
-        figures = {
+        figures = {  # of every sampled group: with oversampling, the kept ones are not the policy's
             "rl_step": self.rl_step + 1,
-            "reward_mean": float(rewards_PG.mean()),
-            "reward_std": float(rewards_PG.std()),
-            "accuracy": float((rewards_PG >= 1.0).float().mean()),
-            "completion_len_mean": float(lengths.mean()),
-            "completion_len_max": float(lengths.max()),
-            "truncated_frac": float(truncated.float().mean()),
-            "zero_var_frac": float(zero_var_P.float().mean()),
+            "reward_mean": float(rewards_SG.mean()),
+            "reward_std": float(rewards_SG.std()),
+            "accuracy": float((rewards_SG >= 1.0).float().mean()),
+            "completion_len_mean": float(lengths_S.mean()),
+            "completion_len_max": float(lengths_S.max()),
+            "truncated_frac": float(truncated_S.float().mean()),
+            "zero_var_frac": float(grpo.zero_variance_groups(rewards_SG).float().mean()),
             # the two ends of learning: groups with no completion right (reward < 1), and all right
-            "unsolved_frac": float((rewards_PG < 1.0).all(dim=1).float().mean()),
-            "solved_frac": float((rewards_PG >= 1.0).all(dim=1).float().mean()),
+            "unsolved_frac": float((rewards_SG < 1.0).all(dim=1).float().mean()),
+            "solved_frac": float((rewards_SG >= 1.0).all(dim=1).float().mean()),
             "adv_abs_mean": float(adv_PG.abs().mean()),
             "gen_tokens_per_s": gen_tokens / gen_s if gen_s > 0 else 0.0,
             "time_refresh_s": refresh_s,
@@ -253,6 +264,8 @@ class RolloutTask:
             "time_score_s": score_s,
             "time_train_s": train_s,
         }
+        if rl.oversample > 1:
+            figures["trained_zero_var_frac"] = float(zero_var_P.float().mean())
         if t_logp is not None:
             figures.update(self._logp_figures(t_logp, entropy, s_logp, completion_mask))
         self._reward_failures(scores, figures)
