@@ -5,8 +5,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from inkling_fp4.rl import ranks
-from inkling_fp4.rl.dynamic_sampling import kept_groups
+from inkling_fp4.rl import grpo, ranks
+from inkling_fp4.rl.dynamic_sampling import kept_groups as kept_of
+
+
+def kept_groups(rewards_SG, world, keep):
+    return kept_of(grpo.zero_variance_groups(rewards_SG), world, keep)
+
 
 SIGNAL, FLAT = [0.0, 1.0], [1.0, 1.0]
 
@@ -40,4 +45,4 @@ def test_equal_rewards_of_any_value_have_no_signal():
 @pytest.mark.parametrize("S, world, keep", [(6, 4, 2), (8, 2, 3), (4, 1, 5)])
 def test_shares_that_do_not_divide_are_refused(S, world, keep):
     with pytest.raises(ValueError, match="at most all, by equal shares"):
-        kept_groups(torch.zeros(S, 2), world, keep)
+        kept_of(torch.zeros(S, dtype=torch.bool), world, keep)

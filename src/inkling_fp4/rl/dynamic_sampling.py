@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import torch
 
-from inkling_fp4.rl.grpo import zero_variance_groups
 
-
-def kept_groups(rewards_SG: torch.Tensor, world: int, keep: int) -> list[int]:
-    """The indices (in prompt order) of the ``keep`` groups that train, of ``rewards_SG`` [S, G]: every
-    sampled group of the step, the ranks' shares one after another. Each rank's share of S / world
-    groups gives keep / world of them: those with a signal in prompt order, then the others."""
-    S = rewards_SG.shape[0]
+def kept_groups(no_signal_S: torch.Tensor, world: int, keep: int) -> list[int]:
+    """The indices (in prompt order) of the ``keep`` groups that train, of ``no_signal_S`` [S] bool
+    (``grpo.zero_variance_groups``) over every sampled group of the step, the ranks' shares one after
+    another. Each rank's share of S / world groups gives keep / world of them: those with a signal in
+    prompt order, then the others."""
+    S = no_signal_S.shape[0]
     if S % world or keep % world or keep > S:
         raise ValueError(f"kept_groups: {keep} of {S} groups, {world} ranks: at most all, by equal shares")
-    signal_S = ~zero_variance_groups(rewards_SG)
+    signal_S = (~no_signal_S).tolist()
     share, kept_share = S // world, keep // world
     kept: list[int] = []
     for r in range(world):

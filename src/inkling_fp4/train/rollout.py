@@ -206,18 +206,19 @@ class RolloutTask:
             [c.finish_reason == "length" for c in completions], G, self.dist,
         )  # fmt: skip
         gathered = time.perf_counter()  # a rank that waited here for a slower one was not training
-        rewards_PG, truncated = rewards_SG, truncated_S
+        zero_var_S = grpo.zero_variance_groups(rewards_SG)
+        rewards_PG, truncated, zero_var_P = rewards_SG, truncated_S, zero_var_S
         if rl.oversample > 1:  # train on P of the S groups, those with a signal first
-            kept = kept_groups(rewards_SG, self.dist.world_size, rl.prompts_per_step)
+            kept = kept_groups(zero_var_S, self.dist.world_size, rl.prompts_per_step)
             first = ranks.rank_share(range(rewards_SG.shape[0]), self.dist).start
             own = [i - first for i in ranks.rank_share(kept, self.dist)]
             prompts = [prompts[i * G + g] for i in own for g in range(G)]
             completions = [completions[i * G + g] for i in own for g in range(G)]
             rewards_PG = rewards_SG[kept]
             truncated = truncated_S.view(-1, G)[kept].reshape(-1)
+            zero_var_P = zero_var_S[kept]
         adv_PG = grpo.group_advantages(rewards_PG, rl.scale_rewards)
         adv_B = ranks.rank_share(adv_PG, self.dist).reshape(-1)
-        zero_var_P = grpo.zero_variance_groups(rewards_PG)
         input_ids, targets, completion_mask, s_logp = build_rows(
             prompts, [c.tokens for c in completions], [c.logprobs for c in completions], self.tokenizer.pad
         )
@@ -253,7 +254,7 @@ class RolloutTask:
             "completion_len_mean": float(lengths_S.mean()),
             "completion_len_max": float(lengths_S.max()),
             "truncated_frac": float(truncated_S.float().mean()),
-            "zero_var_frac": float(grpo.zero_variance_groups(rewards_SG).float().mean()),
+            "zero_var_frac": float(zero_var_S.float().mean()),
             # the two ends of learning: groups with no completion right (reward < 1), and all right
             "unsolved_frac": float((rewards_SG < 1.0).all(dim=1).float().mean()),
             "solved_frac": float((rewards_SG >= 1.0).all(dim=1).float().mean()),
