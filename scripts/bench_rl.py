@@ -300,6 +300,8 @@ def summarize_bench(out: Path, jobs: list[Job], window: int | None = None) -> di
             "unsolved_frac": _curve(curves.get("unsolved_frac")),
             "solved_frac": _curve(curves.get("solved_frac")),
             "eval_pass_at_k": _curve(curves.get("eval_pass_at_k")),
+            "eval_accuracy_by_level": _level_curves(run_dir),
+            "time_eval_s": _curve(curves.get("time_eval_s")),
             "monitor": {  # as the comparison's report.json has it
                 "skipped_updates": list(s.metrics.skipped_updates),
                 "fallback_spans": [list(span) for span in s.metrics.fallback_spans()],
@@ -323,6 +325,18 @@ def _curve(series) -> dict[str, float]:
     if series is None:
         return {}
     return {str(int(s)): float(v) for s, v in zip(series.steps, series.values, strict=True)}
+
+
+def _level_curves(run_dir: Path) -> dict[str, dict[str, float]]:
+    """``level<L>`` -> step -> held-out greedy pass@1 of that level (rows that have it)."""
+    out: dict[str, dict[str, float]] = {}
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        row = json.loads(line)
+        for key, value in row.items():
+            if key.startswith("eval_accuracy_level"):
+                out.setdefault(key.removeprefix("eval_accuracy_"), {})[str(row["step"])] = float(value)
+    return out
 
 
 def _value(run: dict, key: str) -> float | None:
@@ -385,8 +399,24 @@ def _seeds_section(runs: dict[str, dict]) -> list[str]:
     return lines + _table(["precision", "seed 0", "seed 1", "mean change", "final spread"], rows)
 
 
+def _levels_section(runs: dict[str, dict]) -> list[str]:
+    """Held-out greedy pass@1 of each level at the first and the last evaluation (mixed levels only)."""
+    levels = sorted({lv for r in runs.values() for lv in r.get("eval_accuracy_by_level", {})})
+    if not levels:
+        return []
+    rows = []
+    for label, r in runs.items():
+        cells = []
+        for lv in levels:
+            curve = r.get("eval_accuracy_by_level", {}).get(lv, {})
+            steps = sorted(curve, key=int)
+            cells.append(f"{curve[steps[0]]:.3f} -> {curve[steps[-1]]:.3f}" if steps else "n/a")
+        rows.append([label, *cells])
+    return ["", "## Held-out greedy pass@1 by level (first -> last evaluation)", ""] + _table(["run", *levels], rows)
+
+
 def _curves_section(runs: dict[str, dict], k: int) -> list[str]:
-    lines = _seeds_section(runs) + ["", "## Held-out accuracy (greedy pass@1) over the steps", ""]
+    lines = _seeds_section(runs) + _levels_section(runs) + ["", "## Held-out accuracy (greedy pass@1) over the steps", ""]
     lines += _table(["step", *runs], _by_step(runs, "eval_accuracy", ".3f"))
     lines += ["", "## Held-out sampled pass@1 over the steps", ""]
     lines += _table(["step", *runs], _by_step(runs, "eval_pass1_sampled", ".3f"))
@@ -441,13 +471,16 @@ def _time_section(runs: dict[str, dict], k: int) -> list[str]:
         f"## Wall time per RL step and throughput (mean of the last {k} steps, the first left out)",
         "",
     ]
-    header = ["run", *TIME_SPLIT.values(), "step s", "generation tokens/s", "training tokens/s"]
+    header = ["run", *TIME_SPLIT.values(), "step s", "generation tokens/s", "training tokens/s",
+              "an evaluation s (mean)"]  # fmt: skip
     rows = []
     for label, r in runs.items():
         split = [_value(r, key) for key in TIME_SPLIT]
         total = None if None in split else sum(split)
         speed = [_fmt(_value(r, key), ",.0f") for key in ("gen_tokens_per_s", "tokens_per_s")]
-        rows.append([label, *(_fmt(x, ".3f") for x in [*split, total]), *speed])
+        evals = list(r.get("time_eval_s", {}).values())
+        eval_s = sum(evals) / len(evals) if evals else None
+        rows.append([label, *(_fmt(x, ".3f") for x in [*split, total]), *speed, _fmt(eval_s, ".1f")])
     return lines + _table(header, rows)
 
 

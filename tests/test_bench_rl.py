@@ -42,7 +42,7 @@ def logged(run_dir, key):
 
 
 def test_bench_rl_on_cpu_summarises_what_its_runs_logged(tmp_path):
-    done, out = bench(tmp_path)
+    done, out = bench(tmp_path, "--rl-set", "rl.levels=[1,2]")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads((out / "summary.json").read_text())
     assert [j["name"] for j in data["jobs"]] == ["pretrain", "sft", *RUNS, "report"]
@@ -72,6 +72,10 @@ def test_bench_rl_on_cpu_summarises_what_its_runs_logged(tmp_path):
         )  # fmt: skip
         assert r["eval_accuracy"] == {str(s): v for s, v in logged(run_dir, "eval_accuracy").items()}
         assert r["reward"] == {str(s): v for s, v in logged(run_dir, "reward_mean").items()}
+        assert r["time_eval_s"] == {str(s): v for s, v in logged(run_dir, "time_eval_s").items()}
+        for lv in ("level1", "level2"):  # held-out greedy pass@1 per level, as logged
+            logged_lv = {str(s): v for s, v in logged(run_dir, f"eval_accuracy_{lv}").items()}
+            assert logged_lv and r["eval_accuracy_by_level"][lv] == logged_lv, lv
         for key in ("unsolved_frac", "solved_frac", "eval_pass_at_k"):  # logged, so summarised too
             assert r[key] and r[key] == {str(s): v for s, v in logged(run_dir, key).items()}, key
         for key in ("mismatch_k3", "mismatch_abs_mean", "mismatch_abs_max", "mismatch_frac_over_cap"):
@@ -89,6 +93,7 @@ def test_bench_rl_on_cpu_summarises_what_its_runs_logged(tmp_path):
             acc = logged(run_dir, "eval_accuracy")
             cells.append(f"{acc[min(acc)]:.3f} -> {acc[max(acc)]:.3f} (step {max(acc)})")
         assert f"| {label} | {cells[0]} | {cells[1]} |" in md
+    assert "## Held-out greedy pass@1 by level (first -> last evaluation)\n\n| run | level1 | level2 |" in md
     assert "## Share of groups without signal" in md and "(n/a / n/a)" not in md
     assert "## Rollout / trainer mismatch" in md and "| nvfp4-row | nvfp4 | row | tis |" in md
     assert "## Noise monitor" in md and "skipped no update and moved no run to BF16" in md

@@ -72,6 +72,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("time_score_s", "score s", warm=True),
     Figure("time_train_s", "train s", warm=True),
     Figure("time_refresh_s", "weight refresh s", warm=True),
+    Figure("time_eval_s", "an evaluation s", over="all"),
 )
 BY_KEY = {f.key: f for f in FIGURES}
 EVAL_K = "eval_k"

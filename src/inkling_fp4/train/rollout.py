@@ -129,8 +129,9 @@ class RolloutTask:
         figures = held_out_figures(sampler, held, self._encode, self.runner, self.dist, self.rl.eval_samples,
                                    kl_models, trainer.micro, autocast_for(trainer.device))  # fmt: skip
         del start
-        self._eval_s += time.perf_counter() - t0
-        return figures
+        seconds = time.perf_counter() - t0
+        self._eval_s += seconds
+        return {**figures, "time_eval_s": seconds}
 
     def state_dict(self) -> dict:
         return {"prompts": self.stream.state_dict(), "rl_step": self.rl_step,

@@ -5,6 +5,9 @@ On the task's held-out problems, with the policy as it stands:
     eval_accuracy       greedy pass@1: the argmax answer is right (what ``generate`` at T = 0 gives)
     eval_pass1_sampled  the mean reward of k completions per problem at the rollouts' temperature
     eval_pass_at_k      the share of problems with at least one right answer among those k
+    eval_accuracy_level<L>, eval_pass_at_k_level<L>
+                        the same per level of a built-in task, when the problems span several
+                        (a mixed set can hide one level at its ceiling and another with room to learn)
     eval_kl_to_start    k3 estimate of KL(policy || starting policy) per token of the first sampled
                         completion of each problem (draws of the policy, as the estimate needs; one
                         per problem keeps its two forwards to the size of the greedy batch)
@@ -79,8 +82,13 @@ def held_out_figures(
     greedy_scores = runner.score(texts, [c.text for c in greedy], answers)
     outcomes.update(greedy_scores.outcomes)
     rewards = np.array([r for part in D.gather_objects(greedy_scores.rewards, dist) for r in part])
+    levels = np.array([lv for part in D.gather_objects([p.level for p in held], dist) for lv in part])
+    by_level = sorted({lv for lv in levels if lv is not None})
+    by_level = by_level if len(by_level) > 1 else []
     figures = {"eval_accuracy": float((rewards >= 1.0).mean()), "eval_reward": float(rewards.mean()),
                "eval_problems": len(rewards)}  # fmt: skip
+    for lv in by_level:
+        figures[f"eval_accuracy_level{lv}"] = float((rewards[levels == lv] >= 1.0).mean())
     if k >= 1:
         repeated = [p for p in prompts for _ in range(k)]
         sampled = sampler.generate(repeated, seed=EVAL_SEED) if repeated else []
@@ -91,6 +99,8 @@ def held_out_figures(
         per_problem = np.array([r for part in parts for r in part]).reshape(-1, k) >= 1.0
         figures["eval_pass1_sampled"] = float(per_problem.mean())
         figures["eval_pass_at_k"], figures["eval_k"] = float(per_problem.any(1).mean()), k
+        for lv in by_level:  # per_problem [problems, k] in the order of levels
+            figures[f"eval_pass_at_k_level{lv}"] = float(per_problem[levels == lv].any(1).mean())
         if kl_models is not None:
             kl = _kl_to_start(sampled[::k], prompts, kl_models, sampler, dist, micro, autocast)
             figures["eval_kl_to_start"] = kl
@@ -136,6 +146,10 @@ def summary_line(rows: list[dict], window: int = 3) -> str | None:
 
     parts = [f"held-out greedy pass@1 {a['eval_accuracy']:.3f} -> {b['eval_accuracy']:.3f} "
              f"(step {a['step']} -> {b['step']}, {b['eval_problems']} problems)"]  # fmt: skip
+    levels = [key for key in b if key.startswith("eval_accuracy_level") and key in a]
+    if levels:
+        parts.append("by level " + ", ".join(
+            f"{key.removeprefix('eval_accuracy_level')}: {a[key]:.3f} -> {b[key]:.3f}" for key in levels))
     if "eval_pass_at_k" in a and "eval_pass_at_k" in b:
         k = b["eval_k"]
         parts.append(f"sampled pass@1 {a['eval_pass1_sampled']:.3f} -> {b['eval_pass1_sampled']:.3f}, "
