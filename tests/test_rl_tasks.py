@@ -307,3 +307,21 @@ def test_held_out_problems_are_distinct_and_capped_by_the_split():
     mixed = load_task(RLConfig(levels=[1, 2, 3], eval_prompts=128), 0).eval
     assert len(mixed) == 128 == len({p.text for p in mixed})
     assert all(split_of(p.text.split(".")[0].removeprefix("Compute ")) == "eval" for p in mixed)
+
+
+def test_rl_prompts_are_not_the_builtin_sft_examples():
+    """The built-in SFT examples and a built-in task's RL prompts come from one train split; drawn with
+    one seed they would be the same problems (RL would score the SFT's training set). Countdown's RL
+    pool meets the SFT's 80,000 problems only by chance: a few of 3 numbers, under 1.5% of them."""
+    from inkling_fp4.data.builtin_tasks import BuiltinTasks
+    from inkling_fp4.rl.config import RLConfig
+    from inkling_fp4.rl.prompts import load_task
+
+    examples = BuiltinTasks(20_000, 0)
+    sft = {row["messages"][0]["content"] for row in examples.iter_rows()}
+    _, n_countdown = examples.counts
+    for levels in ([1, 2], [1], [2]):  # [1, 2]: the SFT's own mix (with its seed: every problem shared)
+        rl = load_task(RLConfig(task="countdown", levels=levels), 0).train[:n_countdown]
+        shared = sum(p.text in sft for p in rl)
+        assert shared <= 0.015 * len(rl), (levels, shared)
+        assert {p.level for p in rl} == set(levels)

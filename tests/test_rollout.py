@@ -296,8 +296,11 @@ def test_packed_forwards_give_the_padded_runs_first_step(base, tmp_path):
     padded = [r for r in train_rl(base, tmp_path / "padded", *kw) if "loss" in r]
     packed = [r for r in train_rl(base, tmp_path / "packed", *kw, "rl.pack=true") if "loss" in r]
     assert packed[0]["reward_mean"] == padded[0]["reward_mean"]
-    for key in ("loss", "mismatch_abs_mean", "entropy"):
+    for key in ("loss", "entropy"):
         assert packed[0][key] == pytest.approx(padded[0][key], rel=1e-5, abs=1e-9), key
+    # the mismatch is itself a BF16 rounding difference (~1e-4): the forwards' rounding moves it by a
+    # part in 1e4 to 1e3 of itself, a wrong packing by orders of magnitude
+    assert packed[0]["mismatch_abs_mean"] == pytest.approx(padded[0]["mismatch_abs_mean"], rel=1e-2)
 
 
 def test_one_forward_a_step_gives_the_recompute_passs_figures_and_update(base, tmp_path, monkeypatch):

@@ -23,6 +23,9 @@ from inkling_fp4.rl.tasks import held_out
 
 POOL = 20_000
 """Train problems drawn for a built-in task (repeats come only after this many prompts)."""
+RL_STREAM = 1 << 20
+"""A built-in task's RL prompts are drawn from seed + RL_STREAM: with the SFT's own seed they would be
+the first problems of the built-in SFT examples (data/builtin_tasks.py draws the same train split)."""
 EVAL_FRACTION = 0.1
 
 
@@ -60,7 +63,7 @@ def _task(cfg: RLConfig, seed: int) -> TaskData:
         bad = [lv for lv in levels if lv not in module.LEVELS]
         if bad:
             raise DataError(f"rl.levels {bad}: the {cfg.task} task has levels {list(module.LEVELS)}")
-        train = [Prompt(p.prompt, p.answer, p.level) for p in module.problems("train", POOL, seed, levels)]
+        train = [Prompt(p.prompt, p.answer, p.level) for p in module.problems("train", POOL, seed + RL_STREAM, levels)]
         held = [Prompt(p.prompt, p.answer, p.level) for p in held_out(module.problems, cfg.eval_prompts, levels)]
         return TaskData(cfg.task, train, held, module.reward, True)
     records = read_jsonl(Path(cfg.task))
