@@ -89,6 +89,12 @@ def all_reduce_max(x: torch.Tensor, info: DistInfo) -> None:
         dist.all_reduce(x, op=dist.ReduceOp.MAX)
 
 
+def all_reduce_min(x: torch.Tensor, info: DistInfo) -> None:
+    """In place: every rank's ``x`` becomes the elementwise min over the ranks."""
+    if info.active:
+        dist.all_reduce(x, op=dist.ReduceOp.MIN)
+
+
 def all_gather_rows(x: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """Every rank's ``x`` (the same shape on each), concatenated along dim 0 in rank order."""
     if not info.active:

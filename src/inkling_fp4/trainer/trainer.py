@@ -53,6 +53,7 @@ from inkling_fp4.trainer.flops import peak_flops
 from inkling_fp4.trainer.graphed_step import GraphedMicroStep
 from inkling_fp4.trainer.monitor import NoiseMonitor, Verdict
 from inkling_fp4.trainer.optimizer import build_optimizer, load_optimizer_tensors, optimizer_tensors, set_lr
+from inkling_fp4.trainer.replicas import check_replicas
 from inkling_fp4.trainer.sharding import full_state, is_sharded, load_full_state, local_value, shard_model
 
 
@@ -315,6 +316,8 @@ class Trainer:
             "tokens": dict(self.tokens),
         }  # fmt: skip
         path = None
+        if not is_sharded(self.model):
+            check_replicas(self.model, dist, self.step_count)
         if is_sharded(self.model):
             params, opt = full_state(self.model, self.optimizer)  # a collective: gathered to rank 0
         elif dist.is_main:
