@@ -412,11 +412,17 @@ def _levels_section(runs: dict[str, dict]) -> list[str]:
             steps = sorted(curve, key=int)
             cells.append(f"{curve[steps[0]]:.3f} -> {curve[steps[-1]]:.3f}" if steps else "n/a")
         rows.append([label, *cells])
-    return ["", "## Held-out greedy pass@1 by level (first -> last evaluation)", ""] + _table(["run", *levels], rows)
+    return ["", "## Held-out greedy pass@1 by level (first -> last evaluation)", ""] + _table(
+        ["run", *levels], rows
+    )
 
 
 def _curves_section(runs: dict[str, dict], k: int) -> list[str]:
-    lines = _seeds_section(runs) + _levels_section(runs) + ["", "## Held-out accuracy (greedy pass@1) over the steps", ""]
+    lines = (
+        _seeds_section(runs)
+        + _levels_section(runs)
+        + ["", "## Held-out accuracy (greedy pass@1) over the steps", ""]
+    )
     lines += _table(["step", *runs], _by_step(runs, "eval_accuracy", ".3f"))
     lines += ["", "## Held-out sampled pass@1 over the steps", ""]
     lines += _table(["step", *runs], _by_step(runs, "eval_pass1_sampled", ".3f"))

@@ -18,7 +18,7 @@ class _Cfg:
 
 
 class _ScriptedSampler:
-    """Answers prompt i right greedily when ``greedy[i]``, and its j-th sample right when ``sampled[i, j]``."""
+    """Answers prompt i right greedily when ``greedy[i]``, its j-th sample right when ``sampled[i, j]``."""
 
     def __init__(self, prompts: list[Prompt], greedy: np.ndarray, sampled: np.ndarray):
         self.cfg, self.prompts, self.greedy, self.sampled = _Cfg(), prompts, greedy, sampled

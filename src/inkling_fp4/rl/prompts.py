@@ -63,8 +63,13 @@ def _task(cfg: RLConfig, seed: int) -> TaskData:
         bad = [lv for lv in levels if lv not in module.LEVELS]
         if bad:
             raise DataError(f"rl.levels {bad}: the {cfg.task} task has levels {list(module.LEVELS)}")
-        train = [Prompt(p.prompt, p.answer, p.level) for p in module.problems("train", POOL, seed + RL_STREAM, levels)]
-        held = [Prompt(p.prompt, p.answer, p.level) for p in held_out(module.problems, cfg.eval_prompts, levels)]
+        train = [
+            Prompt(p.prompt, p.answer, p.level)
+            for p in module.problems("train", POOL, seed + RL_STREAM, levels)
+        ]
+        held = [
+            Prompt(p.prompt, p.answer, p.level) for p in held_out(module.problems, cfg.eval_prompts, levels)
+        ]
         return TaskData(cfg.task, train, held, module.reward, True)
     records = read_jsonl(Path(cfg.task))
     n_eval = max(1, round(EVAL_FRACTION * len(records))) if len(records) > 1 else 0

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from inkling_fp4 import distributed as D
 from inkling_fp4.runs.checkpoint import STATE_FILE, checkpoint_dirs
 from inkling_fp4.runs.metrics import format_duration
@@ -72,6 +74,8 @@ def fit(trainer: Trainer, task: Task) -> FitResult:
                     "eta_s": (cfg.train.steps - step) * session_time / session_steps,
                     "skipped": result.verdict.skip, "trained_tokens": trainer.tokens["trained"],
                 }  # fmt: skip
+                if trainer.device.type == "cuda":  # this rank's: the ranks of DDP and FSDP are alike
+                    record["peak_mem_gib"] = torch.cuda.max_memory_allocated(trainer.device) / 2**30
                 record.update(task.step_metrics())  # the stage's own figures (rewards, mismatch, ...)
                 if trainer.live_gap is not None:
                     record["baseline_loss"] = trainer.live_gap.at(step)

@@ -1,0 +1,53 @@
+"""scripts/bench_two_gpu.py end to end on CPU (--tiny, two gloo processes): every command runs, RL
+on two ranks trains (so the replica check compared trained weights), the summary reads what the runs
+logged, and the run resumed under torchrun continues the straight run's losses exactly."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_two_gpu.py"
+
+
+def _losses(run_dir: Path) -> dict[str, float]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {str(r["step"]): r["loss"] for r in rows if "loss" in r and "event" not in r}
+
+
+def test_bench_two_gpu_on_cpu(tmp_path):
+    (tmp_path / "len_reward.py").write_text("def reward(prompt, completion, answer):\n"
+                                            "    return (len(completion) % 5) / 4\n")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = tmp_path / "out"
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    cmd = [sys.executable, str(SCRIPT), "--tiny", "--out", str(out), "--rl-set",
+           "rl.reward=len_reward:reward", "--pretrain-set", cache]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads((out / "summary.json").read_text())
+    assert [c["rc"] for c in data["commands"]] == [0] * 7 and data["replicas_identical"]
+    for name in ("rl-1", "rl-2"):
+        assert data["rl"][name]["steps"] == 2 and data["rl"][name]["grad_norm"] > 0
+    pre = data["pretrain"]
+    for name in ("pretrain-1", "pretrain-ddp", "pretrain-fsdp", "pretrain-resumed"):
+        assert pre[name]["losses"] == _losses(out / name) and pre[name]["steps"] == 4
+    assert pre["pretrain-ddp"]["largest_loss_gap_to_one"] < 1e-3
+    assert pre["pretrain-resumed"]["largest_loss_gap_to_straight"] == 0.0
+    assert "| pretrain-fsdp | 4 |" in (out / "summary.md").read_text()
+
+
+def test_bench_two_gpu_refuses_a_used_out_and_a_from_without_checkpoints(tmp_path):
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("")
+    for args in (
+        ["--out", str(tmp_path / "used")],
+        ["--out", str(tmp_path / "new"), "--from", str(tmp_path)],
+    ):
+        done = subprocess.run([sys.executable, str(SCRIPT), "--tiny", *args], capture_output=True, text=True)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
