@@ -35,6 +35,7 @@ from inkling_fp4.infer.decode_graphs import DecodeGraphs, log_to_stderr
 from inkling_fp4.infer.sampling import sample
 from inkling_fp4.infer.sequence_noise import exponential_noise
 from inkling_fp4.infer.stopping import End, StopChecker
+from inkling_fp4.model.fused_nvfp4_decode import fuse_nvfp4_decode
 from inkling_fp4.model.graphed_decoder import cache_tensors
 from inkling_fp4.precision.autocast import autocast_for
 from inkling_fp4.precision.config import PrecisionConfig
@@ -129,6 +130,7 @@ class Sampler:
         """(rows, length) prefill shapes run on CUDA so far: the first of each is set-up (compiles)."""
         self._eos: StopChecker | None = None
         if policy is not None:
+            fuse_nvfp4_decode(model)  # the pre-norms write NVFP4 rows where the recipe decodes with them
             policy.freeze_weights(model)
 
     @property

@@ -53,13 +53,14 @@ def _transposed_operand(
 
 def quantized_forward(
     x2d: torch.Tensor, weight: torch.Tensor, recipe: Recipe, *, name: str = "", out_dtype=torch.float32,
-    wq: gemm.Operand | None = None,
+    wq: gemm.Operand | None = None, rows=None,
 ) -> torch.Tensor:  # fmt: skip
     """fprop only (no autograd): y [M, N], FP32 unless ``out_dtype`` says otherwise. ``wq``: W's
-    fprop operand already quantized (:meth:`QuantLinear.freeze_weights`)."""
+    fprop operand already quantized (:meth:`QuantLinear.freeze_weights`); ``rows``: x's, by its producer
+    (:class:`decode_fprop.QuantizedRows`)."""
     with torch.autocast(device_type=x2d.device.type, enabled=False):
-        if out_dtype == torch.bfloat16 and recipe.fprop is not None:
-            y = decode_fprop(x2d, wq, recipe.fprop.a, weight.shape[0], name)  # one fused kernel, or None
+        if out_dtype == torch.bfloat16 and recipe.fprop is not None:  # one fused kernel, or None
+            y = decode_fprop(x2d, wq, recipe.fprop.a, weight.shape[0], name, rows)
             if y is not None:
                 return y
         y, _, _ = _fprop(x2d, weight, recipe, name, out_dtype, wq=wq)

@@ -33,16 +33,21 @@ from inkling_fp4.model.glue_kernels.common import (
     to_f32,
 )
 from inkling_fp4.model.grad_slab import FP8Scaling
+from inkling_fp4.numerics.kernels.amax import zeroed_words
 from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
 from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
+from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_whole_rows
 
 
 @triton.jit
 def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
               ADD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-              amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr):  # fmt: skip
+              amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr,
+              w_decode_ptr, values_ptr, out_scale_ptr, max_ptr, NVFP4_ROWS: tl.constexpr,
+              NV_BLOCK_K: tl.constexpr):  # fmt: skip
     """rms_norm of BLOCK_R rows: out = (h r) w, h = x, or with ADD h = x + y (also stored). ``FP8``: out
-    as delayed-scaled FP8 bytes."""
+    as delayed-scaled FP8 bytes. ``NVFP4_ROWS``: also the NVFP4 block values of the stored BF16 out, one
+    scale per row (``nvfp4_decode_gemm.quantize_whole_rows``)."""
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (cols < D)[None, :]
@@ -63,6 +68,11 @@ def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
         tl.store(
             out_ptr + rows[:, None] * D + cols[None, :], round_to(out, out_ptr.dtype.element_ty), mask=mask
         )
+        if NVFP4_ROWS:
+            # NOTE every thread's part of the rows is stored before any thread reads the rows back
+            tl.debug_barrier()
+            quantize_whole_rows(out_ptr, D, rows, R, D, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
+                                BLOCK_R, NV_BLOCK_K)  # fmt: skip
     tl.store(rstd_ptr + rows, rstd, mask=rows < R)
 
 
@@ -108,22 +118,27 @@ def _norm_bwd(h_ptr, w_ptr, rstd_ptr, dout_ptr, dh_ptr, dx_ptr, dy_ptr, dw_ptr, 
         record_amax(record_ptr, seen)
 
 
-def norm_forward(x, y, weight, eps, out_dtype, h, fp8_out: FP8Scaling | None = None):
+def norm_forward(x, y, weight, eps, out_dtype, h, fp8_out: FP8Scaling | None = None, nvfp4_rows=None):
     """Launch the (add +) rms_norm forward (h: the buffer for x + y, or None) -> (normed, rstd [R]).
-    ``fp8_out``: normed as FP8 bytes of the BF16 values under its delayed amax (out_dtype must be BF16)."""
+    ``fp8_out``: normed as FP8 bytes of the BF16 values under its delayed amax (out_dtype must be BF16).
+    ``nvfp4_rows``: (w_decode [1], values [R, D] BF16, out_scale [R], largest amax [1], zeroed) to write
+    the NVFP4 row-scaled operand of normed into (out_dtype BF16)."""
     D = x.shape[-1]
     x2 = as_rows(x, D)
     y2 = x2 if y is None else as_rows(y, D)
     R = x2.shape[0]
     assert fp8_out is None or out_dtype == torch.bfloat16, "FP8 bytes are of the BF16 output"
+    assert nvfp4_rows is None or (out_dtype == torch.bfloat16 and D % 16 == 0), "NVFP4 rows of BF16, 16 | D"
     out = torch.empty(x.shape, device=x.device, dtype=torch.uint8 if fp8_out is not None else out_dtype)
     rstd = torch.empty(R, device=x.device, dtype=torch.float32)
     block_d, block_r, warps = forward_tile(D)
+    w_decode, values, out_scale, largest = nvfp4_rows or (out, out, out, out)
     with on_device(x):
         _norm_fwd[(max(1, cdiv(R, block_r)),)](
             x2, y2, weight, out if h is None else h, out, rstd, R, D, x2.stride(0), y2.stride(0), eps,
             ADD=y is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, enable_fp_fusion=False,
-            **fp8_epilogue_kwargs(fp8_out, out),
+            **fp8_epilogue_kwargs(fp8_out, out), w_decode_ptr=w_decode, values_ptr=values,
+            out_scale_ptr=out_scale, max_ptr=largest, NVFP4_ROWS=nvfp4_rows is not None, NV_BLOCK_K=256,
         )  # fmt: skip
     return out, rstd
 
@@ -207,3 +222,24 @@ def add_rms_norm(
             f"add_rms_norm takes x and y of one shape (no broadcasting), got {x.shape} and {y.shape}"
         )
     return _AddRMSNorm.apply(x, y, weight, eps, out_dtype, dy_into)
+
+
+@torch.no_grad()
+def norm_nvfp4_rows(x, y, weight, eps: float, w_decode: torch.Tensor):
+    """No-grad (add +) rms_norm to BF16 that also writes the normed rows' NVFP4 operand, one scale per row
+    (the decode step's pre-norm): x [R, D] (y [R, D] or None) -> (h = x + y or None, normed [R, D] BF16,
+    values [R, D] BF16, out_scale [R] (``w_decode`` folded in), the largest row amax [1])."""
+    check_inputs(x, weight) if y is None else check_inputs(x, y, weight)
+    R, D = x.reshape(-1, x.shape[-1]).shape
+    h = (
+        None
+        if y is None
+        else torch.empty(x.shape, device=x.device, dtype=torch.promote_types(x.dtype, y.dtype))
+    )
+    values = torch.empty(R, D, device=x.device, dtype=torch.bfloat16)
+    out_scale = torch.empty(R, device=x.device, dtype=torch.float32)
+    largest = zeroed_words(1, x.device)
+    normed, _ = norm_forward(
+        x, y, weight, eps, torch.bfloat16, h, nvfp4_rows=(w_decode, values, out_scale, largest)
+    )
+    return h, normed, values, out_scale, largest

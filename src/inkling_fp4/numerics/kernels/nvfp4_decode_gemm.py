@@ -41,12 +41,14 @@ def _row_max(half):
 
 
 @triton.jit
-def _quantize_rows_whole_kernel(
-    x_ptr, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr, M, K, stride_xm,
+def quantize_whole_rows(
+    x_ptr, stride_xm, rows, M, K, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    """Rows ``rows`` [BLOCK_M] of x [M, K]: each row's amax in a first loop over K, then its block values
+    (BF16 [M, K] at ``values_ptr``), its output scale ``1/S_enc(row) · w_decode`` and the atomic max of
+    the row amaxes (+Inf for NaN/Inf). A device function: norm kernels call it on the rows they wrote."""
     G: tl.constexpr = BLOCK_K // 16
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ptr = x_ptr + rows.to(tl.int64)[:, None, None] * stride_xm
     half = tl.arange(0, 8)[None, :]
     running = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -72,6 +74,16 @@ def _quantize_rows_whole_kernel(
         v = block_values(value_lo, value_hi, scale, BLOCK_M, G)
         tl.store(values_ptr + rows.to(tl.int64)[:, None, None] * K + cols, v.to(tl.bfloat16),
                  mask=block_mask[:, :, None])  # fmt: skip
+
+
+@triton.jit
+def _quantize_rows_whole_kernel(
+    x_ptr, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr, M, K, stride_xm,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    quantize_whole_rows(x_ptr, stride_xm, rows, M, K, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
+                        BLOCK_M, BLOCK_K)  # fmt: skip
 
 
 def quantize_rows_whole(

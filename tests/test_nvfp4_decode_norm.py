@@ -1,0 +1,131 @@
+"""The decode pre-norm that writes the NVFP4 rows of its output (``glue_kernels.norm_kernels.norm_nvfp4_rows``,
+``model/fused_nvfp4_decode.py``): its rows are, bit for bit, what the row quantizer makes of the
+norm's BF16 output, and a model whose blocks hand them over decodes the logits, bit for bit, of the
+same model whose linears quantize for themselves, with one quantizer launch fewer per block.
+
+On CPU the kernels run in a TRITON_INTERPRET=1 child process; on a GPU directly. Fresh random rows
+each run, with a zero row, an outlier, tiny values and a row of NaN among them.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from interpreter import interpreted_parent, kernel_test
+
+pytest.importorskip("triton")
+
+from inkling_fp4.model import fused_nvfp4_decode  # noqa: E402
+from inkling_fp4.model.config import ModelConfig  # noqa: E402
+from inkling_fp4.model.hybrid import HybridLM  # noqa: E402
+from inkling_fp4.precision.config import PrecisionConfig  # noqa: E402
+from inkling_fp4.precision.policy import PrecisionPolicy  # noqa: E402
+from inkling_fp4.precision.quant_linear import QuantLinear  # noqa: E402
+
+test_kernels_under_triton_interpreter = interpreted_parent(__file__, "-m", "gpu")
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def _rows(r: int, d: int, g: torch.Generator) -> torch.Tensor:
+    x = torch.randn(r, d, generator=g) * torch.rand(r, 1, generator=g) * 8
+    special = [torch.zeros(d), torch.randn(d, generator=g).index_fill_(0, torch.tensor([d // 3]), 5e4),
+               torch.randn(d, generator=g) * 1e-7, torch.full((d,), float("nan"))]  # fmt: skip
+    for i, row in enumerate(special[: r - 1]):
+        x[i + 1] = row
+    return x
+
+
+@kernel_test
+@pytest.mark.parametrize("add", [False, True])
+@pytest.mark.parametrize(("r", "d"), [(1, 48), (5, 64), (33, 320)])
+def test_the_norms_rows_are_the_row_quantizers_of_its_output(add, r, d):
+    from inkling_fp4.model.glue_kernels.norm_kernels import norm_forward, norm_nvfp4_rows
+    from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_rows_whole
+
+    seed = random.randrange(2**31)
+    g = torch.Generator().manual_seed(seed)
+    dev = _device()
+    x = _rows(r, d, g).to(dev)  # the residual stream, FP32
+    y = (torch.randn(r, d, generator=g) * 2).to(torch.bfloat16).to(dev) if add else None
+    w = (1 + torch.randn(d, generator=g) * 0.2).to(dev)
+    w_decode = torch.tensor([0.37 * random.random() + 1e-3], device=dev)
+    h, normed, values, out_scale, largest = norm_nvfp4_rows(x, y, w, 1e-5, w_decode)
+    h_ref = None if y is None else torch.empty_like(x)
+    normed_ref, _ = norm_forward(x, y, w, 1e-5, torch.bfloat16, h_ref)
+    values_ref, scale_ref, largest_ref = quantize_rows_whole(normed_ref, w_decode)
+    assert (h is None) == (h_ref is None) and (h is None or torch.equal(_bits(h), _bits(h_ref))), seed
+    for got, want in (
+        (normed, normed_ref),
+        (values, values_ref),
+        (out_scale, scale_ref),
+        (largest, largest_ref),
+    ):
+        assert torch.equal(_bits(got), _bits(want)), seed
+
+
+def _quantizer_calls(monkeypatch) -> list[int]:
+    """Counts the row quantizer's launches (the one the handed-over rows replace)."""
+    from inkling_fp4.numerics.kernels import nvfp4_decode_gemm as kernels
+
+    calls, real = [], kernels.quantize_rows_whole
+    monkeypatch.setattr(kernels, "quantize_rows_whole", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def _decode(model, prompts, steps: int) -> list[torch.Tensor]:
+    dev = prompts.device
+    with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16):
+        cache = model.allocate_cache(prompts.shape[0], prompts.shape[1] + steps + 1)
+        lengths = torch.full((prompts.shape[0],), prompts.shape[1], device=dev)
+        logits = [model.prefill(prompts, lengths, cache)]
+        for _ in range(steps):
+            logits.append(model.decode_step(logits[-1].argmax(-1), cache))
+    return logits
+
+
+@kernel_test
+def test_blocks_that_hand_over_the_rows_decode_the_same_logits(monkeypatch):
+    dev = _device()
+    torch.manual_seed(random.randrange(2**31))
+    cfg = ModelConfig(preset="tiny")
+    model = HybridLM(cfg).to(dev).eval()
+    policy = PrecisionPolicy(PrecisionConfig(recipe="nvfp4", activation_scale="row", bf16_first_layers=0,
+                                             bf16_last_layers=0), cfg.n_layers)  # fmt: skip
+    policy.apply(model)
+    policy.freeze_weights(model)
+    fused_nvfp4_decode.fuse_nvfp4_decode(model)
+    assert all(type(b) is fused_nvfp4_decode.NVFP4DecodeBlock for b in model.layers)
+    prompts = torch.randint(0, cfg.vocab_size, (3, 5), device=dev)
+    steps = 4
+    calls = _quantizer_calls(monkeypatch)
+    fused = _decode(model, prompts, steps)
+    handed = len(calls)
+    monkeypatch.setattr(QuantLinear, "hand_over", lambda self, x, rows: None)  # each linear quantizes x
+    plain = _decode(model, prompts, steps)
+    assert len(calls) - handed == handed + steps * cfg.n_layers  # one launch fewer per block and step
+    for a, b in zip(fused, plain, strict=True):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def test_without_its_recipe_the_block_steps_as_the_plain_one():
+    """BF16, NVFP4 with tensor scales, a grad-enabled forward: the norm quantizes nothing."""
+    model = HybridLM(ModelConfig(preset="tiny"))
+    block = model.layers[0]
+    linear = fused_nvfp4_decode.first_linear(block.mixer)
+    x = torch.randn(2, model.cfg.d_model)
+    assert not fused_nvfp4_decode.applies(linear, x, x.dtype)  # BF16: no recipe
+    PrecisionPolicy(PrecisionConfig(recipe="nvfp4", bf16_first_layers=0, bf16_last_layers=0),
+                    model.cfg.n_layers).apply(model)  # fmt: skip
+    assert not fused_nvfp4_decode.applies(linear, x, torch.bfloat16)  # tensor scales (and no Triton here)
+    assert [fused_nvfp4_decode.first_linear(b.mixer).name for b in model.layers[:3]] == [
+        "mamba.in_proj", "mlp.up_proj", "attn.qkv_proj"]  # fmt: skip
