@@ -1,4 +1,4 @@
-"""The decode pre-norm that writes the NVFP4 rows of its output (``glue_kernels.norm_kernels.norm_nvfp4_rows``,
+"""The decode pre-norm that writes the NVFP4 rows of its output (``norm_kernels.norm_nvfp4_rows``,
 ``model/fused_nvfp4_decode.py``): its rows are, bit for bit, what the row quantizer makes of the
 norm's BF16 output, and a model whose blocks hand them over decodes the logits, bit for bit, of the
 same model whose linears quantize for themselves, with one quantizer launch fewer per block.
