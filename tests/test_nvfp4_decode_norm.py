@@ -1,7 +1,8 @@
 """The decode pre-norm that writes the NVFP4 rows of its output (``norm_kernels.norm_nvfp4_rows``,
 ``model/fused_nvfp4_decode.py``): its rows are, bit for bit, what the row quantizer makes of the
 norm's BF16 output, and a model whose blocks hand them over decodes the logits, bit for bit, of the
-same model whose linears quantize for themselves, with one quantizer launch fewer per block.
+same model whose linears quantize for themselves, with one quantizer launch fewer per block (and per
+MLP: its squared ReLU writes down_proj's rows the same way).
 
 On CPU the kernels run in a TRITON_INTERPRET=1 child process; on a GPU directly. Fresh random rows
 each run, with a zero row, an outlier, tiny values and a row of NaN among them.
@@ -73,6 +74,24 @@ def test_the_norms_rows_are_the_row_quantizers_of_its_output(add, r, d):
         assert torch.equal(_bits(got), _bits(want)), seed
 
 
+@kernel_test
+@pytest.mark.parametrize(("r", "f"), [(1, 64), (7, 1040)])
+def test_the_squared_relus_rows_are_the_row_quantizers_of_its_output(r, f):
+    from inkling_fp4.model.glue_kernels.pointwise_kernels import squared_relu_nvfp4_rows
+    from inkling_fp4.model.mlp import squared_relu
+    from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_rows_whole
+
+    seed = random.randrange(2**31)
+    g = torch.Generator().manual_seed(seed)
+    h = (_rows(r, f, g) / 16).to(torch.bfloat16).to(_device())  # up_proj's output, negatives included
+    w_decode = torch.tensor([0.37 * random.random() + 1e-3], device=h.device)
+    out, values, out_scale, largest = squared_relu_nvfp4_rows(h, w_decode)
+    out_ref = squared_relu.reference(h)  # the plain PyTorch form: relu(h) * relu(h) in BF16
+    values_ref, scale_ref, largest_ref = quantize_rows_whole(out_ref, w_decode)
+    for got, want in ((out, out_ref), (values, values_ref), (out_scale, scale_ref), (largest, largest_ref)):
+        assert torch.equal(_bits(got), _bits(want)), seed
+
+
 def _quantizer_calls(monkeypatch) -> list[int]:
     """Counts the row quantizer's launches (the one the handed-over rows replace)."""
     from inkling_fp4.numerics.kernels import nvfp4_decode_gemm as kernels
@@ -105,6 +124,8 @@ def test_blocks_that_hand_over_the_rows_decode_the_same_logits(monkeypatch):
     policy.freeze_weights(model)
     fused_nvfp4_decode.fuse_nvfp4_decode(model)
     assert all(type(b) is fused_nvfp4_decode.NVFP4DecodeBlock for b in model.layers)
+    mlps = sum(type(b.mixer) is fused_nvfp4_decode.NVFP4DecodeMLP for b in model.layers)
+    assert mlps == cfg.pattern.count("-") > 0
     prompts = torch.randint(0, cfg.vocab_size, (3, 5), device=dev)
     steps = 4
     calls = _quantizer_calls(monkeypatch)
@@ -112,7 +133,7 @@ def test_blocks_that_hand_over_the_rows_decode_the_same_logits(monkeypatch):
     handed = len(calls)
     monkeypatch.setattr(QuantLinear, "hand_over", lambda self, x, rows: None)  # each linear quantizes x
     plain = _decode(model, prompts, steps)
-    assert len(calls) - handed == handed + steps * cfg.n_layers  # one launch fewer per block and step
+    assert len(calls) - handed == handed + steps * (cfg.n_layers + mlps)  # one fewer per block, per MLP
     for a, b in zip(fused, plain, strict=True):
         assert torch.equal(_bits(a), _bits(b))
 

@@ -1,12 +1,15 @@
-"""The decode step's pre-norm writing the NVFP4 operand of the mixer's first linear (row scales).
+"""The decode step's producers writing the NVFP4 operand of the linear after them (row scales).
 
 At decode sizes an emulated NVFP4 GEMM is launch-bound: beside the GEMM, the row quantizer is one more
 launch per linear (BENCHMARKS.md, decode). The block's norm kernel owns whole rows already, so it also
 writes their NVFP4 block values and scales (``glue_kernels.norm_kernels.norm_nvfp4_rows``) and hands
 them to the one linear that reads the norm's output (in_proj, qkv_proj or up_proj), which then skips
-its quantizer: one launch fewer per block, the same bits (tests/test_nvfp4_decode_norm.py).
-:func:`fuse_nvfp4_decode` swaps the block class in once; where the path does not apply (another
-recipe, tensor scales, no held weights, no Triton) the block steps as the plain one does.
+its quantizer; the MLP's squared ReLU does the same for down_proj. One launch fewer per block and per
+MLP, the same bits (tests/test_nvfp4_decode_norm.py). Mamba's gated norm and attention's output are
+written by their decode kernels a group or a head at a time, so out_proj and o_proj still quantize
+their own input.
+:func:`fuse_nvfp4_decode` swaps the classes in once; where the path does not apply (another recipe,
+tensor scales, no held weights, no Triton) they step as the plain ones do.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from torch import nn
 from inkling_fp4.model.attention import Attention
 from inkling_fp4.model.hybrid import Block
 from inkling_fp4.model.mamba2 import Mamba2Mixer
-from inkling_fp4.model.mlp import MLP
+from inkling_fp4.model.mlp import MLP, squared_relu
 from inkling_fp4.model.norm import output_dtype
 from inkling_fp4.precision import fused_kernels
 from inkling_fp4.precision.decode_fprop import QuantizedRows, takes_rows
@@ -57,9 +60,27 @@ class NVFP4DecodeBlock(Block):
         return (x if h is None else h), self.mixer.step(normed, cache)
 
 
+class NVFP4DecodeMLP(MLP):
+    def step(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """As :meth:`MLP.step`; the squared ReLU also quantizes its output for down_proj."""
+        u = self.up_proj(x)  # [B, F]: takes the pre-norm's rows where they were handed over
+        if not applies(self.down_proj, u, u.dtype):
+            return self.down_proj(squared_relu(u))
+        from inkling_fp4.model.glue_kernels.pointwise_kernels import squared_relu_nvfp4_rows  # needs triton
+
+        h, values, out_scale, amax = squared_relu_nvfp4_rows(u, self.down_proj.frozen_weight().decode_scale)
+        self.down_proj.hand_over(h, QuantizedRows(values, out_scale, amax))
+        return self.down_proj(h)  # [B, D]
+
+
+FUSED = {Block: NVFP4DecodeBlock, MLP: NVFP4DecodeMLP}
+"""Each plain class -> its decode variant (same parameters; only ``step`` differs)."""
+
+
 def fuse_nvfp4_decode(model: nn.Module) -> nn.Module:
-    """Give ``model``'s plain blocks the class above, in place (idempotent; other block classes stay)."""
+    """Give ``model``'s plain blocks and MLPs the classes above, in place (idempotent; other classes stay)."""
     for module in model.modules():
-        if type(module) is Block:
-            module.__class__ = NVFP4DecodeBlock
+        fused = FUSED.get(type(module))
+        if fused is not None:
+            module.__class__ = fused
     return model

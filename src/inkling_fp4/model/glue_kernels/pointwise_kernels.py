@@ -1,4 +1,5 @@
-"""The two elementwise glue functions without a reduction, as Triton kernels behind autograd Functions:
+"""The two elementwise glue functions without a reduction, as Triton kernels behind autograd Functions
+(and the decode step's squared ReLU that also writes down_proj's NVFP4 rows, no autograd):
 
     squared_relu   out = r r,  r = relu(h);          dh = 2 dout h where h > 0, else 0
     dt_softplus    v = dt + bias;  out = v if v > 20 else log1p(exp(v)) (FP32);
@@ -30,8 +31,10 @@ from inkling_fp4.model.glue_kernels.common import (
     on_device,
     round_to,
 )
+from inkling_fp4.numerics.kernels.amax import zeroed_words
 from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
 from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
+from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_whole_rows
 
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # F.softplus's default: above it softplus(v) = v
 SQUARED_RELU_BLOCK = 4096  # elements per program of the flat squared ReLU
@@ -158,3 +161,43 @@ def dt_softplus(dt_raw: torch.Tensor, dt_bias: torch.Tensor, ddt_into=None) -> t
     ``ddt_into``: None, or a function returning where the backward writes d dt_raw (``grad_slab.py``)."""
     check_inputs(dt_raw, dt_bias)
     return _DtSoftplus.apply(dt_raw, dt_bias, ddt_into)
+
+
+@triton.jit
+def _squared_relu_rows(h_ptr, out_ptr, R, F, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
+                       BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, NV_BLOCK_K: tl.constexpr):  # fmt: skip
+    """relu(h)^2 of BLOCK_R whole rows of h [R, F] (as :func:`_squared_relu`), then the NVFP4 operand of
+    the stored rows with one scale per row (``nvfp4_decode_gemm.quantize_whole_rows``)."""
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    for f0 in range(0, F, BLOCK_F):
+        cols = f0 + tl.arange(0, BLOCK_F)
+        mask = (rows < R)[:, None] & (cols < F)[None, :]
+        h = load_f32(h_ptr + rows[:, None] * F + cols[None, :], mask)
+        r = tl.where(h < 0.0, 0.0, h)  # NOTE not tl.maximum: it drops NaN, relu keeps it
+        tl.store(
+            out_ptr + rows[:, None] * F + cols[None, :], round_to(r * r, out_ptr.dtype.element_ty), mask=mask
+        )
+    # NOTE every thread's part of the rows is stored before any thread reads the rows back
+    tl.debug_barrier()
+    quantize_whole_rows(out_ptr, F, rows, R, F, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr, BLOCK_R,
+                        NV_BLOCK_K)  # fmt: skip
+
+
+@torch.no_grad()
+def squared_relu_nvfp4_rows(h: torch.Tensor, w_decode: torch.Tensor):
+    """relu(h)^2 of h [R, F] BF16 (16 | F) and its NVFP4 operand, one scale per row (the decode step's
+    input of down_proj) -> (out [R, F] BF16, values [R, F] BF16, out_scale [R] (``w_decode`` folded in),
+    the largest row amax [1])."""
+    check_inputs(h)
+    h = h.contiguous()
+    R, F = h.shape
+    out = torch.empty_like(h)
+    values = torch.empty(R, F, device=h.device, dtype=torch.bfloat16)
+    out_scale = torch.empty(R, device=h.device, dtype=torch.float32)
+    largest = zeroed_words(1, h.device)
+    with on_device(h):
+        _squared_relu_rows[(max(1, R),)](
+            h, out, R, F, w_decode, values, out_scale, largest, BLOCK_R=1, BLOCK_F=1024, NV_BLOCK_K=256,
+            num_warps=4,
+        )  # fmt: skip
+    return out, values, out_scale, largest
