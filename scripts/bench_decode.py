@@ -49,6 +49,7 @@ import torch
 
 from inkling_fp4.model.compiled import reference_glue
 from inkling_fp4.model.config import ModelConfig
+from inkling_fp4.model.fused_nvfp4_decode import fuse_nvfp4_decode
 from inkling_fp4.model.graphed_decoder import GraphedDecoder
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision.quant_linear import QuantLinear
@@ -109,8 +110,9 @@ def inference_weights(model: HybridLM) -> None:
 
 
 def build_model(
-    preset: str, recipe: str, device, hold_weights: bool = False, activation_scale: str = "tensor"
-) -> HybridLM:
+    preset: str, recipe: str, device, hold_weights: bool = False, activation_scale: str = "tensor",
+    fused_rows: bool = True,
+) -> HybridLM:  # fmt: skip
     cfg = ModelConfig(preset=preset)
     model = HybridLM(cfg).to(device).eval()
     if recipe != "bf16":
@@ -123,6 +125,8 @@ def build_model(
         policy = PrecisionPolicy(pcfg, cfg.n_layers)
         policy.apply(model)
         if hold_weights:
+            if fused_rows:  # as the sampler: the producers write the next linear's NVFP4 rows (row scales)
+                fuse_nvfp4_decode(model)
             policy.freeze_weights(model)
     inference_weights(model)
     return model
@@ -291,6 +295,11 @@ def main() -> int:
         "--hold-weights", action="store_true", help="hold the quantized weights, made once (as the sampler)"
     )
     parser.add_argument("--activation-scale", default="tensor", choices=["tensor", "row"])
+    parser.add_argument(
+        "--unfused-rows",
+        action="store_true",
+        help="every linear quantizes its own input (the step before the fusion)",
+    )
     parser.add_argument("--decode-gemm", default=None, choices=["auto", "triton", "cublas"])
     parser.add_argument("--eager-steps", type=int, default=32, help="eager decode steps timed per cell")
     parser.add_argument("--hf-batches", type=ints, default=[1, 16, 64, 256], help="cells with transformers")
@@ -329,6 +338,7 @@ def main() -> int:
             device,
             hold_weights=args.hold_weights,
             activation_scale=args.activation_scale,
+            fused_rows=not args.unfused_rows,
         )
         if not args.no_check:
             print(f"checks, {preset} ({args.recipe}):")
