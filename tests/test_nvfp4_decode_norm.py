@@ -134,6 +134,14 @@ def test_blocks_that_hand_over_the_rows_decode_the_same_logits(monkeypatch):
     monkeypatch.setattr(QuantLinear, "hand_over", lambda self, x, rows: None)  # each linear quantizes x
     plain = _decode(model, prompts, steps)
     assert len(calls) - handed == handed + steps * (cfg.n_layers + mlps)  # one fewer per block, per MLP
+    from inkling_fp4.model.compiled import reference_glue
+
+    x = torch.randn(2, cfg.d_model, device=dev)
+    linear = fused_nvfp4_decode.first_linear(model.layers[0].mixer)
+    with torch.no_grad():
+        assert fused_nvfp4_decode.applies(linear, x, torch.bfloat16)
+        with reference_glue():  # the plain PyTorch forms asked for: no kernel of this path
+            assert not fused_nvfp4_decode.applies(linear, x, torch.bfloat16)
     for a, b in zip(fused, plain, strict=True):
         assert torch.equal(_bits(a), _bits(b))
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from inkling_fp4.model.attention import Attention
+from inkling_fp4.model.compiled import glue_enabled
 from inkling_fp4.model.hybrid import Block
 from inkling_fp4.model.mamba2 import Mamba2Mixer
 from inkling_fp4.model.mlp import MLP, squared_relu
@@ -38,6 +39,8 @@ def first_linear(mixer: nn.Module) -> QuantLinear | None:
 def applies(linear: QuantLinear | None, x: torch.Tensor, h_dtype: torch.dtype) -> bool:
     """A no-grad step whose first linear takes NVFP4 rows from a BF16 norm output, on the kernels."""
     if linear is None or torch.is_grad_enabled() or linear.recipe is None or linear.recipe.fprop is None:
+        return False
+    if not glue_enabled() or torch.compiler.is_compiling():  # the plain PyTorch forms asked for
         return False
     if fused_kernels.fused_for(x) is None or output_dtype(h_dtype, x.device) != torch.bfloat16:
         return False
