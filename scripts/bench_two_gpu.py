@@ -35,6 +35,10 @@ from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent
 SRC = SCRIPTS.parent / "src"
+sys.path.insert(0, str(SCRIPTS))
+
+import bench_rl  # noqa: E402  (the RL bench's base and its tiny sizes)
+
 WARM = 2
 """Logged rows left out of tokens/s (compilation, autotuning, graph capture)."""
 
@@ -50,13 +54,9 @@ class Profile:
 
 GPU = Profile(
     rl=("--recipe", "rl-hybrid-125m", "eval.every=0", "eval.at_start=false", "log.progress=false"),
-    pretrain=(
-        "--recipe",
-        "hybrid-350m",
-        "eval.every=0",
-        "train.checkpoint_every=0",
-        "train.log_every=5",
-        "log.progress=false",
+    pretrain=tuple(
+        "--recipe hybrid-350m eval.every=0 train.checkpoint_every=0 train.log_every=5 "
+        "log.progress=false".split()
     ),  # fmt: skip
     device="cuda",
     rl_steps=30,
@@ -69,15 +69,8 @@ TINY = Profile(
         "eval.every=0", "eval.at_start=false", "rl.levels=[1]", "train.checkpoint_every=0",
         "log.progress=false", "rl.mask_truncated=false",
     ),
-    pretrain=(
-        "--recipe", "tiny", *(
-            "model.pattern=M*-M model.vocab_size=512 model.d_model=32 model.n_heads=2 model.n_kv_heads=1 "
-            "model.ffn_dim=64 model.mamba_heads=4 model.mamba_head_dim=16 model.n_groups=1 model.d_state=8 "
-            "model.chunk_size=16 data.vocab_size=512 data.seq_len=32 data.max_documents=30 "
-            "train.batch_size=4 train.micro_batch_size=1 eval.every=0 train.warmup_steps=1 "
-            "train.checkpoint_every=0 train.log_every=1 log.progress=false"
-        ).split(),
-    ),
+    pretrain=("--recipe", "tiny", *bench_rl.TINY.extra[0], "train.micro_batch_size=1",
+              "train.checkpoint_every=0", "train.log_every=1", "log.progress=false"),
     device="cpu",
     rl_steps=2,
     pretrain_steps=4,
@@ -87,6 +80,8 @@ TINY = Profile(
 
 @dataclass
 class Command:
+    """One fp4train command on ``ranks`` processes and how it went (run one after another)."""
+
     name: str
     argv: list[str]
     ranks: int
