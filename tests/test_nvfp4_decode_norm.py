@@ -21,7 +21,7 @@ pytest.importorskip("triton")
 
 from inkling_fp4.model import fused_nvfp4_decode  # noqa: E402
 from inkling_fp4.model.config import ModelConfig  # noqa: E402
-from inkling_fp4.model.hybrid import HybridLM  # noqa: E402
+from inkling_fp4.model.hybrid import Block, HybridLM  # noqa: E402
 from inkling_fp4.precision.config import PrecisionConfig  # noqa: E402
 from inkling_fp4.precision.policy import PrecisionPolicy  # noqa: E402
 from inkling_fp4.precision.quant_linear import QuantLinear  # noqa: E402
@@ -149,6 +149,7 @@ def test_blocks_that_hand_over_the_rows_decode_the_same_logits(monkeypatch):
 def test_without_its_recipe_the_block_steps_as_the_plain_one():
     """BF16, NVFP4 with tensor scales, a grad-enabled forward: the norm quantizes nothing."""
     model = HybridLM(ModelConfig(preset="tiny"))
+    assert all(type(b) is Block for b in fused_nvfp4_decode.fuse_nvfp4_decode(model).layers)  # BF16: kept
     block = model.layers[0]
     linear = fused_nvfp4_decode.first_linear(block.mixer)
     x = torch.randn(2, model.cfg.d_model)

@@ -80,8 +80,17 @@ FUSED = {Block: NVFP4DecodeBlock, MLP: NVFP4DecodeMLP}
 """Each plain class -> its decode variant (same parameters; only ``step`` differs)."""
 
 
+def _decodes_nvfp4_rows(linear: QuantLinear) -> bool:
+    recipe = linear.recipe
+    spec = None if recipe is None or recipe.fprop is None else recipe.fprop.a
+    return spec is not None and spec.format == "nvfp4" and spec.row_scaled
+
+
 def fuse_nvfp4_decode(model: nn.Module) -> nn.Module:
-    """Give ``model``'s plain blocks and MLPs the classes above, in place (idempotent; other classes stay)."""
+    """Give ``model``'s plain blocks and MLPs the classes above, in place, if any of its linears takes
+    NVFP4 rows (idempotent; other classes stay, so a conversion made before, as fuse_fp8's, is kept)."""
+    if not any(_decodes_nvfp4_rows(m) for m in model.modules() if isinstance(m, QuantLinear)):
+        return model
     for module in model.modules():
         fused = FUSED.get(type(module))
         if fused is not None:
