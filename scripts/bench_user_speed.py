@@ -10,7 +10,11 @@ decode-graph set-up it states apart:
 
 1. ``generate --prompts`` over ``--prompts`` held-out arithmetic prompts, up to 128 new tokens, with
    the sampler in BF16, then in NVFP4 with row activation scales;
-2. ``eval --task arithmetic --samples 8`` over ``--problems`` problems.
+2. ``eval --task arithmetic --samples 8`` over ``--problems`` problems;
+3. with ``--rl-steps N``: ``rollout --recipe rl-hybrid-125m`` from the same run for N steps, alone
+   (one run at a time), under BF16 and under NVFP4, each with padded and with packed rows
+   (``rl.pack``): the median step's split (sample / score / train / weight refresh, the first step
+   left out) and each NVFP4 step against the BF16 step of the same packing.
 
 ``summary.md`` and ``summary.json`` go under --out with every command and its log.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -70,15 +75,68 @@ def run(name: str, args: list[str], out: Path) -> dict:
             "wall_s": wall, "speed": parse_speed(done.stdout), "log": str(log)}  # fmt: skip
 
 
+RL_TIMES = ("time_sample_s", "time_score_s", "time_train_s", "time_refresh_s")
+
+
+def rl_split(run_dir: Path) -> dict | None:
+    """The median of each part of the step's time over the logged RL steps after the first (which
+    compiles and captures), and of their sum; None without steps."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+    steps = [r for r in rows if "time_train_s" in r][1:]
+    if not steps:
+        return None
+    split = {k: statistics.median(r[k] for r in steps) for k in RL_TIMES}
+    return {**split, "step_s": statistics.median(sum(r[k] for k in RL_TIMES) for r in steps),
+            "steps": len(steps)}  # fmt: skip
+
+
+def rl_rows(a, common_rl: list[str]) -> list[dict]:
+    """The RL runs of ``--rl-steps``, one at a time, each with its split."""
+    rows = []
+    for pack in ("false", "true"):
+        for recipe in ("bf16", "nvfp4"):
+            run_dir = a.out / f"rl-{recipe}-pack-{pack}"
+            args = ["rollout", "--recipe", a.rl_recipe, "--from", str(a.from_run), "--run-dir", str(run_dir),
+                    f"precision.recipe={recipe}", f"rl.pack={pack}", f"train.steps={a.rl_steps}",
+                    "eval.every=0", "eval.at_start=false", "log.progress=false", *common_rl]  # fmt: skip
+            row = run(f"rollout {a.rl_steps} steps, {recipe}, rl.pack={pack}", args, a.out)
+            row["rl"] = rl_split(run_dir)
+            rows.append(row)
+    for row in rows:  # NVFP4 against BF16 of the same packing
+        if "nvfp4" in row["name"]:
+            bf16 = next(r for r in rows if r["name"] == row["name"].replace("nvfp4", "bf16"))
+            ok = row["rl"] and bf16["rl"]
+            row["rl_x_bf16"] = row["rl"]["step_s"] / bf16["rl"]["step_s"] if ok else None
+    return rows
+
+
+def render_rl(rows: list[dict]) -> list[str]:
+    lines = ["", "RL steps alone (median of the steps after the first):", "",
+             "| run | exit | sample s | score s | train s | weight refresh s | step s | x bf16 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in rows:
+        t = r["rl"] or {}
+        cells = [f"{t[k]:.3f}" if t else "-" for k in (*RL_TIMES, "step_s")]
+        ratio = r.get("rl_x_bf16")
+        lines.append(
+            f"| {r['name']} | {r['rc']} | {' | '.join(cells)} | {'-' if ratio is None else f'{ratio:.2f}'} |"
+        )
+    return lines
+
+
 def render(rows: list[dict]) -> str:
     lines = ["# The generation speed a user gets (bench_user_speed.py)", "",
              "| command | exit | wall s | new tokens | new tokens/s | one-off set-up s |",
              "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for r in rows:
+    for r in (r for r in rows if "rl" not in r):
         s = r["speed"] or {}
         cells = [r["name"], str(r["rc"]), f"{r['wall_s']:.1f}", str(s.get("new_tokens", "-")),
                  f"{s['tokens_per_s']:,.0f}" if s else "-", f"{s['setup_s']:.2f}" if s else "-"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    rl = [r for r in rows if "rl" in r]
+    if rl:
+        lines += render_rl(rl)
     lines += ["", "Commands:", ""] + [f"    {r['command']}" for r in rows]
     return "\n".join(lines) + "\n"
 
@@ -94,6 +152,10 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None, help="sampler.device (default: the run's)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="one more override of every command (repeatable)")  # fmt: skip
+    p.add_argument("--rl-steps", type=int, default=0, help="also time RL steps alone (0: not)")
+    p.add_argument("--rl-recipe", default="rl-hybrid-125m")
+    p.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="one more override of the RL runs (repeatable)")  # fmt: skip
     a = p.parse_args(argv)
     if a.out.exists():
         print(f"error: --out {a.out} exists; give a new directory", file=sys.stderr)
@@ -111,10 +173,12 @@ def main(argv=None) -> int:
     args = ["eval", "--from", str(a.from_run), "--task", "arithmetic", "--samples", str(a.samples),
             "--problems", str(a.problems), *common]  # fmt: skip
     rows.append(run(f"eval --samples {a.samples}, {a.problems} problems", args, a.out))
+    if a.rl_steps:
+        rows += rl_rows(a, [*device, *a.rl_set])
     (a.out / "summary.json").write_text(json.dumps(rows, indent=1))
     (a.out / "summary.md").write_text(render(rows))
     print(render(rows))
-    return 0 if all(r["rc"] == 0 and r["speed"] is not None for r in rows) else 1
+    return 0 if all(r["rc"] == 0 and (r["speed"] is not None or r.get("rl")) for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 lines they print."""
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,32 @@ def test_bench_user_speed_on_a_tiny_run(tmp_path_factory, tmp_path):
     assert len((out / "prompts.txt").read_text().splitlines()) == 6
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_bench_user_speed_times_rl_steps_alone(tmp_path_factory, tmp_path):
+    """--rl-steps: four RL runs one after another (BF16 and NVFP4, padded and packed rows); each row's
+    split is the median of its logged steps after the first, and NVFP4 is set against BF16."""
+    run = pretrained(tmp_path_factory, 2)
+    out = tmp_path / "speed"
+    rl = ["rl.prompts_per_step=2", "rl.group_size=2", "train.batch_size=4", "train.micro_batch_size=4",
+          "sampler.max_new_tokens=4", "rl.levels=[1]", "train.checkpoint_every=0", "train.device=cpu",
+          "rl.mask_truncated=false"]  # fmt: skip
+    cmd = [sys.executable, str(SCRIPT), "--from", str(run), "--out", str(out), "--prompts", "2",
+           "--problems", "2", "--samples", "1", "--max-new-tokens", "4", "--device", "cpu",
+           "--set", "sampler.max_context=96", "--rl-steps", "3", "--rl-recipe", "rl-tiny",
+           *[x for o in rl for x in ("--rl-set", o)]]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = [r for r in json.loads((out / "summary.json").read_text()) if "rl" in r]
+    assert [r["name"] for r in rows] == [f"rollout 3 steps, {p}, rl.pack={k}" for k in ("false", "true")
+                                         for p in ("bf16", "nvfp4")]  # fmt: skip
+    for r in rows:
+        run_dir = Path(r["command"].split("--run-dir ")[1].split()[0])
+        logged = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        timed = [x for x in logged if "time_train_s" in x][1:]  # the first step left out
+        assert r["rc"] == 0 and r["rl"]["steps"] == len(timed) == 2
+        for key in ("time_sample_s", "time_train_s"):
+            assert r["rl"][key] == statistics.median(x[key] for x in timed)
+    for nv, bf in ((rows[1], rows[0]), (rows[3], rows[2])):
+        assert nv["rl_x_bf16"] == nv["rl"]["step_s"] / bf["rl"]["step_s"]
+    assert "RL steps alone" in (out / "summary.md").read_text()
