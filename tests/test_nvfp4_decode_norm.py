@@ -127,7 +127,7 @@ def test_blocks_that_hand_over_the_rows_decode_the_same_logits(monkeypatch):
     mlps = sum(type(b.mixer) is fused_nvfp4_decode.NVFP4DecodeMLP for b in model.layers)
     assert mlps == cfg.pattern.count("-") > 0
     prompts = torch.randint(0, cfg.vocab_size, (3, 5), device=dev)
-    steps = 4
+    steps = 2
     calls = _quantizer_calls(monkeypatch)
     fused = _decode(model, prompts, steps)
     handed = len(calls)
