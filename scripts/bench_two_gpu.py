@@ -173,6 +173,16 @@ def largest_gap(a: dict[str, float], b: dict[str, float]) -> float | None:
     return max(abs(a[s] - b[s]) / abs(a[s]) for s in common) if common else None
 
 
+def replicas_identical(out: Path, commands: list[Command]) -> bool | None:
+    """Whether the two-rank RL run's ranks held the same weights at every checkpoint: its replica check
+    passed (it finished), failed (its log says the ranks differ), or None (it failed otherwise)."""
+    rl_two = next(c for c in commands if c.name == "rl-2")
+    if rl_two.rc == 0:
+        return True
+    log = out / "logs" / "rl-2.log"
+    return False if log.is_file() and "ranks hold different weights" in log.read_text() else None
+
+
 def summarize(out: Path, commands: list[Command]) -> dict:
     rl = {name: rl_figures(steps_of(out / name)) for name in ("rl-1", "rl-2")}
     pre = {name: pretrain_figures(steps_of(out / name))
@@ -190,7 +200,7 @@ def summarize(out: Path, commands: list[Command]) -> dict:
     return {"commands": [{"name": c.name, "ranks": c.ranks, "argv": c.argv, "rc": c.rc,
                           "seconds": round(c.seconds, 1), "skipped": c.skipped} for c in commands],
             "rl": rl, "rl_speedup": rl_one / rl_two if rl_one and rl_two else None,
-            "replicas_identical": next(c.rc == 0 for c in commands if c.name == "rl-2"),
+            "replicas_identical": replicas_identical(out, commands),
             "pretrain": pre}  # fmt: skip
 
 
@@ -216,9 +226,9 @@ def render(data: dict) -> str:
         lines.append(
             f"| {key} | {_f(data['rl']['rl-1'][key], '.4g')} | {_f(data['rl']['rl-2'][key], '.4g')} |"
         )
+    same = {True: "yes", False: "no", None: "unknown, the run failed"}[data["replicas_identical"]]
     lines += ["", f"RL step time one GPU / two GPUs: {_f(data['rl_speedup'], '.2f')}x. Both ranks held "
-              f"bit-identical weights at every checkpoint: {'yes' if data['replicas_identical'] else 'no'} "
-              "(the run stops otherwise)."]  # fmt: skip
+              f"bit-identical weights at every checkpoint (the run stops otherwise): {same}."]  # fmt: skip
     header = "| run | steps | tokens/s | x one GPU | peak GiB (rank 0) | largest loss gap |"
     lines += ["", "## Pretraining", "", header, "|---|---:|---:|---:|---:|---:|"]
     for name, r in data["pretrain"].items():
@@ -250,7 +260,6 @@ def main(argv=None) -> int:
         print(f"--out {a.out} is not empty: pass a new directory", file=sys.stderr)
         return 2
     base = a.base
-    commands: list[Command] = []
     if base is None:
         base = a.out / "base" / "sft"
         bench_rl = [

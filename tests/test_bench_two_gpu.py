@@ -51,3 +51,17 @@ def test_bench_two_gpu_refuses_a_used_out_and_a_from_without_checkpoints(tmp_pat
     ):
         done = subprocess.run([sys.executable, str(SCRIPT), "--tiny", *args], capture_output=True, text=True)
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_replica_verdict_reads_the_two_rank_run(tmp_path):
+    """Finished: the check passed at every checkpoint; stopped by it: no; failed otherwise: unknown."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import bench_two_gpu as b
+
+    log = tmp_path / "logs" / "rl-2.log"
+    log.parent.mkdir()
+    assert b.replicas_identical(tmp_path, [b.Command("rl-2", [], 2, rc=0)]) is True
+    log.write_text("error: step 4: the 2 ranks hold different weights (3 of 40 parameters, ...)")
+    assert b.replicas_identical(tmp_path, [b.Command("rl-2", [], 2, rc=1)]) is False
+    log.write_text("CUDA out of memory")
+    assert b.replicas_identical(tmp_path, [b.Command("rl-2", [], 2, rc=1)]) is None

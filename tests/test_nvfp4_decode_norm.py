@@ -134,28 +134,45 @@ def test_blocks_that_hand_over_the_rows_decode_the_same_logits(monkeypatch):
     monkeypatch.setattr(QuantLinear, "hand_over", lambda self, x, rows: None)  # each linear quantizes x
     plain = _decode(model, prompts, steps)
     assert len(calls) - handed == handed + steps * (cfg.n_layers + mlps)  # one fewer per block, per MLP
-    from inkling_fp4.model.compiled import reference_glue
-
-    x = torch.randn(2, cfg.d_model, device=dev)
-    linear = fused_nvfp4_decode.first_linear(model.layers[0].mixer)
-    with torch.no_grad():
-        assert fused_nvfp4_decode.applies(linear, x, torch.bfloat16)
-        with reference_glue():  # the plain PyTorch forms asked for: no kernel of this path
-            assert not fused_nvfp4_decode.applies(linear, x, torch.bfloat16)
     for a, b in zip(fused, plain, strict=True):
         assert torch.equal(_bits(a), _bits(b))
 
 
-def test_without_its_recipe_the_block_steps_as_the_plain_one():
-    """BF16, NVFP4 with tensor scales, a grad-enabled forward: the norm quantizes nothing."""
+@kernel_test
+def test_the_path_applies_to_no_grad_nvfp4_row_steps_only():
+    """Each condition alone turns it off: a BF16 linear, NVFP4 with tensor scales, a grad-enabled
+    forward, the plain PyTorch forms (``reference_glue``), a norm output wider than BF16."""
+    from inkling_fp4.model.compiled import reference_glue
+
+    dev = _device()
+    cfg = ModelConfig(preset="tiny")
+    x = torch.randn(2, cfg.d_model, device=dev)
+
+    def linear_of(**precision):
+        model = HybridLM(cfg).to(dev)
+        if precision:
+            policy = PrecisionPolicy(PrecisionConfig(bf16_first_layers=0, bf16_last_layers=0, **precision),
+                                     cfg.n_layers)  # fmt: skip
+            policy.apply(model)
+            policy.freeze_weights(model)
+        return fused_nvfp4_decode.first_linear(model.layers[0].mixer)
+
+    row = linear_of(recipe="nvfp4", activation_scale="row")
+    with torch.no_grad():
+        assert fused_nvfp4_decode.applies(row, x, torch.bfloat16)
+        assert not fused_nvfp4_decode.applies(linear_of(), x, torch.bfloat16)
+        assert not fused_nvfp4_decode.applies(linear_of(recipe="nvfp4"), x, torch.bfloat16)
+        assert not fused_nvfp4_decode.applies(row, x, torch.float32)
+        with reference_glue():
+            assert not fused_nvfp4_decode.applies(row, x, torch.bfloat16)
+    assert not fused_nvfp4_decode.applies(row, x, torch.bfloat16)  # grad enabled
+
+
+def test_only_a_model_that_decodes_nvfp4_rows_is_converted():
     model = HybridLM(ModelConfig(preset="tiny"))
     assert all(type(b) is Block for b in fused_nvfp4_decode.fuse_nvfp4_decode(model).layers)  # BF16: kept
-    block = model.layers[0]
-    linear = fused_nvfp4_decode.first_linear(block.mixer)
-    x = torch.randn(2, model.cfg.d_model)
-    assert not fused_nvfp4_decode.applies(linear, x, x.dtype)  # BF16: no recipe
-    PrecisionPolicy(PrecisionConfig(recipe="nvfp4", bf16_first_layers=0, bf16_last_layers=0),
-                    model.cfg.n_layers).apply(model)  # fmt: skip
-    assert not fused_nvfp4_decode.applies(linear, x, torch.bfloat16)  # tensor scales (and no Triton here)
+    PrecisionPolicy(PrecisionConfig(recipe="nvfp4", activation_scale="row"), model.cfg.n_layers).apply(model)
+    fused_nvfp4_decode.fuse_nvfp4_decode(model)
+    assert all(type(b) is fused_nvfp4_decode.NVFP4DecodeBlock for b in model.layers)
     assert [fused_nvfp4_decode.first_linear(b.mixer).name for b in model.layers[:3]] == [
         "mamba.in_proj", "mlp.up_proj", "attn.qkv_proj"]  # fmt: skip

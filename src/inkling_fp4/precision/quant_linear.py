@@ -55,7 +55,7 @@ class QuantLinear(nn.Module):
         self.amax_index = 0
         self.frozen: FrozenWeight | None = None
         """W's fprop operand held quantized for forwards without autograd (:meth:`freeze_weights`)."""
-        self._handed: tuple | None = None
+        self._producer_rows: tuple | None = None
         """(x, x's quantized operand) from x's producer, for the next no-grad forward (:meth:`hand_over`)."""
         nn.init.normal_(self.weight, std=1.0 / math.sqrt(in_features))
 
@@ -82,7 +82,7 @@ class QuantLinear(nn.Module):
             y = _QuantLinearFn.apply(x2d, self.weight, self.gemms(x2d.shape[0], x2d.device), pair_x, dy_fp8)
         else:
             wq = self.frozen_weight()  # W quantized once per policy version, or None
-            given, self._handed = self._handed, None
+            given, self._producer_rows = self._producer_rows, None
             rows = given[1] if given is not None and given[0] is x else None
             y = quantized_forward(
                 x2d, self.weight, recipe, name=self.full_name, out_dtype=torch.bfloat16, wq=wq, rows=rows
@@ -92,7 +92,7 @@ class QuantLinear(nn.Module):
     def hand_over(self, x: torch.Tensor, rows) -> None:
         """x's fprop operand as x's producer quantized it (:class:`decode_fprop.QuantizedRows`), taken by
         this layer's next forward if it is a no-grad forward of this very tensor."""
-        self._handed = (x, rows)
+        self._producer_rows = (x, rows)
 
     def freeze_weights(self, version: int) -> bool:
         """Quantize W's fprop operand once for policy ``version`` and hold it for no-grad forwards;

@@ -148,12 +148,8 @@ def summary_line(rows: list[dict], window: int = 3) -> str | None:
              f"(step {a['step']} -> {b['step']}, {b['eval_problems']} problems)"]  # fmt: skip
     levels = [key for key in b if key.startswith("eval_accuracy_level") and key in a]
     if levels:
-        parts.append(
-            "by level "
-            + ", ".join(
-                f"{key.removeprefix('eval_accuracy_level')}: {a[key]:.3f} -> {b[key]:.3f}" for key in levels
-            )
-        )
+        each = [f"{key.removeprefix('eval_accuracy_level')}: {a[key]:.3f} -> {b[key]:.3f}" for key in levels]
+        parts.append("by level " + ", ".join(each))
     if "eval_pass_at_k" in a and "eval_pass_at_k" in b:
         k = b["eval_k"]
         parts.append(f"sampled pass@1 {a['eval_pass1_sampled']:.3f} -> {b['eval_pass1_sampled']:.3f}, "

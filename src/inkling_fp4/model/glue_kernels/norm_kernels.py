@@ -33,10 +33,9 @@ from inkling_fp4.model.glue_kernels.common import (
     to_f32,
 )
 from inkling_fp4.model.grad_slab import FP8Scaling
-from inkling_fp4.numerics.kernels.amax import zeroed_words
 from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
 from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
-from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_whole_rows
+from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_whole_rows, row_operand
 
 
 @triton.jit
@@ -121,8 +120,8 @@ def _norm_bwd(h_ptr, w_ptr, rstd_ptr, dout_ptr, dh_ptr, dx_ptr, dy_ptr, dw_ptr, 
 def norm_forward(x, y, weight, eps, out_dtype, h, fp8_out: FP8Scaling | None = None, nvfp4_rows=None):
     """Launch the (add +) rms_norm forward (h: the buffer for x + y, or None) -> (normed, rstd [R]).
     ``fp8_out``: normed as FP8 bytes of the BF16 values under its delayed amax (out_dtype must be BF16).
-    ``nvfp4_rows``: (w_decode [1], values [R, D] BF16, out_scale [R], largest amax [1], zeroed) to write
-    the NVFP4 row-scaled operand of normed into (out_dtype BF16)."""
+    ``nvfp4_rows``: (w_decode [1], and the ``row_operand`` buffers) to write the NVFP4 row-scaled operand
+    of normed into (out_dtype BF16)."""
     D = x.shape[-1]
     x2 = as_rows(x, D)
     y2 = x2 if y is None else as_rows(y, D)
@@ -229,17 +228,11 @@ def norm_nvfp4_rows(x, y, weight, eps: float, w_decode: torch.Tensor):
     """No-grad (add +) rms_norm to BF16 that also writes the normed rows' NVFP4 operand, one scale per row
     (the decode step's pre-norm): x [R, D] (y [R, D] or None) -> (h = x + y or None, normed [R, D] BF16,
     values [R, D] BF16, out_scale [R] (``w_decode`` folded in), the largest row amax [1])."""
-    check_inputs(x, weight) if y is None else check_inputs(x, y, weight)
+    check_inputs(*(t for t in (x, y, weight) if t is not None))
     R, D = x.reshape(-1, x.shape[-1]).shape
-    h = (
-        None
-        if y is None
-        else torch.empty(x.shape, device=x.device, dtype=torch.promote_types(x.dtype, y.dtype))
-    )
-    values = torch.empty(R, D, device=x.device, dtype=torch.bfloat16)
-    out_scale = torch.empty(R, device=x.device, dtype=torch.float32)
-    largest = zeroed_words(1, x.device)
-    normed, _ = norm_forward(
-        x, y, weight, eps, torch.bfloat16, h, nvfp4_rows=(w_decode, values, out_scale, largest)
-    )
+    h_dtype = None if y is None else torch.promote_types(x.dtype, y.dtype)
+    h = None if y is None else torch.empty(x.shape, device=x.device, dtype=h_dtype)  # contiguous rows
+    values, out_scale, largest = row_operand(R, D, x.device)
+    rows = (w_decode, values, out_scale, largest)
+    normed, _ = norm_forward(x, y, weight, eps, torch.bfloat16, h, nvfp4_rows=rows)
     return h, normed, values, out_scale, largest

@@ -31,10 +31,9 @@ from inkling_fp4.model.glue_kernels.common import (
     on_device,
     round_to,
 )
-from inkling_fp4.numerics.kernels.amax import zeroed_words
 from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
 from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
-from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_whole_rows
+from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_whole_rows, row_operand
 
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # F.softplus's default: above it softplus(v) = v
 SQUARED_RELU_BLOCK = 4096  # elements per program of the flat squared ReLU
@@ -192,9 +191,7 @@ def squared_relu_nvfp4_rows(h: torch.Tensor, w_decode: torch.Tensor):
     h = h.contiguous()
     R, F = h.shape
     out = torch.empty_like(h)
-    values = torch.empty(R, F, device=h.device, dtype=torch.bfloat16)
-    out_scale = torch.empty(R, device=h.device, dtype=torch.float32)
-    largest = zeroed_words(1, h.device)
+    values, out_scale, largest = row_operand(R, F, h.device)
     with on_device(h):
         _squared_relu_rows[(max(1, R),)](
             h, out, R, F, w_decode, values, out_scale, largest, BLOCK_R=1, BLOCK_F=1024, NV_BLOCK_K=256,

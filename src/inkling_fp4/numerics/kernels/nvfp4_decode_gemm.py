@@ -86,15 +86,20 @@ def _quantize_rows_whole_kernel(
                         BLOCK_M, BLOCK_K)  # fmt: skip
 
 
+def row_operand(m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The buffers :func:`quantize_whole_rows` writes for M rows of K: block values [M, K] BF16, output
+    scales [M] FP32 and the largest row amax [1] (zeroed, as its atomic max needs)."""
+    values = torch.empty(m, k, dtype=torch.bfloat16, device=device)
+    return values, torch.empty(m, dtype=torch.float32, device=device), zeroed_words(1, device)
+
+
 def quantize_rows_whole(
     x: torch.Tensor, w_decode: torch.Tensor, *, block_m: int = 1, block_k: int = 256
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [M, K] (unit column stride, K % 16 == 0), one scale per row -> (BF16 block values [M, K], output
     scales ``1/S_enc(row) · w_decode`` FP32 [M], the largest row amax [1], +Inf for NaN/Inf)."""
     m, k = x.shape
-    values = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)
-    out_scale = torch.empty(m, dtype=torch.float32, device=x.device)
-    largest = zeroed_words(1, x.device)
+    values, out_scale, largest = row_operand(m, k, x.device)
     _quantize_rows_whole_kernel[(triton.cdiv(m, block_m),)](
         x, w_decode, values, out_scale, largest, m, k, x.stride(0), BLOCK_M=block_m,
         BLOCK_K=block_k, num_warps=2,
