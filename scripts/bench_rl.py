@@ -73,10 +73,10 @@ H200 = Profile(
     ),
     device="cuda",
 )
-"""The docs/RL.md measurement: pretraining and SFT take about 5.5 minutes on one H200, the eight RL
-runs side by side about 5.5 s a step each with their evaluations (120 steps: about 11 minutes), so
-the whole is about 17 minutes in two or three calls (``--rl-seconds``, then the same command again).
-The stages keep their recipes' warmups: shorter ones gave a far weaker base."""
+"""The docs/RL.md measurement: pretraining and SFT take 3.5-5 minutes on one H200; four RL runs of the
+recipe side by side took 223-246 s for 120 steps (packed rows, greedy evaluations only), so the eight
+with their evaluations take about 10 minutes, the whole about 15 in two calls (``--seconds``, then
+the same command again). The stages keep their recipes' warmups: shorter ones gave a far weaker base."""
 TINY = Profile(
     recipes=("tiny", "sft-tiny", "rl-tiny"),
     steps=(4, 2, 3),

@@ -57,7 +57,8 @@ class RLConfig:
     """Coefficient of an entropy bonus on the completion tokens (0: none)."""
     pack: bool = False
     """The trainer's forwards read completions packed end to end in rows of ``data.seq_len`` tokens
-    (``rl/packed_rows.py``) instead of padded: the same values. Off by default: GPU speed unmeasured."""
+    (``rl/packed_rows.py``) instead of padded: the same values, and on one H200 half the trainer side of
+    an RL step of rl-hybrid-125m (BENCHMARKS.md), which turns it on; the CPU recipe keeps padded rows."""
     mask_truncated: bool = True
     """Completions cut by the token limit get no loss (their reward judges an unfinished answer)."""
     drop_zero_variance: bool = False
@@ -79,6 +80,9 @@ class RLConfig:
     eval_samples: int = 8
     """Sampled completions per held-out problem, for pass@1, pass@k and the KL to the starting policy
     (0: greedy pass@1 only)."""
+    eval_temperature: float | None = None
+    """Temperature of those sampled completions and of the KL to the start (None: the rollouts'). Set
+    it to 1.0 to read pass@k of the policy itself while the rollouts sample it cooler."""
 
     def __post_init__(self):
         checks = [
@@ -110,6 +114,10 @@ class RLConfig:
             (self.reward_timeout > 0, "rl.reward_timeout must be > 0 seconds"),
             (self.eval_prompts >= 1, "rl.eval_prompts must be >= 1"),
             (self.eval_samples >= 0, "rl.eval_samples must be >= 0"),
+            (
+                self.eval_temperature is None or self.eval_temperature > 0,
+                "rl.eval_temperature must be > 0 (null: the rollouts' temperature)",
+            ),
         ]
         for ok, message in checks:
             if not ok:

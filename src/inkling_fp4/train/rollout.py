@@ -127,7 +127,8 @@ class RolloutTask:
             start = frozen_policy(self.cfg, self.start_tensors, trainer.device)
         kl_models = (trainer.fwd_model, start) if start is not None else None
         figures = held_out_figures(sampler, held, self._encode, self.runner, self.dist, self.rl.eval_samples,
-                                   kl_models, trainer.micro, autocast_for(trainer.device))  # fmt: skip
+                                   kl_models, trainer.micro, autocast_for(trainer.device),
+                                   self.rl.eval_temperature)  # fmt: skip
         del start
         seconds = time.perf_counter() - t0
         self._eval_s += seconds

@@ -3,12 +3,14 @@
 On the task's held-out problems, with the policy as it stands:
 
     eval_accuracy       greedy pass@1: the argmax answer is right (what ``generate`` at T = 0 gives)
-    eval_pass1_sampled  the mean reward of k completions per problem at the rollouts' temperature
+    eval_pass1_sampled  the mean reward of k completions per problem at ``temperature`` (the
+                        rollouts' unless ``rl.eval_temperature`` says otherwise)
     eval_pass_at_k      the share of problems with at least one right answer among those k
     eval_accuracy_level<L>, eval_pass_at_k_level<L>
                         the same per level of a built-in task, when the problems span several
                         (a mixed set can hide one level at its ceiling and another with room to learn)
-    eval_kl_to_start    k3 estimate of KL(policy || starting policy) per token of the first sampled
+    eval_kl_to_start    k3 estimate of KL(policy || starting policy), both at that temperature, per
+                        token of the first sampled
                         completion of each problem (draws of the policy, as the estimate needs; one
                         per problem keeps its two forwards to the size of the greedy batch)
     eval_reward_failures  reward calls that failed and scored 0, by kind (only when some did)
@@ -67,17 +69,14 @@ def held_out_figures(
     kl_models: tuple | None = None,
     micro: int = 64,
     autocast=None,
+    temperature: float | None = None,
 ) -> dict:
     """The figures of the module docstring for this rank's share ``held`` of the held-out problems.
-    ``kl_models``: (policy's training forward, starting policy) for the KL, or None to skip it."""
+    ``kl_models``: (policy's training forward, starting policy) for the KL, or None to skip it;
+    ``temperature``: of the sampled figures (None: the sampler's, i.e. the rollouts')."""
     prompts = [encode(p.text) for p in held]
     texts, answers = [p.text for p in held], [p.answer for p in held]
-    saved = sampler.cfg
-    try:
-        sampler.cfg = dataclasses.replace(saved, temperature=0.0)
-        greedy = sampler.generate(prompts) if prompts else []
-    finally:
-        sampler.cfg = saved
+    greedy = _generate_at(sampler, 0.0, prompts) if prompts else []
     outcomes = Counter()  # how the reward calls ended, greedy and sampled (failures score 0)
     greedy_scores = runner.score(texts, [c.text for c in greedy], answers)
     outcomes.update(greedy_scores.outcomes)
@@ -91,7 +90,8 @@ def held_out_figures(
         figures[f"eval_accuracy_level{lv}"] = float((rewards[levels == lv] >= 1.0).mean())
     if k >= 1:
         repeated = [p for p in prompts for _ in range(k)]
-        sampled = sampler.generate(repeated, seed=EVAL_SEED) if repeated else []
+        T = sampler.cfg.temperature if temperature is None else temperature
+        sampled = _generate_at(sampler, T, repeated, seed=EVAL_SEED) if repeated else []
         scores = runner.score([t for t in texts for _ in range(k)], [c.text for c in sampled],
                               [a for a in answers for _ in range(k)])  # fmt: skip
         outcomes.update(scores.outcomes)
@@ -102,7 +102,7 @@ def held_out_figures(
         for lv in by_level:  # per_problem [problems, k] in the order of levels
             figures[f"eval_pass_at_k_level{lv}"] = float(per_problem[levels == lv].any(1).mean())
         if kl_models is not None:
-            kl = _kl_to_start(sampled[::k], prompts, kl_models, sampler, dist, micro, autocast)
+            kl = _kl_to_start(sampled[::k], prompts, kl_models, sampler, dist, micro, autocast, T)
             figures["eval_kl_to_start"] = kl
     total = Counter()
     for part in D.gather_objects(dict(outcomes), dist):
@@ -113,9 +113,18 @@ def held_out_figures(
     return figures
 
 
-def _kl_to_start(completions, prompts, models, sampler: Sampler, dist, micro, autocast) -> float:
-    """Mean k3 of KL(policy || start) over the completion tokens of every rank."""
-    T = sampler.cfg.temperature
+def _generate_at(sampler: Sampler, temperature: float, prompts: list[list[int]], seed=None) -> list:
+    """The sampler's completions at ``temperature``, its own setting restored after."""
+    saved = sampler.cfg
+    try:
+        sampler.cfg = dataclasses.replace(saved, temperature=temperature)
+        return sampler.generate(prompts, seed=seed)
+    finally:
+        sampler.cfg = saved
+
+
+def _kl_to_start(completions, prompts, models, sampler: Sampler, dist, micro, autocast, T: float) -> float:
+    """Mean k3 of KL(policy || start) at temperature ``T`` over the completion tokens of every rank."""
     pad = sampler.tokenizer.pad
     sums = torch.zeros(2, dtype=torch.float64)
     if completions:
