@@ -113,9 +113,9 @@ def parse_args(argv=None):
     p.add_argument("--recipe", default="rl-hybrid-125m", help="the RL recipe every variant starts from")
     p.add_argument("--steps", type=int, default=120, help="RL steps of each variant")
     p.add_argument("--seconds", type=float, help="stop the runs so that this command ends within this long")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override of every variant")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="every variant's override")
     p.add_argument("--variant", action="append", required=True, metavar="NAME=OVERRIDES",
-                   help="a variant: its name and its own overrides, space-separated (repeatable)")  # fmt: skip
+                   help="a variant: its name and own overrides, space-separated (repeatable)")  # fmt: skip
     return p.parse_args(argv)
 
 

@@ -23,7 +23,8 @@ def run_interpreted(test_file: str, *select: str, timeout: int = 300) -> None:
     if INTERPRET:
         pytest.skip("already running under the interpreter")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *select, test_file]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", *select,
+           test_file]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
 

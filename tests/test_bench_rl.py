@@ -41,12 +41,34 @@ def logged(run_dir, key):
     return {r["step"]: r[key] for r in rows if key in r and "event" not in r}
 
 
-def test_bench_rl_on_cpu_summarises_what_its_runs_logged(tmp_path):
-    done, out = bench(tmp_path, "--rl-set", "rl.levels=[1,2]")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    data = json.loads((out / "summary.json").read_text())
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory):
+    """The script stage by stage on one --out: ``--until pretrain``, ``--until sft``, then the whole
+    (reusing both). Each call's summary and the stages' directories under --out after it."""
+    tmp = tmp_path_factory.mktemp("bench")
+    calls = []
+    for args in (["--until", "pretrain"], ["--until", "sft"], ["--rl-set", "rl.levels=[1,2]"]):
+        done, out = bench(tmp, *args)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        there = [name for name in ("pretrain", "sft", "rl-compare") if (out / name).exists()]
+        calls.append((json.loads((out / "summary.json").read_text()), there))
+    return calls, out
+
+
+def test_until_stops_after_a_stage_and_the_next_call_reuses_it(staged):
+    ((first, after_first), (second, after_second), _), _ = staged
+    assert [j["name"] for j in first["jobs"]] == ["pretrain"] and first["jobs"][0]["status"] == "ok"
+    assert after_first == ["pretrain"]
+    status = {j["name"]: j["status"] for j in second["jobs"]}
+    assert status["pretrain"].startswith("skipped: done") and status["sft"] == "ok"
+    assert after_second == ["pretrain", "sft"]
+
+
+def test_bench_rl_on_cpu_summarises_what_its_runs_logged(staged):
+    (*_, (data, _)), out = staged
     assert [j["name"] for j in data["jobs"]] == ["pretrain", "sft", *RUNS, "report"]
-    assert all(j["status"] == "ok" and Path(j["log"]).stat().st_size > 0 for j in data["jobs"])
+    assert all(j["status"].startswith("skipped: done") for j in data["jobs"][:2])  # the earlier calls'
+    assert all(j["status"] == "ok" and Path(j["log"]).stat().st_size > 0 for j in data["jobs"][2:])
     assert (
         "--only fp8 " in data["jobs"][2]["command"] + " "
         and "--only bf16-seed1" in data["jobs"][9]["command"]
@@ -101,7 +123,12 @@ def test_bench_rl_on_cpu_summarises_what_its_runs_logged(tmp_path):
     assert report["headline"] in md and report["headline"] == data["seed_verdicts"][0]
 
 
-def test_bench_rl_reports_a_failed_stage_and_exits_1(tmp_path):
+def test_bench_rl_reports_a_failed_stage_and_exits_1_and_no_stale_report(tmp_path):
+    """A failing stage is reported and the script exits 1; a report.json an earlier call left under
+    --out is not reported as this call's."""
+    stale = tmp_path / "out" / "rl-compare" / "report" / "report.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"runs": {"nvfp4": {"headline": "from an earlier call"}}}))
     done, out = bench(tmp_path, "--pretrain-set", "model.d_model=-1")
     assert done.returncode == 1
     assert "failed or skipped: pretrain, sft" in done.stderr
@@ -109,21 +136,15 @@ def test_bench_rl_reports_a_failed_stage_and_exits_1(tmp_path):
     status = {j["name"]: j["status"] for j in data["jobs"]}
     assert status["pretrain"] == "failed (exit 2)" and status["report"] == "skipped: pretrain failed"
     assert all("missing" in r for r in data["runs"].values())
+    assert data["headlines"] == [] and data["report"] is None
     assert "model.d_model" in (out / "logs" / "pretrain.log").read_text()
     assert "| pretrain | failed (exit 2) |" in (out / "summary.md").read_text()
 
 
-def test_bench_rl_refuses_an_out_that_is_a_file_and_a_stale_report_is_not_reported(tmp_path):
+def test_bench_rl_refuses_an_out_that_is_a_file(tmp_path):
     (tmp_path / "out").write_text("")
     done, _ = bench(tmp_path)
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0 and "is a file" in done.stderr
-    (tmp_path / "out").unlink()
-    stale = tmp_path / "out" / "rl-compare" / "report" / "report.json"
-    stale.parent.mkdir(parents=True)
-    stale.write_text(json.dumps({"runs": {"nvfp4": {"headline": "from an earlier call"}}}))
-    done, out = bench(tmp_path, "--pretrain-set", "model.d_model=-1")  # fails before any report
-    data = json.loads((out / "summary.json").read_text())
-    assert done.returncode == 1 and data["headlines"] == [] and data["report"] is None
 
 
 def test_rl_seconds_stops_the_runs_still_going_and_says_they_resume(tmp_path, monkeypatch):
@@ -165,15 +186,3 @@ def test_seconds_leaves_the_rl_runs_what_the_budget_has_left_after_the_stop_marg
     assert bench_rl.rl_time_limit(100.0, 560.0, 300.0) == 100.0  # the tighter of the two
     assert bench_rl.rl_time_limit(None, 560.0, 540.0) == 0.0  # the base took it all: stop at once
     assert bench_rl.parse_args(["--seconds", "560"]).seconds == 560.0
-
-
-def test_until_stops_after_a_stage_and_the_next_call_reuses_it(tmp_path):
-    done, out = bench(tmp_path, "--until", "pretrain")
-    assert done.returncode == 0, done.stderr[-2000:]
-    data = json.loads((out / "summary.json").read_text())
-    assert [j["name"] for j in data["jobs"]] == ["pretrain"] and not (out / "sft").exists()
-    done, out = bench(tmp_path, "--until", "sft")
-    assert done.returncode == 0, done.stderr[-2000:]
-    status = {j["name"]: j["status"] for j in json.loads((out / "summary.json").read_text())["jobs"]}
-    assert status["pretrain"].startswith("skipped: done") and status["sft"] == "ok"
-    assert not (out / "rl-compare").exists()

@@ -181,7 +181,7 @@ def test_nvfp4_row_is_a_precision_of_every_stage_and_a_row_recipe_is_labelled_so
 # ----------------------------------------------------------------------------------------------
 # end to end on CPU
 
-TINY_RL = [*RL, "train.steps=3", "eval.every=2", "sampler.max_new_tokens=16", "rl.reward=len_reward:reward"]
+TINY_RL = [*RL, "train.steps=3", "eval.every=2", "sampler.max_new_tokens=8", "rl.reward=len_reward:reward"]
 """Three RL steps of 2 prompts x 4 completions; a reward of the completion's length (an untrained
 model never answers right, and rewards of 0 everywhere would make every gap 0)."""
 LABELS = ("fp8", "nvfp4", "bf16")

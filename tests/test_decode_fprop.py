@@ -93,7 +93,13 @@ def test_signed_permutation_weight_is_bit_exact(scale, m, k, n, gemm_backend):
 
 @kernel_test
 @pytest.mark.parametrize("scale", ["tensor", "row"])
-@pytest.mark.parametrize("m,k,n", [(3, 128, 64), (33, 272, 80), (96, 512, 128)])
+# (m, k, n): one row tile of 16, one of 64 with ragged K (two quantizer blocks of 256, the last of 16)
+# and N, and past 64 rows: the [64, 64, 128] tiles, two of each with a ragged last, two K steps
+@pytest.mark.parametrize("m,k,n", [(3, 128, 64), (33, 272, 80), (72, 256, 96)])
+# on CPU (interpreted, slow) the Triton GEMM alone: the cuBLAS path's GEMM is the reference's FP32 one,
+# its quantize pass and epilogue are pinned bit for bit by the signed-permutation test above
+@pytest.mark.parametrize("gemm_backend", ["triton", "cublas"] if torch.cuda.is_available() else ["triton"],
+                         indirect=True)  # fmt: skip
 def test_random_weight_within_one_rounding(scale, m, k, n, gemm_backend):
     seed = random.randrange(2**31)
     device = _device()

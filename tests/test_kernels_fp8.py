@@ -93,22 +93,24 @@ def check_delayed(x: torch.Tensor, dtype: torch.dtype, **launch) -> None:
     here, and the record word: max(its old value, max|x|), from the "nothing yet" -1 and from above."""
     fp8_max = fp8.FP8_MAX[dtype]
     own = x.cpu().float().abs().amax()
-    for given in (own / 64, (own * 3).clamp(max=3.4e38), torch.zeros(())):
+    givens = (own / 64, (own * 3).clamp(max=3.4e38), torch.zeros(()))
+    # one launch per amax, each with another start of the record: the bytes depend on the amax alone,
+    # the record on its start alone
+    for given, start in zip(givens, (-1.0, float(own) / 2, float("inf")), strict=True):
         amax = given.reshape(1).to(torch.float32).to(x.device)
-        for start in (-1.0, float(own) / 2, float("inf")):
-            record = torch.full((1,), start, device=x.device)
-            out = kern.quantize_fp8(
-                x, dtype, mode=kern.MODE_TENSOR, rows=True, cols=True, amax=amax, record=record, **launch
-            )
-            ref = fp8.quantize_tensorwise_ref(x.cpu(), dtype, amax=amax.cpu())
-            scale = torch.tensor(fp8_max) / given if given > 0 else torch.tensor(1.0)
-            by_hand = (x.cpu().float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
-            what = f"delayed amax {float(given):.3g}"
-            same_bits(ref.data, by_hand, f"{what}: reference vs the formula")
-            same_bits(out["data"], ref.data, f"{what} data")
-            same_bits(out["data_t"], ref.data.t(), f"{what} transposed data")
-            same_bits(out["scale_inv"], ref.scale_inv, f"{what} scale_inv")
-            assert record.item() == max(start, float(own)), (what, start, record.item(), float(own))
+        record = torch.full((1,), start, device=x.device)
+        out = kern.quantize_fp8(
+            x, dtype, mode=kern.MODE_TENSOR, rows=True, cols=True, amax=amax, record=record, **launch
+        )
+        ref = fp8.quantize_tensorwise_ref(x.cpu(), dtype, amax=amax.cpu())
+        scale = torch.tensor(fp8_max) / given if given > 0 else torch.tensor(1.0)
+        by_hand = (x.cpu().float() * scale).clamp(-fp8_max, fp8_max).to(dtype)
+        what = f"delayed amax {float(given):.3g}"
+        same_bits(ref.data, by_hand, f"{what}: reference vs the formula")
+        same_bits(out["data"], ref.data, f"{what} data")
+        same_bits(out["data_t"], ref.data.t(), f"{what} transposed data")
+        same_bits(out["scale_inv"], ref.scale_inv, f"{what} scale_inv")
+        assert record.item() == max(start, float(own)), (what, start, record.item(), float(own))
         if given == own / 64:  # the values above the delayed amax are clamped to the format's max
             big = x.cpu().float().abs() > float(given)
             codes = out["data"].cpu().float().abs()

@@ -10,6 +10,7 @@ each run, with a zero row, an outlier, tiny values and a row of NaN among them.
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -48,7 +49,9 @@ def _rows(r: int, d: int, g: torch.Generator) -> torch.Tensor:
 
 @kernel_test
 @pytest.mark.parametrize("add", [False, True])
-@pytest.mark.parametrize(("r", "d"), [(1, 48), (5, 64), (33, 320)])
+# (r, d): one row, one program of 64 rows with 5 in it, two programs of 8 rows of 512 (the second ragged)
+# whose rows the quantizer reads in two blocks of K, the second ragged
+@pytest.mark.parametrize(("r", "d"), [(1, 48), (5, 64), (9, 320)])
 def test_the_norms_rows_are_the_row_quantizers_of_its_output(add, r, d):
     from inkling_fp4.model.glue_kernels.norm_kernels import norm_forward, norm_nvfp4_rows
     from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_rows_whole
@@ -75,7 +78,8 @@ def test_the_norms_rows_are_the_row_quantizers_of_its_output(add, r, d):
 
 
 @kernel_test
-@pytest.mark.parametrize(("r", "f"), [(1, 64), (7, 1040)])
+# (r, f): one row; random rows around the four special ones, over two blocks of K, the second ragged
+@pytest.mark.parametrize(("r", "f"), [(1, 64), (7, 272)])
 def test_the_squared_relus_rows_are_the_row_quantizers_of_its_output(r, f):
     from inkling_fp4.model.glue_kernels.pointwise_kernels import squared_relu_nvfp4_rows
     from inkling_fp4.model.mlp import squared_relu
@@ -101,22 +105,28 @@ def _quantizer_calls(monkeypatch) -> list[int]:
     return calls
 
 
-def _decode(model, prompts, steps: int) -> list[torch.Tensor]:
+def _prefill(model, prompts, steps: int):
+    """(the cache after the prompts, their last logits): the blocks' plain prefill, the same for both."""
     dev = prompts.device
     with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16):
         cache = model.allocate_cache(prompts.shape[0], prompts.shape[1] + steps + 1)
         lengths = torch.full((prompts.shape[0],), prompts.shape[1], device=dev)
-        logits = [model.prefill(prompts, lengths, cache)]
+        return cache, model.prefill(prompts, lengths, cache)
+
+
+def _decode(model, cache, logits: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    out = []
+    with torch.no_grad(), torch.autocast(logits.device.type, dtype=torch.bfloat16):
         for _ in range(steps):
-            logits.append(model.decode_step(logits[-1].argmax(-1), cache))
-    return logits
+            out.append(model.decode_step((out[-1] if out else logits).argmax(-1), cache))
+    return out
 
 
 @kernel_test
 def test_blocks_that_hand_over_the_rows_decode_the_same_logits(monkeypatch):
     dev = _device()
     torch.manual_seed(random.randrange(2**31))
-    cfg = ModelConfig(preset="tiny")
+    cfg = ModelConfig(preset="tiny", pattern="M*-")  # each kind of block once, the last two with a residual
     model = HybridLM(cfg).to(dev).eval()
     policy = PrecisionPolicy(PrecisionConfig(recipe="nvfp4", activation_scale="row", bf16_first_layers=0,
                                              bf16_last_layers=0), cfg.n_layers)  # fmt: skip
@@ -126,13 +136,16 @@ def test_blocks_that_hand_over_the_rows_decode_the_same_logits(monkeypatch):
     assert all(type(b) is fused_nvfp4_decode.NVFP4DecodeBlock for b in model.layers)
     mlps = sum(type(b.mixer) is fused_nvfp4_decode.NVFP4DecodeMLP for b in model.layers)
     assert mlps == cfg.pattern.count("-") > 0
-    prompts = torch.randint(0, cfg.vocab_size, (3, 5), device=dev)
+    # the prefill (the plain blocks' code) only sets up the cache, once for both decodes: prompts that
+    # just fill the conv state (the steps read no padding)
+    prompts = torch.randint(0, cfg.vocab_size, (2, cfg.conv_kernel - 1), device=dev)
     steps = 2
+    cache, logits = _prefill(model, prompts, steps)
     calls = _quantizer_calls(monkeypatch)
-    fused = _decode(model, prompts, steps)
+    fused = _decode(model, copy.deepcopy(cache), logits, steps)
     handed = len(calls)
     monkeypatch.setattr(QuantLinear, "hand_over", lambda self, x, rows: None)  # each linear quantizes x
-    plain = _decode(model, prompts, steps)
+    plain = _decode(model, cache, logits, steps)
     assert len(calls) - handed == handed + steps * (cfg.n_layers + mlps)  # one fewer per block, per MLP
     for a, b in zip(fused, plain, strict=True):
         assert torch.equal(_bits(a), _bits(b))
@@ -145,7 +158,7 @@ def test_the_path_applies_to_no_grad_nvfp4_row_steps_only():
     from inkling_fp4.model.compiled import reference_glue
 
     dev = _device()
-    cfg = ModelConfig(preset="tiny")
+    cfg = ModelConfig(preset="tiny", pattern="M")  # the first block alone: only its linear is asked
     x = torch.randn(2, cfg.d_model, device=dev)
 
     def linear_of(**precision):

@@ -20,51 +20,54 @@ from test_pretrain import data_cache as data_cache  # the session's shared data 
 pytestmark = pytest.mark.slow
 
 
-def _model() -> torch.nn.Module:
+def _model(bf16: bool) -> torch.nn.Module:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
-    return model.to(torch.bfloat16) if os.environ.get("REPLICA_BF16") else model
+    return model.to(torch.bfloat16) if bf16 else model
 
 
-def _rank(rank: int, port: int, flip: str | None, out: dict) -> None:
+CASES = [(bf16, flip) for bf16 in (False, True) for flip in (None, "1.weight")]
+"""(BF16 weights, the parameter of which rank 1 flips a bit or None), checked one after another by the
+same two processes (each start of two processes costs seconds)."""
+
+
+def _rank(rank: int, port: int, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        model, info = _model(), D.DistInfo(rank=rank, world_size=2)
-        if flip is not None and rank == 1:  # one bit of one element: the smallest divergence there is
-            p = dict(model.named_parameters())[flip]
-            with torch.no_grad():
-                flat = p.view(-1).view(torch.int16 if p.dtype == torch.bfloat16 else torch.int32)
-                flat[int(torch.randint(flat.numel(), ()))] ^= 1
-        try:
-            check_replicas(model, info, step=7)
-            out[rank] = "ok"
-        except ReplicaDivergence as e:
-            out[rank] = str(e)
+        info = D.DistInfo(rank=rank, world_size=2)
+        for bf16, flip in CASES:
+            model = _model(bf16)
+            if flip is not None and rank == 1:  # one bit of one element: the smallest divergence there is
+                p = dict(model.named_parameters())[flip]
+                with torch.no_grad():
+                    flat = p.view(-1).view(torch.int16 if p.dtype == torch.bfloat16 else torch.int32)
+                    flat[int(torch.randint(flat.numel(), ()))] ^= 1
+            try:
+                check_replicas(model, info, step=7)
+                out[rank, bf16, flip] = "ok"
+            except ReplicaDivergence as e:
+                out[rank, bf16, flip] = str(e)
     finally:
         dist.destroy_process_group()
 
 
-def _run(flip: str | None) -> dict:
+def test_equal_ranks_pass_and_one_flipped_bit_is_named():
     port = 29_500 + int(torch.randint(2_000, ()))
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_rank, args=(port, flip, out), nprocs=2, join=True)
-        return dict(out)
-
-
-@pytest.mark.parametrize("bf16", [False, True])
-def test_equal_ranks_pass_and_one_flipped_bit_is_named(bf16, monkeypatch):
-    if bf16:
-        monkeypatch.setenv("REPLICA_BF16", "1")
-    assert _run(None) == {0: "ok", 1: "ok"}
-    got = _run("1.weight")
-    assert got[0] == got[1] and got[0].startswith("step 7: the 2 ranks hold different weights")
-    assert "1 of 4 parameters, first 1.weight" in got[0]
+        mp.spawn(_rank, args=(port, out), nprocs=2, join=True)
+        got = dict(out)
+    for bf16 in (False, True):
+        assert (got[0, bf16, None], got[1, bf16, None]) == ("ok", "ok"), bf16
+        flipped = got[0, bf16, "1.weight"]
+        assert flipped == got[1, bf16, "1.weight"], bf16
+        assert flipped.startswith("step 7: the 2 ranks hold different weights"), (bf16, flipped)
+        assert "1 of 4 parameters, first 1.weight" in flipped, (bf16, flipped)
 
 
 def test_one_process_is_not_checked_and_any_bit_changes_a_checksum():
-    model = _model()
+    model = _model(bf16=False)
     check_replicas(model, D.DistInfo(), step=1)  # a single rank has nothing to compare
     names, before = checksums(model)
     p = model[0].bias

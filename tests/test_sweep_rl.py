@@ -37,7 +37,8 @@ def _write_run(run_dir: Path, rewards: list[float], evals: dict[int, float], ste
 def test_variants_are_parsed_and_a_bad_one_is_named():
     assert sweep.parse_variant("ctrl=") == ("ctrl", [])
     assert sweep.parse_variant("g16=rl.group_size=16 rl.prompts_per_step=16") == (
-        "g16", ["rl.group_size=16", "rl.prompts_per_step=16"]
+        "g16",
+        ["rl.group_size=16", "rl.prompts_per_step=16"],
     )
     for bad in ("no-equals", "=x=1", "a/b=x=1"):
         with pytest.raises(ValueError, match="NAME=OVERRIDES"):
