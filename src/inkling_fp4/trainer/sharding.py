@@ -42,7 +42,8 @@ def shard_model(model: nn.Module, info: DistInfo) -> nn.Module:
 
 
 def is_sharded(model: nn.Module) -> bool:
-    return any(_dtensor(p) for p in model.parameters())
+    module = sys.modules.get("torch.distributed.tensor")  # never imported: nothing is a DTensor
+    return module is not None and any(isinstance(p, module.DTensor) for p in model.parameters())
 
 
 def local_value(t: torch.Tensor) -> torch.Tensor:
