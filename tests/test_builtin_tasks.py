@@ -105,3 +105,33 @@ def test_levels_give_arithmetic_of_those_levels_only():
     )
     assert set(ops) == {1}  # levels 1 and 2 are one operation each
     assert all(split_of(_task(r)[1]) == "train" for r in rows)
+
+
+def test_countdown_search_reaches_the_sft_data_and_is_checked():
+    """sft.countdown_failed_attempts reaches the records (countdown only, every record still earns its
+    full reward, the same prompts in the same order) and bad chances are refused with the fix."""
+    from inkling_fp4.data.config import DataConfig
+    from inkling_fp4.data.sft_config import SFTConfig
+    from inkling_fp4.data.sft_data import _open
+
+    seed = fresh_rng().randrange(2**31)
+    sft = SFTConfig(builtin_examples=400, countdown_failed_attempts=[0.5, 0.3, 0.2])
+    searched = list(_open(DataConfig(source="builtin"), sft, seed).iter_rows())
+    plain = list(BuiltinTasks(400, seed).iter_rows())
+    assert [r["messages"][0] for r in searched] == [r["messages"][0] for r in plain]
+    tried = Counter()
+    for s, p in zip(searched, plain, strict=True):
+        task, _, answer = _task(s)
+        reply = s["messages"][1]["content"]
+        tried[task, "try again" in reply] += 1
+        score = countdown if task == "countdown" else arithmetic
+        assert score(s["messages"][0]["content"], reply, answer) == 1.0
+        assert reply.endswith(p["messages"][1]["content"])
+    assert tried["arithmetic", True] == 0 and tried["countdown", True] > 0.3 * tried["countdown", False]
+    assert (
+        "failed attempts shown with chances [0.5, 0.3, 0.2]"
+        in _open(DataConfig(source="builtin"), sft, 0).describe()
+    )
+    for bad in ([], [0.7], [0.5, 0.6], [1.5, -0.5]):
+        with pytest.raises(ValueError, match=r"sft.countdown_failed_attempts .* sum to 1"):
+            SFTConfig(countdown_failed_attempts=bad)

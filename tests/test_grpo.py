@@ -25,6 +25,38 @@ def test_group_advantages_by_hand():
     assert grpo.zero_variance_groups(r).tolist() == [False, True, False]
 
 
+def test_completions_left_out_of_the_loss_are_left_out_of_the_baseline():
+    """A group of wrong answers (0.1) and searches the budget cut (0): with the cut ones counted, the
+    wrong answers sit above the baseline (advantage +0.87 after the std) and RL would teach stopping
+    early; not counted, the group has no signal. Counted over a subset, the advantages are those of
+    the subset alone, in every scale."""
+    r = torch.tensor([[0.1, 0.1, 0.0, 0.0], [1.0, 0.1, 0.0, 0.1], [1.0, 0.0, 0.1, 0.0]])
+    counted = torch.tensor([[True, True, False, False], [True, True, False, True], [False, True, True, True]])
+    lifted = 0.05 / (math.sqrt(0.01 / 3) + 1e-4)  # |r - mean| over the unbiased std, TRL's epsilon
+    assert torch.allclose(grpo.group_advantages(r)[0], torch.tensor([1.0, 1.0, -1.0, -1.0]) * lifted)
+    for scale in grpo.SCALES:
+        a = grpo.group_advantages(r, scale, counted_NG=counted)
+        assert torch.equal(a[0], torch.zeros(4)) and torch.equal(a[~counted], torch.zeros(4))
+        for i in (1, 2):  # a counted subset gets what it would get alone
+            alone = grpo.group_advantages(r[i, counted[i]][None], "group" if scale == "batch" else scale)[0]
+            if scale != "batch":
+                assert torch.allclose(a[i, counted[i]], alone, atol=1e-6), (scale, i)
+        if scale == "batch":  # one std over every counted reward of the batch
+            centred = grpo.group_advantages(r, "none", counted_NG=counted)
+            assert torch.allclose(a, centred / (r[counted].std() + 1e-4), atol=1e-6)
+    assert grpo.zero_variance_groups(r, counted).tolist() == [True, False, False]
+    one = torch.tensor([[True, False, False, False]] * 3)  # fewer than two counted: no signal
+    assert grpo.zero_variance_groups(r, one).tolist() == [True, True, True]
+    assert torch.equal(grpo.group_advantages(r, "group", counted_NG=one), torch.zeros(3, 4))
+    # all counted is the plain baseline, fresh rewards
+    fresh = torch.rand(6, 8, generator=fresh_generator()).round(decimals=1)
+    for scale in grpo.SCALES:
+        full = torch.ones(6, 8, dtype=torch.bool)
+        assert torch.allclose(grpo.group_advantages(fresh, scale, counted_NG=full),
+                              grpo.group_advantages(fresh, scale), atol=1e-6)  # fmt: skip
+    assert torch.equal(grpo.zero_variance_groups(fresh, full), grpo.zero_variance_groups(fresh))
+
+
 def test_clipped_loss_with_asymmetric_bounds_by_hand():
     # one completion of 4 tokens with A = +1 and one with A = -1; ratios chosen around the bounds
     ratios = torch.tensor([[0.5, 1.0, 1.25, 1.5], [0.5, 0.75, 1.0, 1.5]])

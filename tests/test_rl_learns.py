@@ -48,7 +48,7 @@ def curve(base, run_dir, monkeypatch, advantages=None) -> list[float]:
     monkeypatch.syspath_prepend(str(base.parent))
     if advantages is not None:
         real = grpo.group_advantages
-        monkeypatch.setattr(grpo, "group_advantages", lambda r, scale: advantages(real(r, scale)))
+        monkeypatch.setattr(grpo, "group_advantages", lambda r, scale, **kw: advantages(real(r, scale, **kw)))
     cfg = from_run_config(None, RL, base, stage="rollout", default_recipe=rollout.DEFAULT_RECIPE)
     rollout.run(cfg, run_dir)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -265,8 +265,10 @@ def test_arithmetic_problems_are_shaped_as_documented_and_solved():
 def test_countdown_problems_are_shaped_as_documented_and_solved():
     rng = fresh_rng()
     seed = rng.randrange(2**31)
+    shown = Counter()  # failed attempts shown before the right one
+    chances = (0.5, 0.3, 0.2)
     for split in ("train", "eval"):
-        for p in cd.problems(split, 2000 if split == "train" else 500, seed):
+        for p in cd.problems(split, 2000 if split == "train" else 500, seed, failed_attempts=chances):
             spec = json.loads(p.answer)
             numbers, target = spec["numbers"], spec["target"]
             assert len(numbers) == cd.NUMBERS[p.level]
@@ -278,13 +280,48 @@ def test_countdown_problems_are_shaped_as_documented_and_solved():
             assert equation and equation[1] == equation[3] and int(equation[2]) == target, p.solution
             ref = Reference(equation[3])
             assert ref.value == target and Counter(ref.constants) == Counter(numbers), (seed, p.solution)
-            steps = p.solution.split("\n")[:-2]
+            *attempts, last = p.solution.split(", try again.\n")
+            steps = last.split("\n")[:-2]
             assert len(steps) == len(numbers) - 1
             _check_steps(steps, equation[3])
             assert all(int(s.split(" = ")[1]) > 0 for s in steps)  # every intermediate a positive integer
+            tried = set()
+            for attempt in attempts:  # each a right computation of all the numbers that misses the target
+                *steps, check = attempt.split("\n")
+                assert len(steps) == len(numbers) - 1 and check.endswith(f" is not {target}"), attempt
+                value = int(check.removesuffix(f" is not {target}"))
+                assert value != target and int(steps[-1].split(" = ")[1]) == value, attempt
+                for step in steps:
+                    lhs, rhs = step.split(" = ")
+                    assert Reference(lhs).value == Reference(rhs).value > 0, step
+                used = Counter(numbers)  # every given number once, every result used once after it appears
+                for step in steps:
+                    lhs, rhs = step.split(" = ")
+                    for operand in map(int, re.split(r" [-+*/] ", lhs)):
+                        assert used[operand] > 0, (numbers, attempt)
+                        used[operand] -= 1
+                    used[int(rhs)] += 1
+                assert +used == Counter([value]), (numbers, attempt)
+                tried.add(tuple(steps))
+            assert len(tried) == len(attempts) <= len(chances) - 1
+            shown[len(attempts)] += 1
             assert cd.reward(p.prompt, p.solution, p.answer) == 1.0, (seed, p.solution)
             wrong = p.solution.replace("<answer>", "<answer>1 + ")
             assert cd.reward(p.prompt, wrong, p.answer) < 1.0
+    # as many attempts as the chances say, within 4 binomial sigmas (a level-1 problem with fewer
+    # wrong combinations than drawn shows fewer: rare, so the bound holds)
+    n = sum(shown.values())
+    for k, chance in enumerate(chances):
+        assert abs(shown[k] / n - chance) < 4 * (chance * (1 - chance) / n) ** 0.5 + 0.005, (seed, shown)
+    # the same problems whatever the solutions show, and by default the construction alone
+    plain = cd.problems("train", 300, seed)
+    searched = cd.problems("train", 300, seed, failed_attempts=chances)
+    assert [(p.prompt, p.answer) for p in plain] == [(p.prompt, p.answer) for p in searched]
+    assert not any("try again" in p.solution for p in plain)
+    assert all(p.solution.endswith(q.solution) for p, q in zip(searched, plain, strict=True))
+    for bad in ((), (0.5, 0.6), (1.2, -0.2)):
+        with pytest.raises(ValueError, match="failed_attempts"):
+            cd.problems("train", 1, seed, failed_attempts=bad)
 
 
 def test_held_out_problems_are_distinct_and_capped_by_the_split():

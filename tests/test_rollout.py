@@ -395,3 +395,38 @@ def test_dynamic_sampling_trains_the_groups_with_a_signal_first(base, tmp_path, 
         return [tuple(r[k] for k in keys) for r in rs if "loss" in r]
 
     assert trained(straight) == trained(parted)
+
+
+def test_completions_cut_by_the_budget_leave_the_loss_and_the_baseline(base, tmp_path, monkeypatch):
+    """rl.mask_truncated (the default): a completion the token budget cut has no loss and no place in
+    its group's baseline, so it lifts no finished answer; the finished ones' advantages are those of
+    their group without it."""
+    (tmp_path / "spread_rewards.py").write_text(
+        "def reward(prompt, completion, answer):\n    return (sum(map(ord, completion)) % 5) / 4\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    queue = rollout.RolloutTask._queue_mini_batches
+    monkeypatch.setattr(
+        rollout.RolloutTask,
+        "_queue_mini_batches",
+        lambda self, rows, correction: seen.append(rows) or queue(self, rows, correction),
+    )
+    real, calls = rollout.grpo.group_advantages, []
+    monkeypatch.setattr(rollout.grpo, "group_advantages",
+                        lambda r, scale, **kw: calls.append((r, kw)) or real(r, scale, **kw))  # fmt: skip
+    train_rl(base, tmp_path / "r", "train.steps=3", "eval.every=0", "eval.at_start=false",
+             "rl.reward=spread_rewards:reward", "rl.mask_truncated=true", "sampler.max_new_tokens=3",
+             "sampler.stop=[e]", "rl.group_size=8", "rl.prompts_per_step=4", "train.batch_size=32",
+             "train.micro_batch_size=16")  # fmt: skip
+    mixed = 0
+    for rows, (rewards_PG, kw) in zip(seen, calls, strict=True):
+        finished_PG = rows.loss_mask.any(1).view(rewards_PG.shape)  # a cut completion has no loss
+        assert torch.equal(kw["counted_NG"], finished_PG)
+        adv_PG = rows.advantages.view(rewards_PG.shape)
+        assert torch.equal(adv_PG[~finished_PG], torch.zeros(int((~finished_PG).sum())))
+        for i in range(rewards_PG.shape[0]):
+            alone = real(rewards_PG[i, finished_PG[i]][None], "group")[0]
+            assert torch.allclose(adv_PG[i, finished_PG[i]], alone, atol=1e-6)
+            mixed += bool(finished_PG[i].any() and not finished_PG[i].all() and alone.abs().sum() > 0)
+    assert mixed >= 2  # groups with cut and finished completions, and a signal among the finished

@@ -18,7 +18,8 @@ class _Cfg:
 
 
 class _ScriptedSampler:
-    """Answers prompt i right greedily when ``greedy[i]``, its j-th sample right when ``sampled[i, j]``."""
+    """Answers prompt i right greedily when ``greedy[i]``, its j-th sample right when ``sampled[i, j]``;
+    a wrong answer of an odd-numbered prompt runs into the token budget (8 tokens, else 2 + i % 3)."""
 
     def __init__(self, prompts: list[Prompt], greedy: np.ndarray, sampled: np.ndarray):
         self.cfg, self.prompts, self.greedy, self.sampled = _Cfg(), prompts, greedy, sampled
@@ -29,7 +30,10 @@ class _ScriptedSampler:
         for n, _ in enumerate(token_prompts):
             i, j = divmod(n, k)
             right = self.greedy[i] if self.cfg.temperature == 0.0 else self.sampled[i, j]
-            out.append(SimpleNamespace(text=self.prompts[i].answer if right else "wrong"))
+            cut = not right and i % 2 == 1
+            out.append(SimpleNamespace(text=self.prompts[i].answer if right else "wrong",
+                                       tokens=[0] * (8 if cut else 2 + i % 3),
+                                       finish_reason="length" if cut else "eos"))  # fmt: skip
         return out
 
 
@@ -50,6 +54,9 @@ def test_each_levels_figures_are_of_its_own_problems():
     shares = [(levels == lv).mean() for lv in (1, 2, 3)]
     whole = sum(s * figures[f"eval_accuracy_level{lv}"] for s, lv in zip(shares, (1, 2, 3), strict=True))
     assert abs(whole - figures["eval_accuracy"]) < 1e-12
+    cut = ~greedy & (np.arange(n) % 2 == 1)  # the greedy answers the budget cut, and their lengths
+    assert figures["eval_truncated"] == cut.mean()
+    assert figures["eval_completion_len"] == np.where(cut, 8, 2 + np.arange(n) % 3).mean()
 
     line = summary_line([{"step": 0, **figures}, {"step": 1, "reward_mean": 0.5, "zero_var_frac": 0.5},
                          {"step": 1, **figures}])  # fmt: skip

@@ -27,7 +27,10 @@ class _RecordingSampler:
     def generate(self, token_prompts, seed=None):
         self.calls.append(self.cfg.temperature)
         right = self.cfg.temperature == self.right_at
-        return [SimpleNamespace(text="a" if right else "wrong") for _ in token_prompts]
+        return [
+            SimpleNamespace(text="a" if right else "wrong", tokens=[0], finish_reason="eos")
+            for _ in token_prompts
+        ]
 
 
 @pytest.mark.parametrize("eval_temperature, drawn_at", [(None, 0.5), (1.0, 1.0), (0.7, 0.7)])

@@ -33,6 +33,8 @@ class BuiltinTasks:
     name: str = "builtin"
     levels: list[int] | None = None
     """Arithmetic levels only (None: every level of both tasks, in the mix above)."""
+    failed_attempts: tuple[float, ...] = countdown.NO_SEARCH
+    """Chances of 0, 1, 2, ... failed attempts shown before a countdown solution (countdown.problems)."""
 
     def __post_init__(self):
         if self.n < 0:
@@ -48,7 +50,7 @@ class BuiltinTasks:
         n_arithmetic, n_countdown = self.counts
         queues = [
             iter(arithmetic.problems("train", n_arithmetic, self.seed, self.levels or arithmetic.LEVELS)),
-            iter(countdown.problems("train", n_countdown, self.seed)),
+            iter(countdown.problems("train", n_countdown, self.seed, failed_attempts=self.failed_attempts)),
         ]
         order = [0] * n_arithmetic + [1] * n_countdown
         random.Random(self.seed).shuffle(order)
@@ -64,7 +66,12 @@ class BuiltinTasks:
     def describe(self) -> str:
         n_arithmetic, n_countdown = self.counts
         levels = ", ".join(map(str, self.levels or arithmetic.LEVELS))
+        search = (
+            ""
+            if tuple(self.failed_attempts) == countdown.NO_SEARCH
+            else (f", failed attempts shown with chances {list(self.failed_attempts)}")
+        )
         return (
             f"built-in tasks: {self.n} worked examples (arithmetic levels {levels}: {n_arithmetic}, "
-            f"countdown: {n_countdown}), seed {self.seed}"
+            f"countdown: {n_countdown}{search}), seed {self.seed}"
         )

@@ -4,7 +4,7 @@ examples, the held-out split, and the size of the built-in task data (``data/sft
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LOSS_ON = ("assistant", "completion", "all")
 OVERLONG = ("truncate", "drop")
@@ -23,6 +23,10 @@ class SFTConfig:
     """Worked examples generated for data.source=builtin (the built-in RL tasks, from train.seed)."""
     builtin_levels: list[int] | None = None
     """A list: arithmetic of those levels only (to start RL on them); None: all levels and countdown."""
+    countdown_failed_attempts: list[float] = field(default_factory=lambda: [1.0])
+    """Chances that a built-in countdown solution shows 0, 1, 2, ... failed attempts (each a wrong
+    combination checked against the target) before the right one: [1.0] the construction alone,
+    [0.5, 0.3, 0.2] a short search (docs/RL.md)."""
 
     def __post_init__(self):
         if self.loss_on not in LOSS_ON:
@@ -37,3 +41,9 @@ class SFTConfig:
             not self.builtin_levels or any(lv not in range(1, 6) for lv in self.builtin_levels)
         ):
             raise ValueError(f"sft.builtin_levels must be some of [1, 2, 3, 4, 5], not {self.builtin_levels}")
+        chances = self.countdown_failed_attempts
+        if not chances or min(chances) < 0 or abs(sum(chances) - 1) > 1e-6:
+            raise ValueError(
+                "sft.countdown_failed_attempts must be chances of 0, 1, 2, ... failed attempts that sum "
+                f"to 1 (e.g. [0.5, 0.3, 0.2]), not {chances}"
+            )

@@ -102,7 +102,12 @@ def _encode(tokenizer: Tokenizer, chats: list[Chat], loss_on: str) -> list[Encod
 
 def _open(cfg: DataConfig, sft: SFTConfig, seed: int):
     if cfg.source == "builtin":
-        return BuiltinTasks(sft.builtin_examples, seed, levels=sft.builtin_levels)
+        return BuiltinTasks(
+            sft.builtin_examples,
+            seed,
+            levels=sft.builtin_levels,
+            failed_attempts=tuple(sft.countdown_failed_attempts),
+        )
     return open_records(cfg.source, cfg)
 
 

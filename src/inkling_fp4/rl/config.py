@@ -60,7 +60,8 @@ class RLConfig:
     (``rl/packed_rows.py``) instead of padded: the same values, and on one H200 half the trainer side of
     an RL step of rl-hybrid-125m (BENCHMARKS.md), which turns it on; the CPU recipe keeps padded rows."""
     mask_truncated: bool = True
-    """Completions cut by the token limit get no loss (their reward judges an unfinished answer)."""
+    """Completions cut by the token limit get no loss and stay out of their group's baseline (their
+    reward judges an unfinished answer; in the mean it would lift every finished answer, wrong ones too)."""
     drop_zero_variance: bool = False
     """Drop groups whose rewards are all equal from the update (counted either way)."""
     correction: str = "tis"

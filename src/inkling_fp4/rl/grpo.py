@@ -5,7 +5,8 @@ Notation (per completion i of a group, per token t of it):
     A_i        advantage: r_i - mean(r_group), divided by std(r_group) (``scale=group``, GRPO),
                by the std over the whole batch (``scale=batch``), or not at all (``scale=none``,
                Dr. GRPO: dividing by a small group std up-weights near-solved prompts); the std
-               is the unbiased one plus 1e-4, as TRL's
+               is the unbiased one plus 1e-4, as TRL's; mean and std over the completions the loss
+               trains (those cut by the token budget left out under ``rl.mask_truncated``)
     rho_it     exp(logp_it - old_logp_it): the ratio of the policy being trained to the policy that
                sampled (``level=token``), or GSPO's sequence ratio exp(mean_t (logp - old_logp)) shared
                by every token of the completion (``level=sequence``)
@@ -36,23 +37,42 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 LEVELS = ("token", "sequence")
 
 
-def group_advantages(rewards_NG: torch.Tensor, scale: str = "group", eps: float = 1e-4) -> torch.Tensor:
+def group_advantages(
+    rewards_NG: torch.Tensor, scale: str = "group", eps: float = 1e-4, counted_NG: torch.Tensor | None = None
+) -> torch.Tensor:
     """[N groups, G] rewards -> [N, G] advantages (see the module docstring). A group whose rewards
-    are all equal gets advantage 0 whatever the scale: it carries no signal."""
+    are all equal gets advantage 0 whatever the scale: it carries no signal.
+
+    ``counted_NG`` (bool, None: all): the completions the baseline is of. The others (those cut by
+    the token budget, which the loss leaves out) get advantage 0 and move no one else's: counted in
+    the mean, a cut-off completion's reward 0 would lift every finished answer of its group above
+    the baseline, wrong ones included, and teach the policy to stop early."""
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, not {scale!r}")
     r = rewards_NG.double()
-    centred = r - r.mean(dim=1, keepdim=True)  # exactly 0 in a group of equal rewards
+    c = torch.ones_like(r) if counted_NG is None else counted_NG.to(r.dtype)
+    n = c.sum(dim=1, keepdim=True)
+    # sums of 0/1 multiples are exact, so a group of equal rewards centres to exactly 0
+    centred = (r - (r * c).sum(dim=1, keepdim=True) / n.clamp(min=1)) * c
     if scale == "none" or r.shape[1] < 2:
         return centred.to(rewards_NG.dtype)
-    std = r.std(dim=1, keepdim=True) if scale == "group" else r.std().expand(r.shape[0], 1)
+    if scale == "group":  # the unbiased std of each group's counted rewards
+        std = ((centred**2).sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
+    else:  # of every counted reward of the batch
+        all_mean = (r * c).sum() / c.sum().clamp(min=1)
+        std = (((r - all_mean) ** 2 * c).sum() / (c.sum() - 1).clamp(min=1)).sqrt().expand(r.shape[0], 1)
     scaled = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
     return scaled.to(rewards_NG.dtype)
 
 
-def zero_variance_groups(rewards_NG: torch.Tensor) -> torch.Tensor:
-    """[N] bool: groups whose G rewards are all equal (no learning signal)."""
-    return (rewards_NG == rewards_NG[:, :1]).all(dim=1)
+def zero_variance_groups(rewards_NG: torch.Tensor, counted_NG: torch.Tensor | None = None) -> torch.Tensor:
+    """[N] bool: groups whose counted rewards (``counted_NG``, None: all) are all equal, no learning
+    signal (a group with fewer than two counted has none either)."""
+    if counted_NG is None:
+        return (rewards_NG == rewards_NG[:, :1]).all(dim=1)
+    top = torch.where(counted_NG, rewards_NG, -torch.inf).amax(dim=1)
+    bottom = torch.where(counted_NG, rewards_NG, torch.inf).amin(dim=1)
+    return ~(top > bottom)
 
 
 def log_ratio(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, mask_BT: torch.Tensor, level: str):

@@ -208,8 +208,10 @@ class RolloutTask:
             [c.finish_reason == "length" for c in completions], G, self.dist,
         )  # fmt: skip
         gathered = time.perf_counter()  # a rank that waited here for a slower one was not training
-        zero_var_S = grpo.zero_variance_groups(rewards_SG)
-        rewards_PG, truncated, zero_var_P = rewards_SG, truncated_S, zero_var_S
+        # the completions the loss trains: under rl.mask_truncated, not those the budget cut
+        counted_SG = ~truncated_S.view(-1, G) if rl.mask_truncated else None
+        zero_var_S = grpo.zero_variance_groups(rewards_SG, counted_SG)
+        rewards_PG, truncated, zero_var_P, counted_PG = rewards_SG, truncated_S, zero_var_S, counted_SG
         if rl.oversample > 1:  # train on P of the S groups, those with a signal first
             kept = kept_groups(zero_var_S, self.dist.world_size, rl.prompts_per_step)
             first = ranks.rank_share(range(rewards_SG.shape[0]), self.dist).start
@@ -219,7 +221,8 @@ class RolloutTask:
             rewards_PG = rewards_SG[kept]
             truncated = truncated_S.view(-1, G)[kept].reshape(-1)
             zero_var_P = zero_var_S[kept]
-        adv_PG = grpo.group_advantages(rewards_PG, rl.scale_rewards)
+            counted_PG = None if counted_SG is None else counted_SG[kept]
+        adv_PG = grpo.group_advantages(rewards_PG, rl.scale_rewards, counted_NG=counted_PG)
         adv_B = ranks.rank_share(adv_PG, self.dist).reshape(-1)
         input_ids, targets, completion_mask, s_logp = build_rows(
             prompts, [c.tokens for c in completions], [c.logprobs for c in completions], self.tokenizer.pad

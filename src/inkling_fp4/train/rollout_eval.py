@@ -3,6 +3,9 @@
 On the task's held-out problems, with the policy as it stands:
 
     eval_accuracy       greedy pass@1: the argmax answer is right (what ``generate`` at T = 0 gives)
+    eval_truncated, eval_completion_len
+                        the share of greedy answers cut by the token budget and their mean length
+                        in tokens (a greedy policy that loops or searches past the budget scores 0)
     eval_pass1_sampled  the mean reward of k completions per problem at ``temperature`` (the
                         rollouts' unless ``rl.eval_temperature`` says otherwise)
     eval_pass_at_k      the share of problems with at least one right answer among those k
@@ -84,8 +87,11 @@ def held_out_figures(
     levels = np.array([lv for part in D.gather_objects([p.level for p in held], dist) for lv in part])
     by_level = sorted({lv for lv in levels if lv is not None})
     by_level = by_level if len(by_level) > 1 else []
+    cut = [(c.finish_reason == "length", len(c.tokens)) for c in greedy]
+    cut = np.array([pair for part in D.gather_objects(cut, dist) for pair in part]).reshape(-1, 2)
     figures = {"eval_accuracy": float((rewards >= 1.0).mean()), "eval_reward": float(rewards.mean()),
-               "eval_problems": len(rewards)}  # fmt: skip
+               "eval_problems": len(rewards), "eval_truncated": float(cut[:, 0].mean()),
+               "eval_completion_len": float(cut[:, 1].mean())}  # fmt: skip
     for lv in by_level:
         figures[f"eval_accuracy_level{lv}"] = float((rewards[levels == lv] >= 1.0).mean())
     if k >= 1:

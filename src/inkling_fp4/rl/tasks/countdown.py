@@ -2,7 +2,10 @@
 
     prompt:   Using the numbers [7, 3, 6], make an equation that equals 24. [...] write the
               equation inside <answer> </answer> tags, for example <answer>(1 + 2) / 3</answer>.
-    solution: 7 - 3 = 4
+    solution: 7 + 3 = 10
+              10 * 6 = 60
+              60 is not 24, try again.
+              7 - 3 = 4
               4 * 6 = 24
               So (7 - 3) * 6 = 24.
               <answer>(7 - 3) * 6</answer>
@@ -12,18 +15,22 @@ Levels: 1 has three numbers, 2 has four (TinyZero's 3-to-4 Countdown). Numbers a
 allowed); the target is 1-``MAX_TARGET`` and never one of the numbers, so no answer is a bare number.
 
 A problem is built backwards from a solution (combine random pairs until one value, the target, is
-left), so every problem is solvable and the worked solution is that construction. Why ``<answer>``
-tags: TinyZero's reward was designed around them, so results compare with its curves. The split key
-is the sorted numbers and the target.
+left), so every problem is solvable and the worked solution ends in that construction. With
+``failed_attempts`` the solution first shows other random combinations, each checked against the
+target and dropped (the example above): a model that has seen a search can try again where its
+first guess misses. The attempts are drawn from the problem's key, so a problem's text never
+depends on the seed that drew it. Why ``<answer>`` tags: TinyZero's reward was designed around
+them, so results compare with its curves. The split key is the sorted numbers and the target.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from inkling_fp4.rl import rewards
-from inkling_fp4.rl.expression import apply, leaf
+from inkling_fp4.rl.expression import Term, apply, leaf
 from inkling_fp4.rl.tasks import Problem, draw
 
 LEVELS = (1, 2)
@@ -33,6 +40,8 @@ NUMBER_RANGE = (1, 99)
 MAX_TARGET = 100
 MAX_VALUE = 10_000
 """Largest intermediate product, so that solutions stay the size of mental arithmetic."""
+NO_SEARCH = (1.0,)
+"""``failed_attempts`` of a worked solution that is the construction alone."""
 
 
 def _plan(rng: random.Random, numbers: list[int]) -> tuple[list[tuple[int, int, str]], int]:
@@ -54,33 +63,75 @@ def _plan(rng: random.Random, numbers: list[int]) -> tuple[list[tuple[int, int, 
     return plan, values[0]
 
 
-def _problem(numbers: list[int], plan: list[tuple[int, int, str]], target: int, level: int) -> Problem:
+def _term(numbers: list[int], plan: list[tuple[int, int, str]]) -> Term:
     items = [leaf(n) for n in numbers]
     for i, j, op in plan:
         items = [t for k, t in enumerate(items) if k not in (i, j)] + [apply(op, items[i], items[j])]
-    term = items[0]
+    return items[0]
+
+
+def _failed_attempts(
+    rng: random.Random, numbers: list[int], target: int, chances: Sequence[float]
+) -> list[Term]:
+    """Distinct combinations of all the numbers that miss the target: k of them with chance ``chances[k]``."""
+    want = rng.choices(range(len(chances)), weights=chances)[0]
+    failed: list[Term] = []
+    for _ in range(100 * len(chances)):  # level 1 has few combinations: give up rather than loop
+        if len(failed) == want:
+            break
+        plan, value = _plan(rng, numbers)
+        attempt = _term(numbers, plan)
+        if value != target and all(t.text != attempt.text for t in failed):
+            failed.append(attempt)
+    return failed
+
+
+def _problem(
+    numbers: list[int],
+    plan: list[tuple[int, int, str]],
+    target: int,
+    level: int,
+    key: str,
+    chances: Sequence[float],
+) -> Problem:
+    term = _term(numbers, plan)
     assert term.value == target, (term.text, target)
     prompt = (
         f"Using the numbers {numbers}, make an equation that equals {target}. Use +, -, * and / and "
         "parentheses, and each number at most once. Show your steps, then write the equation inside "
         "<answer> </answer> tags, for example <answer>(1 + 2) / 3</answer>."
     )
-    solution = "\n".join(term.steps) + f"\nSo {term.text} = {target}.\n<answer>{term.text}</answer>"
+    tries = "".join(
+        "\n".join(t.steps) + f"\n{t.value} is not {target}, try again.\n"
+        for t in _failed_attempts(random.Random(f"attempts {key}"), numbers, target, chances)
+    )
+    solution = tries + "\n".join(term.steps) + f"\nSo {term.text} = {target}.\n<answer>{term.text}</answer>"
     return Problem(prompt, rewards.countdown_answer(numbers, target), solution, level)
 
 
-def _make(rng: random.Random, level: int) -> tuple[str, Callable[[], Problem]] | None:
+def _make(
+    rng: random.Random, level: int, chances: Sequence[float] = NO_SEARCH
+) -> tuple[str, Callable[[], Problem]] | None:
     numbers = [rng.randint(*NUMBER_RANGE) for _ in range(NUMBERS[level])]
     plan, target = _plan(rng, numbers)
     if not 1 <= target <= MAX_TARGET or target in numbers:
         return None
     key = " ".join(map(str, sorted(numbers))) + f" -> {target}"
-    return key, lambda: _problem(numbers, plan, target, level)
+    return key, lambda: _problem(numbers, plan, target, level, key, chances)
 
 
-def problems(split: str, n: int, seed: int, levels: Sequence[int] = LEVELS) -> list[Problem]:
-    """``n`` problems of ``split`` ("train" or "eval"), as ``rl/tasks/__init__.py``'s :func:`draw`."""
-    return draw(_make, split, n, seed, levels, LEVELS)
+def problems(
+    split: str,
+    n: int,
+    seed: int,
+    levels: Sequence[int] = LEVELS,
+    failed_attempts: Sequence[float] = NO_SEARCH,
+) -> list[Problem]:
+    """``n`` problems of ``split`` ("train" or "eval"), as ``rl/tasks/__init__.py``'s :func:`draw`;
+    ``failed_attempts[k]``: the chance that a worked solution shows k failed attempts first."""
+    if not failed_attempts or min(failed_attempts) < 0 or abs(sum(failed_attempts) - 1) > 1e-6:
+        raise ValueError(f"failed_attempts must be chances that sum to 1, not {list(failed_attempts)}")
+    return draw(partial(_make, chances=tuple(failed_attempts)), split, n, seed, levels, LEVELS)
 
 
 def reward(prompt: str, completion: str, answer: str) -> float:
