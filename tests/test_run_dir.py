@@ -430,3 +430,42 @@ def test_resume_survives_invalid_utf8_and_garbage_in_metrics(small, tmp_path):
     rows = [json.loads(x, parse_constant=lambda c: pytest.fail(f"bare {c}")) for x in lines]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4, 5]
     assert len(load_loss_metrics(run).curve("loss")) == 5
+
+
+def test_out_of_gpu_memory_is_one_line_and_resume_goes_on(small, tmp_path, monkeypatch):
+    """Running out of accelerator memory is a resource problem, not a bug: one line with what was asked
+    and what to lower (exit 1), the checkpoints written before it kept, and --resume finishes the run
+    as the uninterrupted one did."""
+    import torch
+
+    from inkling_fp4.trainer.trainer import Trainer
+
+    args, done = small
+    real, calls = Trainer.step, {"n": 0}
+
+    def step(self, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:  # after the step-2 checkpoint
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.17 GiB. GPU 0 has ...")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    run = tmp_path / "run"
+    code, _, err = cli(["pretrain", "--run-dir", str(run), *args])
+    line = one_line(err)
+    assert code == 1 and "out of GPU memory (tried to allocate 1.17 gib)" in line
+    assert "train.micro_batch_size" in line and "--resume" in line
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2"]
+    monkeypatch.setattr(Trainer, "step", real)
+    code, _, err = cli(["pretrain", "--run-dir", str(run), "--resume"])
+    assert code == 0, err
+
+    def losses(r):
+        rows = map(json.loads, (r / "metrics.jsonl").read_text().splitlines())
+        return [(x["step"], x["loss"]) for x in rows if "loss" in x]
+
+    assert losses(run) == losses(done)
+    # any other error is a bug and keeps its traceback
+    monkeypatch.setattr(Trainer, "step", lambda self, *a, **kw: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        cli(["pretrain", "--run-dir", str(tmp_path / "bug"), *args])

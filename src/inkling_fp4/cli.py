@@ -7,6 +7,7 @@ below prints one line and exits with code 2; anything else is a bug and keeps it
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -513,6 +514,28 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    except Exception as e:
+        if not _out_of_memory(e):
+            raise  # a bug: its traceback
+        typer.echo(f"error: {_out_of_memory_line(e)}", err=True)
+        sys.exit(1)
+
+
+def _out_of_memory(e: Exception) -> bool:
+    """The accelerator ran out of memory (torch is imported by then if it could)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(e, torch.OutOfMemoryError)
+
+
+def _out_of_memory_line(e: Exception) -> str:
+    """One line for a resource problem, not a bug: how much was asked, what to lower, how to go on."""
+    asked = re.search(r"Tried to allocate [\d.]+ \w+", str(e))
+    what = f" ({asked[0].lower()})" if asked else ""
+    return (
+        f"out of GPU memory{what}: lower train.micro_batch_size (training) or sampler.batch_size "
+        "(sampling), or free the GPU of other processes; a training run goes on from its last "
+        "checkpoint with --resume"
+    )
 
 
 if __name__ == "__main__":
