@@ -1,7 +1,7 @@
 """fp4train export --format hf: transformers' NemotronHForCausalLM loads it and gives fp4train's
-logits (FP32, FP32 GEMMs on both sides), AutoTokenizer loads the tokenizer and chat template, the
-directory loads back into fp4train, and model.dt_min_clamp (transformers' time_step_min) holds in
-training and decoding forwards."""
+logits (FP32, FP32 GEMMs on both sides; the dt clamp in the fields every transformers version reads),
+AutoTokenizer loads the tokenizer and chat template, the directory loads back into fp4train, and
+model.dt_min_clamp (transformers' time_step_min) holds in training and decoding forwards."""
 
 import json
 import types
@@ -74,7 +74,8 @@ def test_transformers_loads_the_export_with_fp4train_logits(tmp_path, tokenizer)
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "nemotron_h" and config["hybrid_override_pattern"] == "M*-M-*M"
     assert config["layers_block_type"][:3] == ["linear_attention", "full_attention", "mlp"]
-    assert config["time_step_min"] == 0.02
+    assert config["time_step_min"] == 0.02  # the clamp up to transformers 5.24
+    assert config["time_step_limit"] == [0.02, float("inf")]  # from 5.25 on
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert type(hf).__name__ == "NemotronHForCausalLM"
     ids = torch.randint(0, cfg.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))

@@ -6,8 +6,10 @@ MLP; untied head); only names and shapes differ: transformers puts the body unde
 (the embedding as ``embeddings``), holds the conv weight as [C, 1, k] where fp4train has [C, k], and
 splits the fused ``qkv_proj`` [(H+2K)E, D] into ``q_proj``, ``k_proj`` and ``v_proj``.
 
-NOTE: transformers clamps Mamba's dt from below at ``time_step_min``, fp4train at
-``model.dt_min_clamp`` (0: no clamp), so ``time_step_min`` carries that clamp both ways. Init-only
+NOTE: transformers clamps Mamba's dt from below, at ``time_step_min`` up to 5.24 and at
+``time_step_limit[0]`` from 5.25 on; fp4train at ``model.dt_min_clamp`` (0: no clamp). An export
+writes the clamp into both, so every version computes what fp4train does; an import reads
+``time_step_min`` (a ``time_step_limit`` whose floor is neither 0 nor it is refused). Init-only
 fields (``a_init_range``, ``init_std``, ...) do not change a model's function: an import keeps
 fp4train's defaults for those transformers lacks. A config fp4train cannot express (MoE, biases,
 tied embeddings, ...) is refused with one line naming the fields.
@@ -81,6 +83,7 @@ def hf_config(cfg: ModelConfig, bos: int | None, eos: int | None, pad: int | Non
         "expand": max(1, cfg.d_inner // cfg.d_model),
         "chunk_size": cfg.chunk_size,
         "time_step_min": cfg.dt_min_clamp,
+        "time_step_limit": [cfg.dt_min_clamp, math.inf],
         "time_step_max": cfg.dt_max,
         "time_step_floor": cfg.dt_init_floor,
         "layer_norm_epsilon": cfg.norm_eps,
