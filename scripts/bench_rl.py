@@ -295,6 +295,7 @@ def summarize_bench(out: Path, jobs: list[Job], window: int | None = None) -> di
             "eval_accuracy": _curve(curves.get("eval_accuracy")),
             "eval_pass1_sampled": _curve(curves.get("eval_pass1_sampled")),
             "eval_kl_to_start": _curve(curves.get("eval_kl_to_start")),
+            "eval_truncated": _curve(curves.get("eval_truncated")),
             "reward": _curve(curves.get("reward_mean")),
             "zero_var_frac": _curve(curves.get("zero_var_frac")),
             "unsolved_frac": _curve(curves.get("unsolved_frac")),
@@ -426,6 +427,8 @@ def _curves_section(runs: dict[str, dict], k: int) -> list[str]:
     lines += _table(["step", *runs], _by_step(runs, "eval_accuracy", ".3f"))
     lines += ["", "## Held-out sampled pass@1 over the steps", ""]
     lines += _table(["step", *runs], _by_step(runs, "eval_pass1_sampled", ".3f"))
+    lines += ["", "## Greedy held-out answers cut by the token budget over the steps", ""]
+    lines += _table(["step", *runs], _by_step(runs, "eval_truncated", ".3f"))
     lines += ["", "## KL of the policy to its start (k3, held-out samples)", ""]
     lines += _table(["step", *runs], _by_step(runs, "eval_kl_to_start", ".2e"))
     rows = _by_step(runs, "reward", ".3f")
