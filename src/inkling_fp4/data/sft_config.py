@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inkling_fp4.rl.tasks import countdown
+
 LOSS_ON = ("assistant", "completion", "all")
 OVERLONG = ("truncate", "drop")
 
@@ -41,9 +43,7 @@ class SFTConfig:
             not self.builtin_levels or any(lv not in range(1, 6) for lv in self.builtin_levels)
         ):
             raise ValueError(f"sft.builtin_levels must be some of [1, 2, 3, 4, 5], not {self.builtin_levels}")
-        chances = self.countdown_failed_attempts
-        if not chances or min(chances) < 0 or abs(sum(chances) - 1) > 1e-6:
-            raise ValueError(
-                "sft.countdown_failed_attempts must be chances of 0, 1, 2, ... failed attempts that sum "
-                f"to 1 (e.g. [0.5, 0.3, 0.2]), not {chances}"
-            )
+        try:
+            countdown.check_failed_attempts(self.countdown_failed_attempts)
+        except ValueError as e:
+            raise ValueError(f"sft.countdown_failed_attempts {e}") from None

@@ -69,7 +69,7 @@ def zero_variance_groups(rewards_NG: torch.Tensor, counted_NG: torch.Tensor | No
     """[N] bool: groups whose counted rewards (``counted_NG``, None: all) are all equal, no learning
     signal (a group with fewer than two counted has none either)."""
     if counted_NG is None:
-        return (rewards_NG == rewards_NG[:, :1]).all(dim=1)
+        counted_NG = torch.ones_like(rewards_NG, dtype=torch.bool)
     top = torch.where(counted_NG, rewards_NG, -torch.inf).amax(dim=1)
     bottom = torch.where(counted_NG, rewards_NG, torch.inf).amin(dim=1)
     return ~(top > bottom)

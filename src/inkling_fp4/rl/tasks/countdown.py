@@ -70,10 +70,21 @@ def _term(numbers: list[int], plan: list[tuple[int, int, str]]) -> Term:
     return items[0]
 
 
-def _failed_attempts(
-    rng: random.Random, numbers: list[int], target: int, chances: Sequence[float]
-) -> list[Term]:
-    """Distinct combinations of all the numbers that miss the target: k of them with chance ``chances[k]``."""
+def check_failed_attempts(chances: Sequence[float]) -> None:
+    """Refuse ``failed_attempts`` that are not chances of 0, 1, 2, ... attempts summing to 1."""
+    if not chances or min(chances) < 0 or abs(sum(chances) - 1) > 1e-6:
+        raise ValueError(
+            f"must be chances of 0, 1, 2, ... failed attempts that sum to 1 (e.g. [0.5, 0.3, 0.2]), "
+            f"not {list(chances)}"
+        )
+
+
+def _failed_attempts(key: str, numbers: list[int], target: int, chances: Sequence[float]) -> list[Term]:
+    """Distinct combinations of all the numbers that miss the target: k of them with chance ``chances[k]``,
+    drawn from the problem's ``key``."""
+    if len(chances) == 1:  # the construction alone: nothing to draw
+        return []
+    rng = random.Random(f"attempts {key}")
     want = rng.choices(range(len(chances)), weights=chances)[0]
     failed: list[Term] = []
     for _ in range(100 * len(chances)):  # level 1 has few combinations: give up rather than loop
@@ -103,7 +114,7 @@ def _problem(
     )
     tries = "".join(
         "\n".join(t.steps) + f"\n{t.value} is not {target}, try again.\n"
-        for t in _failed_attempts(random.Random(f"attempts {key}"), numbers, target, chances)
+        for t in _failed_attempts(key, numbers, target, chances)
     )
     solution = tries + "\n".join(term.steps) + f"\nSo {term.text} = {target}.\n<answer>{term.text}</answer>"
     return Problem(prompt, rewards.countdown_answer(numbers, target), solution, level)
@@ -129,8 +140,10 @@ def problems(
 ) -> list[Problem]:
     """``n`` problems of ``split`` ("train" or "eval"), as ``rl/tasks/__init__.py``'s :func:`draw`;
     ``failed_attempts[k]``: the chance that a worked solution shows k failed attempts first."""
-    if not failed_attempts or min(failed_attempts) < 0 or abs(sum(failed_attempts) - 1) > 1e-6:
-        raise ValueError(f"failed_attempts must be chances that sum to 1, not {list(failed_attempts)}")
+    try:
+        check_failed_attempts(failed_attempts)
+    except ValueError as e:
+        raise ValueError(f"failed_attempts {e}") from None
     return draw(partial(_make, chances=tuple(failed_attempts)), split, n, seed, levels, LEVELS)
 
 
