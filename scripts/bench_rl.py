@@ -278,6 +278,9 @@ def summarize_bench(out: Path, jobs: list[Job], window: int | None = None) -> di
     curves (a run without metrics is reported missing), the comparison's headlines."""
     runs: dict[str, dict] = {}
     for label, run_dir in run_dirs(out).items():
+        if not run_dir.exists():
+            runs[label] = {"run_dir": str(run_dir), "missing": "not started"}
+            continue
         try:
             if window is None:  # the RL runs all have the same number of steps
                 window = tail_window(load_run_config(run_dir).train.steps)

@@ -62,6 +62,7 @@ def test_until_stops_after_a_stage_and_the_next_call_reuses_it(staged):
     status = {j["name"]: j["status"] for j in second["jobs"]}
     assert status["pretrain"].startswith("skipped: done") and status["sft"] == "ok"
     assert after_second == ["pretrain", "sft"]
+    assert {r["missing"] for r in second["runs"].values()} == {"not started"}
 
 
 def test_bench_rl_on_cpu_summarises_what_its_runs_logged(staged):

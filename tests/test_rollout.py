@@ -398,7 +398,7 @@ def test_dynamic_sampling_trains_the_groups_with_a_signal_first(base, tmp_path, 
 
 
 def test_completions_cut_by_the_budget_leave_the_loss_and_the_baseline(base, tmp_path, monkeypatch):
-    """rl.mask_truncated (the default): a completion the token budget cut has no loss and no place in
+    """rl.mask_truncated=true: a completion the token budget cut has no loss and no place in
     its group's baseline, so it lifts no finished answer; the finished ones' advantages are those of
     their group without it."""
     (tmp_path / "spread_rewards.py").write_text(

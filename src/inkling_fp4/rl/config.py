@@ -59,9 +59,10 @@ class RLConfig:
     """The trainer's forwards read completions packed end to end in rows of ``data.seq_len`` tokens
     (``rl/packed_rows.py``) instead of padded: the same values, and on one H200 half the trainer side of
     an RL step of rl-hybrid-125m (BENCHMARKS.md), which turns it on; the CPU recipe keeps padded rows."""
-    mask_truncated: bool = True
-    """Completions cut by the token limit get no loss and stay out of their group's baseline (their
-    reward judges an unfinished answer; in the mean it would lift every finished answer, wrong ones too)."""
+    mask_truncated: bool = False
+    """On: completions cut by the token limit get no loss and stay out of their group's baseline (their
+    reward judges an unfinished answer). Off (TRL's default): a cut completion is scored like any other.
+    Masking makes running out the budget free, and a policy that can search learns to (docs/RL.md)."""
     drop_zero_variance: bool = False
     """Drop groups whose rewards are all equal from the update (counted either way)."""
     correction: str = "tis"
