@@ -2,7 +2,8 @@
 ``model/fused_nvfp4_decode.py``): its rows are, bit for bit, what the row quantizer makes of the
 norm's BF16 output, and a model whose blocks hand them over decodes the logits, bit for bit, of the
 same model whose linears quantize for themselves, with one quantizer launch fewer per block (and per
-MLP: its squared ReLU writes down_proj's rows the same way).
+MLP: its squared ReLU writes down_proj's rows the same way; and per Mamba layer on CUDA: the fused
+step writes out_proj's).
 
 On CPU the kernels run in a TRITON_INTERPRET=1 child process; on a GPU directly. Fresh random rows
 each run, with a zero row, an outlier, tiny values and a row of NaN among them.
@@ -96,6 +97,39 @@ def test_the_squared_relus_rows_are_the_row_quantizers_of_its_output(r, f):
         assert torch.equal(_bits(got), _bits(want)), seed
 
 
+@kernel_test
+# (B, H, P, G): one row of one group; three rows of two groups whose width (64) is one ragged block of K
+@pytest.mark.parametrize(("bsz", "heads", "p", "g"), [(1, 2, 16, 1), (3, 4, 16, 2)])
+def test_the_mamba_steps_rows_are_the_row_quantizers_of_its_output(bsz, heads, p, g):
+    """Three steps in a row (the kernel's counts carry over), a row of NaN in the last: each step's h is
+    the plain kernel's, bit for bit, and its rows are the row quantizer's of that h."""
+    from test_decode_kernels import mamba_inputs
+
+    from inkling_fp4.model.mamba2_decode import mamba_decode
+    from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_rows_whole
+
+    seed = random.randrange(2**31)
+    dev = _device()
+    inp = mamba_inputs(seed, bsz, heads, p, g, 8, 4, torch.bfloat16, dev)
+    twin = {n: t.clone() for n, t in inp.items()}
+    done = torch.zeros(bsz, g + 1, dtype=torch.int32, device=dev)
+    w_decode = torch.tensor([0.37 * random.random() + 1e-3], device=dev)
+    gen = torch.Generator().manual_seed(seed + 1)
+    for step in range(3):
+        row = (torch.randn(inp["zxbcdt"].shape, generator=gen) * 2).to(inp["zxbcdt"])
+        if step == 2:
+            row[-1, : heads * p] = float("nan")  # z of the last row: its h is NaN
+        inp["zxbcdt"], twin["zxbcdt"] = row, row.clone()
+        h, values, out_scale, largest = mamba_decode(*inp.values(), g, 1e-5, torch.bfloat16, done=done,
+                                                     w_decode=w_decode)  # fmt: skip
+        h_ref = mamba_decode(*twin.values(), g, 1e-5, torch.bfloat16)
+        values_ref, scale_ref, largest_ref = quantize_rows_whole(h_ref, w_decode)
+        for got, want in ((h, h_ref), (values, values_ref), (out_scale, scale_ref), (largest, largest_ref)):
+            assert torch.equal(_bits(got), _bits(want)), (seed, step)
+    assert (done[:, g] == 3 * g).all(), seed  # each group of each row counted once a step
+    assert torch.isinf(largest).all(), seed  # the NaN row reaches the deferred check
+
+
 def _quantizer_calls(monkeypatch) -> list[int]:
     """Counts the row quantizer's launches (the one the handed-over rows replace)."""
     from inkling_fp4.numerics.kernels import nvfp4_decode_gemm as kernels
@@ -135,6 +169,7 @@ def test_blocks_that_hand_over_the_rows_decode_the_same_logits(monkeypatch):
     fused_nvfp4_decode.fuse_nvfp4_decode(model)
     assert all(type(b) is fused_nvfp4_decode.NVFP4DecodeBlock for b in model.layers)
     mlps = sum(type(b.mixer) is fused_nvfp4_decode.NVFP4DecodeMLP for b in model.layers)
+    assert sum(type(b.mixer) is fused_nvfp4_decode.NVFP4DecodeMamba for b in model.layers) == 1
     assert mlps == cfg.pattern.count("-") > 0
     # the prefill (the plain blocks' code) only sets up the cache, once for both decodes: prompts that
     # just fill the conv state (the steps read no padding)
@@ -146,7 +181,9 @@ def test_blocks_that_hand_over_the_rows_decode_the_same_logits(monkeypatch):
     handed = len(calls)
     monkeypatch.setattr(QuantLinear, "hand_over", lambda self, x, rows: None)  # each linear quantizes x
     plain = _decode(model, cache, logits, steps)
-    assert len(calls) - handed == handed + steps * (cfg.n_layers + mlps)  # one fewer per block, per MLP
+    mambas = cfg.pattern.count("M") if dev == "cuda" else 0  # the fused Mamba-2 step: CUDA only
+    # one fewer per block, per MLP, per Mamba layer
+    assert len(calls) - handed == handed + steps * (cfg.n_layers + mlps + mambas)
     for a, b in zip(fused, plain, strict=True):
         assert torch.equal(_bits(a), _bits(b))
 

@@ -35,8 +35,8 @@ class MambaState:
     ssm: torch.Tensor
     """[B, H, P, N] SSM state S, FP32 (FP64 in a cache allocated for FP64)."""
     done: torch.Tensor | None = None
-    """[B, G] int32 scratch of the fused decode kernel (finished heads per group, counted modulo H/G), kept
-    here so a step allocates and clears nothing; None on CPU."""
+    """[B, G + 1] int32 scratch of the fused decode kernel (finished heads per group, counted modulo H/G,
+    then finished groups per row), kept here so a step allocates and clears nothing; None on CPU."""
 
     def reset(self) -> None:
         self.conv.zero_()

@@ -23,10 +23,12 @@ from inkling_fp4.model.glue_kernels.common import (
     rsqrt,
     to_f32,
 )
+from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_whole_rows, row_operand
 
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # F.softplus's default: above it softplus(v) = v
 KP = tl.constexpr(4)  # conv taps held per channel (the kernel takes conv widths k <= 4)
 MAMBA_WARPS = 4  # a [64, 128] FP32 state tile is 64 registers a thread at 4 warps
+NV_BLOCK_K = tl.constexpr(256)  # columns per pass of the output row's NVFP4 quantization
 ATTN_BLOCK_T = 64  # cached positions per iteration of the attention loop
 ATTN_WARPS = 4
 
@@ -69,12 +71,15 @@ def _shift_window(row_ptr, conv_ptr, ch, cmask, E: tl.constexpr, K: tl.constexpr
 @triton.jit
 def _mamba_decode(row0_ptr, s_row, conv0_ptr, w_ptr, b_ptr, ssm0_ptr, dtb_ptr, alog_ptr, d_ptr, nw_ptr,
                   gated0_ptr, sumsq0_ptr, count0_ptr, out0_ptr, s_out, eps, dt_min,
+                  w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
                   E: tl.constexpr, C: tl.constexpr, H: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
                   G: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_GW: tl.constexpr, BLOCK_HG: tl.constexpr):  # fmt: skip
+                  BLOCK_GW: tl.constexpr, BLOCK_HG: tl.constexpr, NVFP4_ROWS: tl.constexpr):  # fmt: skip
     """Program (b, h): the conv of head h's x and of its group's B and C, dt, the state update and y with
     the D skip and gate, into an FP32 scratch row with its sum of squares. The group's last program (an
-    atomic count per (b, g), modulo H/G) applies the RMS norm and shifts the group's B and C windows."""
+    atomic count per (b, g), modulo H/G) applies the RMS norm and shifts the group's B and C windows.
+    ``NVFP4_ROWS``: the row's last group (a count per b in column G, modulo G) also writes the NVFP4
+    block values and scale of the whole output row (``nvfp4_decode_gemm.quantize_whole_rows``)."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     HG: tl.constexpr = H // G
@@ -105,7 +110,7 @@ def _mamba_decode(row0_ptr, s_row, conv0_ptr, w_ptr, b_ptr, ssm0_ptr, dtb_ptr, a
     # NOTE the barrier orders every thread's stores (and reads of the B, C windows) before the count's
     # release; the last program's acquire then sees them all
     tl.debug_barrier()
-    done = tl.atomic_add(count0_ptr + b * G + g, 1, sem="acq_rel")  # never reset: counted modulo HG
+    done = tl.atomic_add(count0_ptr + b * (G + 1) + g, 1, sem="acq_rel")  # never reset: modulo HG
     if done % HG == HG - 1:
         hs = tl.arange(0, BLOCK_HG)
         sumsq = tl.sum(
@@ -119,13 +124,22 @@ def _mamba_decode(row0_ptr, s_row, conv0_ptr, w_ptr, b_ptr, ssm0_ptr, dtb_ptr, a
         tl.store(out0_ptr + b * s_out + g * GW + c, round_to(out, out0_ptr.dtype.element_ty), mask=cmask)
         _shift_window(row_ptr, conv_ptr, E + g * N + n, nmask, E, K)
         _shift_window(row_ptr, conv_ptr, E + G * N + g * N + n, nmask, E, K)
+        if NVFP4_ROWS:
+            # NOTE as above: the group's output stores before the row count's release
+            tl.debug_barrier()
+            groups = tl.atomic_add(count0_ptr + b * (G + 1) + G, 1, sem="acq_rel")
+            if groups % G == G - 1:
+                rows = b + tl.arange(0, 1)  # [1]: this row, whole
+                quantize_whole_rows(out0_ptr, s_out, rows, b + 1, E, w_decode_ptr, values_ptr, out_scale_ptr,
+                                    max_ptr, 1, NV_BLOCK_K)  # fmt: skip
 
 
 def mamba_decode_triton(
     zxbcdt, conv_state, ssm_state, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight, n_groups, eps,
-    out_dtype, dt_min_clamp=0.0, done=None,
-) -> torch.Tensor:  # fmt: skip
-    """See :func:`inkling_fp4.model.mamba2_decode.mamba_decode`."""
+    out_dtype, dt_min_clamp=0.0, done=None, w_decode=None,
+):  # fmt: skip
+    """See :func:`inkling_fp4.model.mamba2_decode.mamba_decode`: ``out``, or with ``w_decode`` (BF16
+    output) (out, its NVFP4 row operand: values, out_scale, largest row amax)."""
     Bsz, H, P, N = ssm_state.shape
     C, K = conv_state.shape[1], conv_state.shape[2] + 1
     E = H * P
@@ -145,19 +159,24 @@ def mamba_decode_triton(
     gated = torch.empty(Bsz, E, device=dev, dtype=torch.float32)  # y * silu(z), before the norm
     sumsq = torch.empty(Bsz, H, device=dev, dtype=torch.float32)
     if done is None:
-        done = torch.zeros(Bsz, n_groups, device=dev, dtype=torch.int32)  # heads of (b, g) done
-    elif done.shape != (Bsz, n_groups) or done.dtype != torch.int32 or not done.is_contiguous():
-        raise ValueError(f"mamba_decode: done must be a contiguous [{Bsz}, {n_groups}] int32 tensor")
+        done = torch.zeros(Bsz, n_groups + 1, device=dev, dtype=torch.int32)  # heads of (b, g), groups of b
+    elif done.shape != (Bsz, n_groups + 1) or done.dtype != torch.int32 or not done.is_contiguous():
+        raise ValueError(f"mamba_decode: done must be a contiguous [{Bsz}, {n_groups + 1}] int32 tensor")
+    rows = w_decode is not None
+    if rows and (out_dtype != torch.bfloat16 or E % 16):
+        raise ValueError(f"mamba_decode: NVFP4 rows of a BF16 output whose width is a multiple of 16, not {E}")
+    values, out_scale, largest = row_operand(Bsz, E, dev) if rows else (out, out, out)
     hg = H // n_groups
     with on_device(zxbcdt):
         _mamba_decode[(Bsz, H)](
             zxbcdt, zxbcdt.stride(0), conv_state, conv_weight, conv_bias, ssm_state, dt_bias, A_log, D,
             norm_weight, gated, sumsq, done, out, out.stride(0), eps, float(dt_min_clamp),
+            w_decode if rows else out, values, out_scale, largest,
             E=E, C=C, H=H, P=P, N=N, G=n_groups, K=K, BLOCK_P=triton.next_power_of_2(P),
             BLOCK_N=triton.next_power_of_2(N), BLOCK_GW=triton.next_power_of_2(hg * P),
-            BLOCK_HG=triton.next_power_of_2(hg), num_warps=MAMBA_WARPS,
+            BLOCK_HG=triton.next_power_of_2(hg), NVFP4_ROWS=rows, num_warps=MAMBA_WARPS,
         )  # fmt: skip
-    return out
+    return (out, values, out_scale, largest) if rows else out
 
 
 @triton.jit

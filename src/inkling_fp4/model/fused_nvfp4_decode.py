@@ -4,10 +4,10 @@ At decode sizes an emulated NVFP4 GEMM is launch-bound: beside the GEMM, the row
 launch per linear (BENCHMARKS.md, decode). The block's norm kernel owns whole rows already, so it also
 writes their NVFP4 block values and scales (``glue_kernels.norm_kernels.norm_nvfp4_rows``) and hands
 them to the one linear that reads the norm's output (in_proj, qkv_proj or up_proj), which then skips
-its quantizer; the MLP's squared ReLU does the same for down_proj. One launch fewer per block and per
-MLP, the same bits (tests/test_nvfp4_decode_norm.py). Mamba's gated norm and attention's output are
-written by their decode kernels a group or a head at a time, so out_proj and o_proj still quantize
-their own input.
+its quantizer; the MLP's squared ReLU does the same for down_proj, and the fused Mamba-2 step (whose
+row's last program quantizes the whole gated-norm row) for out_proj. One launch fewer per block, per
+MLP and per Mamba layer, the same bits (tests/test_nvfp4_decode_norm.py). Attention's output is written
+a head at a time by its decode kernel, so o_proj still quantizes its own input.
 :func:`fuse_nvfp4_decode` swaps the classes in once; where the path does not apply (another recipe,
 tensor scales, no held weights, no Triton) they step as the plain ones do.
 """
@@ -21,6 +21,7 @@ from inkling_fp4.model.attention import Attention
 from inkling_fp4.model.compiled import glue_enabled
 from inkling_fp4.model.hybrid import Block
 from inkling_fp4.model.mamba2 import Mamba2Mixer
+from inkling_fp4.model.mamba2_decode import fused_decode_applies, mamba_decode
 from inkling_fp4.model.mlp import MLP, squared_relu
 from inkling_fp4.model.norm import output_dtype
 from inkling_fp4.precision import fused_kernels
@@ -76,7 +77,27 @@ class NVFP4DecodeMLP(MLP):
         return self.down_proj(h)  # [B, D]
 
 
-FUSED = {Block: NVFP4DecodeBlock, MLP: NVFP4DecodeMLP}
+class NVFP4DecodeMamba(Mamba2Mixer):
+    def step(self, u: torch.Tensor, cache) -> torch.Tensor:
+        """As :meth:`Mamba2Mixer.step`; the fused step also quantizes its output rows for out_proj."""
+        state = cache.layers[self.layer_idx]
+        zxbcdt = self.in_proj(u)  # [B, 2E + 2GN + H]: takes the pre-norm's rows where they were handed over
+        summed = torch.promote_types(zxbcdt.dtype, self.D.dtype)
+        E = self.H * self.P
+        if not (fused_decode_applies(zxbcdt, state.conv, state.ssm)
+                and applies(self.out_proj, zxbcdt[:, :E], summed)):  # fmt: skip
+            return self._step_from(zxbcdt, state)
+        args = (
+            zxbcdt, state.conv, state.ssm, self.conv_weight, self.conv_bias, self.dt_bias, self.A_log,
+            self.D, self.norm.weight, self.G, self.norm.eps, torch.bfloat16,
+        )  # fmt: skip
+        h, values, out_scale, amax = mamba_decode(*args, dt_min_clamp=self.dt_min_clamp, done=state.done,
+                                                  w_decode=self.out_proj.frozen_weight().decode_scale)  # fmt: skip
+        self.out_proj.hand_over(h, QuantizedRows(values, out_scale, amax))
+        return self.out_proj(h)  # [B, D]
+
+
+FUSED = {Block: NVFP4DecodeBlock, MLP: NVFP4DecodeMLP, Mamba2Mixer: NVFP4DecodeMamba}
 """Each plain class -> its decode variant (same parameters; only ``step`` differs)."""
 
 

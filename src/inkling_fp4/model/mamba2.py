@@ -180,7 +180,7 @@ class Mamba2Mixer(nn.Module):
             ssm=torch.zeros(
                 batch, self.H, self.P, self.N, device=device, dtype=torch.promote_types(dtype, torch.float32)
             ),
-            done=torch.zeros(batch, self.G, device=device, dtype=torch.int32) if on_cuda else None,
+            done=torch.zeros(batch, self.G + 1, device=device, dtype=torch.int32) if on_cuda else None,
         )
 
     def prefill(self, u: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
@@ -200,12 +200,14 @@ class Mamba2Mixer(nn.Module):
 
     def step(self, u: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
         """u: [B, D] one new token per sequence -> [B, D]; advances the conv window and SSM state."""
-        state: MambaState = cache.layers[self.layer_idx]
-        zxbcdt = self.in_proj(u)  # [B, 2E + 2GN + H]
+        return self._step_from(self.in_proj(u), cache.layers[self.layer_idx])
+
+    def _step_from(self, zxbcdt: torch.Tensor, state: MambaState) -> torch.Tensor:
+        """The step after in_proj: zxbcdt [B, 2E + 2GN + H] -> [B, D]."""
         summed = torch.promote_types(zxbcdt.dtype, self.D.dtype)  # the skip sum's dtype, as in _output
         args = (
             zxbcdt, state.conv, state.ssm, self.conv_weight, self.conv_bias, self.dt_bias, self.A_log,
-            self.D, self.norm.weight, self.G, self.norm.eps, output_dtype(summed, u.device),
+            self.D, self.norm.weight, self.G, self.norm.eps, output_dtype(summed, zxbcdt.device),
         )  # fmt: skip
         if fused_decode_applies(zxbcdt, state.conv, state.ssm):
             h = mamba_decode(*args, dt_min_clamp=self.dt_min_clamp, done=state.done)  # [B, E]

@@ -83,14 +83,17 @@ def mamba_decode(
     out_dtype: torch.dtype,
     dt_min_clamp: float = 0.0,
     done: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The fused decode step; ``done`` [B, G] int32 is the kernel's count of finished heads per group
-    (``MambaState.done``; None: a zeroed one per call)."""
+    w_decode: torch.Tensor | None = None,
+):
+    """The fused decode step; ``done`` [B, G + 1] int32 is the kernel's count of finished heads per
+    group and of finished groups per row (``MambaState.done``; None: a zeroed one per call). With
+    ``w_decode`` (out_proj's weight decode scale) it returns (h, h's NVFP4 row operand: values, out_scale,
+    largest row amax), as the row quantizer would make it (``model/fused_nvfp4_decode.py``)."""
     from inkling_fp4.model.decode_kernels import mamba_decode_triton  # needs triton
 
     return mamba_decode_triton(
         zxbcdt, conv_state, ssm_state, conv_weight, conv_bias, dt_bias, A_log, D, norm_weight,
-        n_groups, eps, out_dtype, dt_min_clamp, done,
+        n_groups, eps, out_dtype, dt_min_clamp, done, w_decode,
     )  # fmt: skip
 
 
