@@ -2,8 +2,9 @@
 
 The defaults follow TRL's GRPOTrainer and verl where they agree: groups of 8, advantages scaled by
 the group's std (GRPO), DAPO's clip-higher (eps_low 0.2, eps_high 0.28), token-mean aggregation
-(every token weighs the same, so long completions are not down-weighted), no KL penalty, and
-zero-variance groups kept (advantage 0: they only dilute the mean) and counted.
+(every token weighs the same, so long completions are not down-weighted), no KL penalty,
+zero-variance groups kept (advantage 0: they only dilute the mean) and counted, and completions cut by
+the token budget scored like any other.
 """
 
 from __future__ import annotations
