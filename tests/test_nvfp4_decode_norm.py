@@ -103,10 +103,9 @@ def test_the_squared_relus_rows_are_the_row_quantizers_of_its_output(r, f):
 def test_the_mamba_steps_rows_are_the_row_quantizers_of_its_output(bsz, heads, p, g):
     """Three steps in a row (the kernel's counts carry over), a row of NaN in the last: each step's h is
     the plain kernel's, bit for bit, and its rows are the row quantizer's of that h."""
-    from test_decode_kernels import mamba_inputs
-
     from inkling_fp4.model.mamba2_decode import mamba_decode
     from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_rows_whole
+    from test_decode_kernels import mamba_inputs
 
     seed = random.randrange(2**31)
     dev = _device()

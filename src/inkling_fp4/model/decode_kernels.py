@@ -164,7 +164,7 @@ def mamba_decode_triton(
         raise ValueError(f"mamba_decode: done must be a contiguous [{Bsz}, {n_groups + 1}] int32 tensor")
     rows = w_decode is not None
     if rows and (out_dtype != torch.bfloat16 or E % 16):
-        raise ValueError(f"mamba_decode: NVFP4 rows of a BF16 output whose width is a multiple of 16, not {E}")
+        raise ValueError(f"mamba_decode: NVFP4 rows need a BF16 output of a width divisible by 16, not {E}")
     values, out_scale, largest = row_operand(Bsz, E, dev) if rows else (out, out, out)
     hg = H // n_groups
     with on_device(zxbcdt):

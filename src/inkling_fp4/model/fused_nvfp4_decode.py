@@ -91,8 +91,9 @@ class NVFP4DecodeMamba(Mamba2Mixer):
             zxbcdt, state.conv, state.ssm, self.conv_weight, self.conv_bias, self.dt_bias, self.A_log,
             self.D, self.norm.weight, self.G, self.norm.eps, torch.bfloat16,
         )  # fmt: skip
+        w_decode = self.out_proj.frozen_weight().decode_scale
         h, values, out_scale, amax = mamba_decode(*args, dt_min_clamp=self.dt_min_clamp, done=state.done,
-                                                  w_decode=self.out_proj.frozen_weight().decode_scale)  # fmt: skip
+                                                  w_decode=w_decode)  # fmt: skip
         self.out_proj.hand_over(h, QuantizedRows(values, out_scale, amax))
         return self.out_proj(h)  # [B, D]
 
