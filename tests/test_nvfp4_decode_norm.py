@@ -2,8 +2,8 @@
 ``model/fused_nvfp4_decode.py``): its rows are, bit for bit, what the row quantizer makes of the
 norm's BF16 output, and a model whose blocks hand them over decodes the logits, bit for bit, of the
 same model whose linears quantize for themselves, with one quantizer launch fewer per block (and per
-MLP: its squared ReLU writes down_proj's rows the same way; and per Mamba layer on CUDA: the fused
-step writes out_proj's).
+MLP: its squared ReLU writes down_proj's rows the same way; and per Mamba layer: the fused step
+writes out_proj's).
 
 On CPU the kernels run in a TRITON_INTERPRET=1 child process; on a GPU directly. Fresh random rows
 each run, with a zero row, an outlier, tiny values and a row of NaN among them.
@@ -175,12 +175,17 @@ def test_blocks_that_hand_over_the_rows_decode_the_same_logits(monkeypatch):
     prompts = torch.randint(0, cfg.vocab_size, (2, cfg.conv_kernel - 1), device=dev)
     steps = 2
     cache, logits = _prefill(model, prompts, steps)
+    if dev == "cpu":  # the fused Mamba-2 step is CUDA's: here it runs under the interpreter too
+        from inkling_fp4.model import mamba2
+
+        for module in (fused_nvfp4_decode, mamba2):
+            monkeypatch.setattr(module, "fused_decode_applies", lambda *a: True)
     calls = _quantizer_calls(monkeypatch)
     fused = _decode(model, copy.deepcopy(cache), logits, steps)
     handed = len(calls)
     monkeypatch.setattr(QuantLinear, "hand_over", lambda self, x, rows: None)  # each linear quantizes x
     plain = _decode(model, cache, logits, steps)
-    mambas = cfg.pattern.count("M") if dev == "cuda" else 0  # the fused Mamba-2 step: CUDA only
+    mambas = cfg.pattern.count("M")
     # one fewer per block, per MLP, per Mamba layer
     assert len(calls) - handed == handed + steps * (cfg.n_layers + mlps + mambas)
     for a, b in zip(fused, plain, strict=True):

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 RL = ["rl.prompts_per_step=2", "rl.group_size=4", "train.batch_size=8", "train.micro_batch_size=4",
       "sampler.max_new_tokens=12", "rl.eval_prompts=4", "eval.every=3", "log.progress=false",
-      "rl.levels=[1]", "train.checkpoint_every=0", "rl.mask_truncated=false"]  # fmt: skip
+      "rl.levels=[1]", "train.checkpoint_every=0"]  # fmt: skip
 METRICS = ("reward_mean", "reward_std", "accuracy", "completion_len_mean", "completion_len_max",
            "truncated_frac", "entropy", "clip_low", "clip_high", "zero_var_frac", "unsolved_frac",
            "solved_frac", "gen_tokens_per_s", "tokens_per_s", "time_sample_s", "time_score_s",
@@ -397,36 +397,48 @@ def test_dynamic_sampling_trains_the_groups_with_a_signal_first(base, tmp_path, 
     assert trained(straight) == trained(parted)
 
 
-def test_completions_cut_by_the_budget_leave_the_loss_and_the_baseline(base, tmp_path, monkeypatch):
-    """rl.mask_truncated=true: a completion the token budget cut has no loss and no place in
-    its group's baseline, so it lifts no finished answer; the finished ones' advantages are those of
-    their group without it."""
+@pytest.mark.parametrize("masked", [False, True])
+def test_completions_cut_by_the_budget_in_the_loss_and_the_baseline_or_out_of_both(
+    masked, base, tmp_path, monkeypatch
+):
+    """By default a completion the token budget cut is scored like any other: its loss and its place in
+    its group's baseline. Under rl.mask_truncated=true it has neither, so it lifts no finished answer;
+    the finished ones' advantages are those of their group without it."""
     (tmp_path / "spread_rewards.py").write_text(
         "def reward(prompt, completion, answer):\n    return (sum(map(ord, completion)) % 5) / 4\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    seen = []
+    seen, cut = [], []
     queue = rollout.RolloutTask._queue_mini_batches
     monkeypatch.setattr(
         rollout.RolloutTask,
         "_queue_mini_batches",
         lambda self, rows, correction: seen.append(rows) or queue(self, rows, correction),
     )
+    gather = rollout.ranks.all_completions
+    monkeypatch.setattr(rollout.ranks, "all_completions",
+                        lambda *a: (lambda out: cut.append(out[2]) or out)(gather(*a)))  # fmt: skip
     real, calls = rollout.grpo.group_advantages, []
     monkeypatch.setattr(rollout.grpo, "group_advantages",
                         lambda r, scale, **kw: calls.append((r, kw)) or real(r, scale, **kw))  # fmt: skip
     train_rl(base, tmp_path / "r", "train.steps=3", "eval.every=0", "eval.at_start=false",
-             "rl.reward=spread_rewards:reward", "rl.mask_truncated=true", "sampler.max_new_tokens=3",
-             "sampler.stop=[e]", "rl.group_size=8", "rl.prompts_per_step=4", "train.batch_size=32",
-             "train.micro_batch_size=16")  # fmt: skip
+             "rl.reward=spread_rewards:reward", "sampler.max_new_tokens=3", "sampler.stop=[e]",
+             "rl.group_size=8", "rl.prompts_per_step=4", "train.batch_size=32", "train.micro_batch_size=16",
+             *(["rl.mask_truncated=true"] if masked else []))  # fmt: skip
     mixed = 0
-    for rows, (rewards_PG, kw) in zip(seen, calls, strict=True):
-        finished_PG = rows.loss_mask.any(1).view(rewards_PG.shape)  # a cut completion has no loss
-        assert torch.equal(kw["counted_NG"], finished_PG)
+    for rows, (rewards_PG, kw), cut_S in zip(seen, calls, cut, strict=True):
+        finished_PG = ~cut_S.view(rewards_PG.shape)
         adv_PG = rows.advantages.view(rewards_PG.shape)
+        if not masked:
+            assert kw["counted_NG"] is None and rows.loss_mask.any(1).all()
+            assert torch.equal(adv_PG, real(rewards_PG, "group"))
+            mixed += int((adv_PG[~finished_PG] != 0).sum())  # cut completions that move the policy
+            continue
+        assert torch.equal(rows.loss_mask.any(1).view(rewards_PG.shape), finished_PG)  # a cut one: no loss
+        assert torch.equal(kw["counted_NG"], finished_PG)
         assert torch.equal(adv_PG[~finished_PG], torch.zeros(int((~finished_PG).sum())))
         for i in range(rewards_PG.shape[0]):
             alone = real(rewards_PG[i, finished_PG[i]][None], "group")[0]
             assert torch.allclose(adv_PG[i, finished_PG[i]], alone, atol=1e-6)
             mixed += bool(finished_PG[i].any() and not finished_PG[i].all() and alone.abs().sum() > 0)
-    assert mixed >= 2  # groups with cut and finished completions, and a signal among the finished
+    assert mixed >= 2  # cut completions with an advantage / groups of cut and finished with a signal

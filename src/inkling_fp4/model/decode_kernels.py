@@ -162,21 +162,21 @@ def mamba_decode_triton(
         done = torch.zeros(Bsz, n_groups + 1, device=dev, dtype=torch.int32)  # heads of (b, g), groups of b
     elif done.shape != (Bsz, n_groups + 1) or done.dtype != torch.int32 or not done.is_contiguous():
         raise ValueError(f"mamba_decode: done must be a contiguous [{Bsz}, {n_groups + 1}] int32 tensor")
-    rows = w_decode is not None
-    if rows and (out_dtype != torch.bfloat16 or E % 16):
+    nvfp4_rows = w_decode is not None
+    if nvfp4_rows and (out_dtype != torch.bfloat16 or E % 16):
         raise ValueError(f"mamba_decode: NVFP4 rows need a BF16 output of a width divisible by 16, not {E}")
-    values, out_scale, largest = row_operand(Bsz, E, dev) if rows else (out, out, out)
+    values, out_scale, largest = row_operand(Bsz, E, dev) if nvfp4_rows else (out, out, out)
     hg = H // n_groups
     with on_device(zxbcdt):
         _mamba_decode[(Bsz, H)](
             zxbcdt, zxbcdt.stride(0), conv_state, conv_weight, conv_bias, ssm_state, dt_bias, A_log, D,
             norm_weight, gated, sumsq, done, out, out.stride(0), eps, float(dt_min_clamp),
-            w_decode if rows else out, values, out_scale, largest,
+            w_decode if nvfp4_rows else out, values, out_scale, largest,
             E=E, C=C, H=H, P=P, N=N, G=n_groups, K=K, BLOCK_P=triton.next_power_of_2(P),
             BLOCK_N=triton.next_power_of_2(N), BLOCK_GW=triton.next_power_of_2(hg * P),
-            BLOCK_HG=triton.next_power_of_2(hg), NVFP4_ROWS=rows, num_warps=MAMBA_WARPS,
+            BLOCK_HG=triton.next_power_of_2(hg), NVFP4_ROWS=nvfp4_rows, num_warps=MAMBA_WARPS,
         )  # fmt: skip
-    return (out, values, out_scale, largest) if rows else out
+    return (out, values, out_scale, largest) if nvfp4_rows else out
 
 
 @triton.jit

@@ -82,15 +82,11 @@ class NVFP4DecodeMamba(Mamba2Mixer):
         """As :meth:`Mamba2Mixer.step`; the fused step also quantizes its output rows for out_proj."""
         state = cache.layers[self.layer_idx]
         zxbcdt = self.in_proj(u)  # [B, 2E + 2GN + H]: takes the pre-norm's rows where they were handed over
-        summed = torch.promote_types(zxbcdt.dtype, self.D.dtype)
-        E = self.H * self.P
+        args = self.decode_args(zxbcdt, state)
+        # applies() asks for a BF16 output (args[-1]) of h's shape [B, E]
         if not (fused_decode_applies(zxbcdt, state.conv, state.ssm)
-                and applies(self.out_proj, zxbcdt[:, :E], summed)):  # fmt: skip
+                and applies(self.out_proj, zxbcdt[:, : self.H * self.P], args[-1])):  # fmt: skip
             return self._step_from(zxbcdt, state)
-        args = (
-            zxbcdt, state.conv, state.ssm, self.conv_weight, self.conv_bias, self.dt_bias, self.A_log,
-            self.D, self.norm.weight, self.G, self.norm.eps, torch.bfloat16,
-        )  # fmt: skip
         w_decode = self.out_proj.frozen_weight().decode_scale
         h, values, out_scale, amax = mamba_decode(*args, dt_min_clamp=self.dt_min_clamp, done=state.done,
                                                   w_decode=w_decode)  # fmt: skip

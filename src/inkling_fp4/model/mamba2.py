@@ -198,17 +198,21 @@ class Mamba2Mixer(nn.Module):
         state.ssm.copy_(final)
         return out
 
+    def decode_args(self, zxbcdt: torch.Tensor, state: MambaState) -> tuple:
+        """The arguments of one decode step (``mamba2_decode``) after in_proj, to the output dtype."""
+        summed = torch.promote_types(zxbcdt.dtype, self.D.dtype)  # the skip sum's dtype, as in _output
+        return (
+            zxbcdt, state.conv, state.ssm, self.conv_weight, self.conv_bias, self.dt_bias, self.A_log,
+            self.D, self.norm.weight, self.G, self.norm.eps, output_dtype(summed, zxbcdt.device),
+        )  # fmt: skip
+
     def step(self, u: torch.Tensor, cache: InferenceCache) -> torch.Tensor:
         """u: [B, D] one new token per sequence -> [B, D]; advances the conv window and SSM state."""
         return self._step_from(self.in_proj(u), cache.layers[self.layer_idx])
 
     def _step_from(self, zxbcdt: torch.Tensor, state: MambaState) -> torch.Tensor:
         """The step after in_proj: zxbcdt [B, 2E + 2GN + H] -> [B, D]."""
-        summed = torch.promote_types(zxbcdt.dtype, self.D.dtype)  # the skip sum's dtype, as in _output
-        args = (
-            zxbcdt, state.conv, state.ssm, self.conv_weight, self.conv_bias, self.dt_bias, self.A_log,
-            self.D, self.norm.weight, self.G, self.norm.eps, output_dtype(summed, zxbcdt.device),
-        )  # fmt: skip
+        args = self.decode_args(zxbcdt, state)
         if fused_decode_applies(zxbcdt, state.conv, state.ssm):
             h = mamba_decode(*args, dt_min_clamp=self.dt_min_clamp, done=state.done)  # [B, E]
         else:
