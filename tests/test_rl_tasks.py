@@ -303,7 +303,7 @@ def test_countdown_problems_are_shaped_as_documented_and_solved():
                     used[int(rhs)] += 1
                 assert +used == Counter([value]), (numbers, attempt)
                 tried.add(tuple(steps))
-            assert len(tried) == len(attempts) <= len(chances) - 1
+            assert len(tried) == len(attempts) <= len(chances) - 1, (seed, p.solution)
             shown[len(attempts)] += 1
             assert cd.reward(p.prompt, p.solution, p.answer) == 1.0, (seed, p.solution)
             wrong = p.solution.replace("<answer>", "<answer>1 + ")
@@ -322,6 +322,15 @@ def test_countdown_problems_are_shaped_as_documented_and_solved():
     for bad in ((), (0.5, 0.6), (1.2, -0.2)):
         with pytest.raises(ValueError, match="failed_attempts"):
             cd.problems("train", 1, seed, failed_attempts=bad)
+
+
+def test_failed_attempts_never_repeat_their_steps_where_two_orders_read_alike():
+    """[51, 2, 53]: ``(51 + 2) / 53`` and ``53 / (51 + 2)`` are different terms with the same steps, and a
+    solution showing both would show one attempt twice."""
+    for k in range(500):
+        for numbers in ([51, 2, 53], [3, 3, 6], [4, 4, 4, 4]):
+            failed = cd._failed_attempts(f"key {k}", numbers, 7, (0.0, 0.0, 1.0))
+            assert len(failed) == 2 and failed[0].steps != failed[1].steps, (numbers, k, failed)
 
 
 def test_held_out_problems_are_distinct_and_capped_by_the_split():

@@ -80,8 +80,9 @@ def check_failed_attempts(chances: Sequence[float]) -> None:
 
 
 def _failed_attempts(key: str, numbers: list[int], target: int, chances: Sequence[float]) -> list[Term]:
-    """Distinct combinations of all the numbers that miss the target: k of them with chance ``chances[k]``,
-    drawn from the problem's ``key``."""
+    """Combinations of all the numbers that miss the target, no two with the same steps (``53 / (51 + 2)``
+    and ``(51 + 2) / 53`` read alike): k of them with chance ``chances[k]``, drawn from the problem's
+    ``key``."""
     if len(chances) == 1:  # the construction alone: nothing to draw
         return []
     rng = random.Random(f"attempts {key}")
@@ -92,7 +93,7 @@ def _failed_attempts(key: str, numbers: list[int], target: int, chances: Sequenc
             break
         plan, value = _plan(rng, numbers)
         attempt = _term(numbers, plan)
-        if value != target and all(t.text != attempt.text for t in failed):
+        if value != target and all(t.steps != attempt.steps for t in failed):
             failed.append(attempt)
     return failed
 
