@@ -45,6 +45,16 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return name, shlex.split(rest)
 
 
+def own_steps(own: list[str], steps: int) -> int:
+    """The trainer steps a variant runs: its own ``train.steps=`` (e.g. with rl.mini_batches > 1,
+    several trainer steps per RL step) over the common count."""
+    for item in own:
+        key, _, value = item.partition("=")
+        if key == "train.steps":
+            steps = int(value)
+    return steps
+
+
 def plan(a) -> list[Job]:
     """One rollout command per variant; a finished one is skipped, a started one resumed."""
     jobs = []
@@ -55,8 +65,9 @@ def plan(a) -> list[Job]:
         if (run_dir / "checkpoints").is_dir():
             args.append("--resume")
         job = Job(name, args, a.out / "logs" / f"{name}.log")
-        if finished(run_dir, a.steps):
-            job.skipped = f"done ({run_dir} has its step-{a.steps} checkpoint)"
+        steps = own_steps(own, a.steps)
+        if finished(run_dir, steps):
+            job.skipped = f"done ({run_dir} has its step-{steps} checkpoint)"
         jobs.append(job)
     return jobs
 

@@ -75,3 +75,17 @@ def test_the_table_reports_what_each_run_logged(tmp_path):
     assert "| 8 | 0.500 |  |" in text  # flat has no evaluation at step 8
     assert "| up | 8 | 0.150 -> 0.750 | n/a |" in text
     assert "| flat | 4 | 0.500 -> 0.500 |" in text
+
+
+def test_a_variant_with_its_own_step_count_is_done_at_its_own_last_step(tmp_path):
+    """With rl.mini_batches=4 a variant runs 4 trainer steps per RL step: its step-4 checkpoint of a
+    16-step run is a quarter of the way, not the end."""
+    out = tmp_path / "sweep"
+    _write_run(out / "mb4", [0.1], {0: 0.2}, steps_done=4)
+    _write_run(out / "mb4-done", [0.1], {0: 0.2}, steps_done=16)
+    a = sweep.parse_args(["--from", "runs/sft", "--out", str(out), "--steps", "4",
+                          "--variant", "mb4=rl.mini_batches=4 train.steps=16",
+                          "--variant", "mb4-done=rl.mini_batches=4 train.steps=16"])  # fmt: skip
+    going, done = sweep.plan(a)
+    assert going.skipped is None and going.args[-1] == "--resume"
+    assert done.skipped is not None and "step-16" in done.skipped
