@@ -174,7 +174,7 @@ def check(model: HybridLM, device) -> list[str]:
     return failures
 
 
-def bench_ours(model, batch, prompt, new, eager_steps, twins, device) -> dict:
+def bench_ours(model, batch, prompt, new, eager_steps, twins, device, profile: int = 0) -> dict:
     cfg = model.cfg
     ids = torch.randint(0, cfg.vocab_size, (batch, prompt), device=device)
     lengths = torch.full((batch,), prompt, device=device)
@@ -213,7 +213,33 @@ def bench_ours(model, batch, prompt, new, eager_steps, twins, device) -> dict:
                 state["tok"] = decoder(state["tok"]).argmax(-1)
 
             row["graphed_ms"] = events_ms(graphed, new - 1)  # the first new token came from the prefill
+            if profile:
+                model.prefill(ids, lengths, cache)
+                state["tok"] = first.argmax(-1)
+                print_kernels(graphed, profile, f"graphed step, batch {batch}, prompt {prompt}")
     return row
+
+
+def print_kernels(step, steps: int, label: str) -> None:
+    """The CUDA kernels of ``steps`` calls of ``step``: device time per group (step_profile.py's
+    groups) and the top kernels. Why: a step's time against bf16 says how far NVFP4 is from its
+    target, the kernels say which of its launches (quantizers, GEMMs, glue) to fuse."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from step_profile import breakdown, format_top, top_kernels
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    groups = breakdown(events, steps)
+    print(f"  kernels of the {label} ({steps} steps profiled):")
+    for name, (ms, n) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
+        print(f"    {ms:8.3f} ms {n:5d}  {name}")
+    print(format_top(top_kernels(events, steps, 25), width=110))
 
 
 def hf_config(cfg: ModelConfig, max_len: int):
@@ -306,6 +332,9 @@ def main() -> int:
     parser.add_argument("--hf-prompts", type=ints, default=[128])
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' generate()")
     parser.add_argument("--no-check", action="store_true")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="print the kernels of N graphed steps per cell"
+    )
     parser.add_argument("--markdown", default=None, help="append the table as Markdown to this file")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -357,9 +386,10 @@ def main() -> int:
         for prompt in args.prompts:
             for batch in args.batches:
                 row = dict(preset=preset, batch=batch, prompt=prompt)
-                row.update(
-                    bench_ours(model, batch, prompt, args.new_tokens, args.eager_steps, batch == 64, device)
+                ours = bench_ours(
+                    model, batch, prompt, args.new_tokens, args.eager_steps, batch == 64, device, args.profile
                 )
+                row.update(ours)
                 torch.cuda.empty_cache()
                 parts = floor_bytes(model, batch, prompt, args.new_tokens)
                 row["floor_gb"] = sum(parts.values()) / 1e9
