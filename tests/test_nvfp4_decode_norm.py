@@ -5,8 +5,12 @@ same model whose linears quantize for themselves, with one quantizer launch fewe
 MLP: its squared ReLU writes down_proj's rows the same way; and per Mamba layer: the fused step
 writes out_proj's).
 
+Each producer quantizes rows up to ``ROWS_IN_REGISTERS`` wide in one pass over the registers holding
+them, wider ones by reading them back in loops of K. The tests take both ways (forcing the loops), and
+hold the one pass, on its own, to the loops and to the torch quantizer.
+
 On CPU the kernels run in a TRITON_INTERPRET=1 child process; on a GPU directly. Fresh random rows
-each run, with a zero row, an outlier, tiny values and a row of NaN among them.
+each run, with a zero row, an outlier, tiny values, a row of NaN and one with an Inf among them.
 """
 
 from __future__ import annotations
@@ -42,18 +46,60 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def _rows(r: int, d: int, g: torch.Generator) -> torch.Tensor:
     x = torch.randn(r, d, generator=g) * torch.rand(r, 1, generator=g) * 8
     special = [torch.zeros(d), torch.randn(d, generator=g).index_fill_(0, torch.tensor([d // 3]), 5e4),
-               torch.randn(d, generator=g) * 1e-7, torch.full((d,), float("nan"))]  # fmt: skip
+               torch.randn(d, generator=g) * 1e-7, torch.full((d,), float("nan")),
+               torch.randn(d, generator=g).index_fill_(0, torch.tensor([d // 2]), float("inf"))]  # fmt: skip
     for i, row in enumerate(special[: r - 1]):
         x[i + 1] = row
     return x
 
 
+@pytest.fixture(params=["registers", "loops"])
+def row_path(request, monkeypatch):
+    """How the producers quantize their rows: from registers in one pass (rows up to
+    ``ROWS_IN_REGISTERS`` wide), or read back in loops of K (wider rows; forced here)."""
+    from inkling_fp4.numerics.kernels import nvfp4_decode_gemm
+
+    if request.param == "loops":
+        monkeypatch.setattr(nvfp4_decode_gemm, "ROWS_IN_REGISTERS", 0)
+    return request.param
+
+
+@kernel_test
+@pytest.mark.parametrize("block_m", [1, 4])
+# (m, k): one block; K/16 = 3 and 5 blocks of a G of 4 and 8; 17 blocks over two loop steps of K, rows
+# past the last program's end
+@pytest.mark.parametrize(("m", "k"), [(1, 16), (3, 48), (8, 80), (9, 272)])
+def test_the_single_pass_row_quantizer_is_the_two_loop_one(block_m, m, k):
+    """The same rows through ``quantize_rows_in_registers`` (one load) and ``quantize_whole_rows`` (two
+    loops): the same bits, NaN and Inf rows too; the finite rows are also the torch quantizer's."""
+    from inkling_fp4.numerics import nvfp4
+    from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_rows_whole
+
+    seed = random.randrange(2**31)
+    g = torch.Generator().manual_seed(seed)
+    x = _rows(m, k, g)
+    if m > 7:  # a BF16 value near its largest, and a row of FP32 subnormals (S_enc clamped to FLT_MAX)
+        x[6] = torch.randn(k, generator=g).index_fill_(0, torch.tensor([k - 1]), -3e38)
+        x[7] = torch.randn(k, generator=g) * 1e-39
+    x = x.to(torch.bfloat16).to(_device())
+    w_decode = torch.tensor([0.37 * random.random() + 1e-3], device=x.device)
+    got = quantize_rows_whole(x, w_decode, block_m=block_m, in_registers=True)
+    want = quantize_rows_whole(x, w_decode, block_m=block_m)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(_bits(a), _bits(b)), seed
+    finite = x.float().isfinite().all(1)
+    ref = nvfp4.quantize_rows(x[finite], check=False)
+    values, out_scale, _ = got
+    assert torch.equal(_bits(values[finite]), _bits(ref.block_values())), seed
+    assert torch.equal(_bits(out_scale[finite]), _bits(ref.decode_scale[:, 0] * w_decode)), seed
+
+
 @kernel_test
 @pytest.mark.parametrize("add", [False, True])
 # (r, d): one row, one program of 64 rows with 5 in it, two programs of 8 rows of 512 (the second ragged)
-# whose rows the quantizer reads in two blocks of K, the second ragged
-@pytest.mark.parametrize(("r", "d"), [(1, 48), (5, 64), (9, 320)])
-def test_the_norms_rows_are_the_row_quantizers_of_its_output(add, r, d):
+# whose rows the quantizer reads in two blocks of K, the second ragged; rows of 5 blocks in a tile of 8
+@pytest.mark.parametrize(("r", "d"), [(1, 48), (5, 64), (9, 320), (6, 80)])
+def test_the_norms_rows_are_the_row_quantizers_of_its_output(add, r, d, row_path):
     from inkling_fp4.model.glue_kernels.norm_kernels import norm_forward, norm_nvfp4_rows
     from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_rows_whole
 
@@ -79,9 +125,10 @@ def test_the_norms_rows_are_the_row_quantizers_of_its_output(add, r, d):
 
 
 @kernel_test
-# (r, f): one row; random rows around the four special ones, over two blocks of K, the second ragged
-@pytest.mark.parametrize(("r", "f"), [(1, 64), (7, 272)])
-def test_the_squared_relus_rows_are_the_row_quantizers_of_its_output(r, f):
+# (r, f): one row; random rows around the five special ones, over two blocks of K, the second ragged;
+# rows of 3 and 5 blocks (G = 4, 8)
+@pytest.mark.parametrize(("r", "f"), [(1, 64), (7, 272), (3, 48), (6, 80)])
+def test_the_squared_relus_rows_are_the_row_quantizers_of_its_output(r, f, row_path):
     from inkling_fp4.model.glue_kernels.pointwise_kernels import squared_relu_nvfp4_rows
     from inkling_fp4.model.mlp import squared_relu
     from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_rows_whole
@@ -98,9 +145,10 @@ def test_the_squared_relus_rows_are_the_row_quantizers_of_its_output(r, f):
 
 
 @kernel_test
-# (B, H, P, G): one row of one group; three rows of two groups whose width (64) is one ragged block of K
-@pytest.mark.parametrize(("bsz", "heads", "p", "g"), [(1, 2, 16, 1), (3, 4, 16, 2)])
-def test_the_mamba_steps_rows_are_the_row_quantizers_of_its_output(bsz, heads, p, g):
+# (B, H, P, G): one row of one group; three rows of two groups whose width (64) is one ragged block of K;
+# two rows of 3 blocks (G = 4 in registers)
+@pytest.mark.parametrize(("bsz", "heads", "p", "g"), [(1, 2, 16, 1), (3, 4, 16, 2), (2, 3, 16, 1)])
+def test_the_mamba_steps_rows_are_the_row_quantizers_of_its_output(bsz, heads, p, g, row_path):
     """Three steps in a row (the kernel's counts carry over), a row of NaN in the last: each step's h is
     the plain kernel's, bit for bit, and its rows are the row quantizer's of that h."""
     from inkling_fp4.model.mamba2_decode import mamba_decode

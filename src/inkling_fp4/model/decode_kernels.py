@@ -23,7 +23,14 @@ from inkling_fp4.model.glue_kernels.common import (
     rsqrt,
     to_f32,
 )
-from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_whole_rows, row_operand
+from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import (
+    load_row_halves,
+    quantize_rows_in_registers,
+    quantize_whole_rows,
+    row_blocks,
+    row_operand,
+    rows_fit_in_registers,
+)
 
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # F.softplus's default: above it softplus(v) = v
 KP = tl.constexpr(4)  # conv taps held per channel (the kernel takes conv widths k <= 4)
@@ -74,12 +81,15 @@ def _mamba_decode(row0_ptr, s_row, conv0_ptr, w_ptr, b_ptr, ssm0_ptr, dtb_ptr, a
                   w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
                   E: tl.constexpr, C: tl.constexpr, H: tl.constexpr, P: tl.constexpr, N: tl.constexpr,
                   G: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_GW: tl.constexpr, BLOCK_HG: tl.constexpr, NVFP4_ROWS: tl.constexpr):  # fmt: skip
+                  BLOCK_GW: tl.constexpr, BLOCK_HG: tl.constexpr, NVFP4_ROWS: tl.constexpr,
+                  NV_IN_REGISTERS: tl.constexpr, NV_G: tl.constexpr):  # fmt: skip
     """Program (b, h): the conv of head h's x and of its group's B and C, dt, the state update and y with
     the D skip and gate, into an FP32 scratch row with its sum of squares. The group's last program (an
     atomic count per (b, g), modulo H/G) applies the RMS norm and shifts the group's B and C windows.
     ``NVFP4_ROWS``: the row's last group (a count per b in column G, modulo G) also writes the NVFP4
-    block values and scale of the whole output row (``nvfp4_decode_gemm.quantize_whole_rows``)."""
+    block values and scale of the whole output row: with ``NV_IN_REGISTERS`` read once as the halves of
+    its NV_G 16-value blocks (``nvfp4_decode_gemm.quantize_rows_in_registers``), else in two loops
+    (``quantize_whole_rows``); the same bits."""
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     HG: tl.constexpr = H // G
@@ -130,8 +140,13 @@ def _mamba_decode(row0_ptr, s_row, conv0_ptr, w_ptr, b_ptr, ssm0_ptr, dtb_ptr, a
             groups = tl.atomic_add(count0_ptr + b * (G + 1) + G, 1, sem="acq_rel")
             if groups % G == G - 1:
                 rows = b + tl.arange(0, 1)  # [1]: this row, whole
-                quantize_whole_rows(out0_ptr, s_out, rows, b + 1, E, w_decode_ptr, values_ptr, out_scale_ptr,
-                                    max_ptr, 1, NV_BLOCK_K)  # fmt: skip
+                if NV_IN_REGISTERS:  # the other groups' parts are in memory: one load of the row
+                    lo, hi = load_row_halves(out0_ptr, s_out, rows, b + 1, E, 1, NV_G)  # [1, NV_G, 8] each
+                    quantize_rows_in_registers(lo, hi, rows, b + 1, E, w_decode_ptr, values_ptr,
+                                               out_scale_ptr, max_ptr, 1, NV_G)  # fmt: skip
+                else:
+                    quantize_whole_rows(out0_ptr, s_out, rows, b + 1, E, w_decode_ptr, values_ptr,
+                                        out_scale_ptr, max_ptr, 1, NV_BLOCK_K)  # fmt: skip
 
 
 def mamba_decode_triton(
@@ -166,6 +181,7 @@ def mamba_decode_triton(
     if nvfp4_rows and (out_dtype != torch.bfloat16 or E % 16):
         raise ValueError(f"mamba_decode: NVFP4 rows need a BF16 output of a width divisible by 16, not {E}")
     values, out_scale, largest = row_operand(Bsz, E, dev) if nvfp4_rows else (out, out, out)
+    in_registers = nvfp4_rows and rows_fit_in_registers(E)
     hg = H // n_groups
     with on_device(zxbcdt):
         _mamba_decode[(Bsz, H)](
@@ -174,7 +190,8 @@ def mamba_decode_triton(
             w_decode if nvfp4_rows else out, values, out_scale, largest,
             E=E, C=C, H=H, P=P, N=N, G=n_groups, K=K, BLOCK_P=triton.next_power_of_2(P),
             BLOCK_N=triton.next_power_of_2(N), BLOCK_GW=triton.next_power_of_2(hg * P),
-            BLOCK_HG=triton.next_power_of_2(hg), NVFP4_ROWS=nvfp4_rows, num_warps=MAMBA_WARPS,
+            BLOCK_HG=triton.next_power_of_2(hg), NVFP4_ROWS=nvfp4_rows, NV_IN_REGISTERS=in_registers,
+            NV_G=row_blocks(E) if in_registers else 1, num_warps=MAMBA_WARPS,
         )  # fmt: skip
     return (out, values, out_scale, largest) if nvfp4_rows else out
 

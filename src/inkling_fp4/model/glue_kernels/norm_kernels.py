@@ -35,7 +35,13 @@ from inkling_fp4.model.glue_kernels.common import (
 from inkling_fp4.model.grad_slab import FP8Scaling
 from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
 from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
-from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_whole_rows, row_operand
+from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import (
+    quantize_rows_in_registers,
+    quantize_whole_rows,
+    row_halves,
+    row_operand,
+    rows_fit_in_registers,
+)
 
 
 @triton.jit
@@ -43,10 +49,11 @@ def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
               ADD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
               amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr,
               w_decode_ptr, values_ptr, out_scale_ptr, max_ptr, NVFP4_ROWS: tl.constexpr,
-              NV_BLOCK_K: tl.constexpr):  # fmt: skip
+              NV_BLOCK_K: tl.constexpr, NV_IN_REGISTERS: tl.constexpr):  # fmt: skip
     """rms_norm of BLOCK_R rows: out = (h r) w, h = x, or with ADD h = x + y (also stored). ``FP8``: out
     as delayed-scaled FP8 bytes. ``NVFP4_ROWS``: also the NVFP4 block values of the stored BF16 out, one
-    scale per row (``nvfp4_decode_gemm.quantize_whole_rows``)."""
+    scale per row, from the tile held with ``NV_IN_REGISTERS`` (``quantize_rows_in_registers``), else
+    read back (``quantize_whole_rows``; both ``nvfp4_decode_gemm``): the same bits."""
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (cols < D)[None, :]
@@ -64,14 +71,19 @@ def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
         tl.store(out_ptr + rows[:, None] * D + cols[None, :], q, mask=mask)
         record_amax(record_ptr, running_amax(tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32), r, mask))
     else:
-        tl.store(
-            out_ptr + rows[:, None] * D + cols[None, :], round_to(out, out_ptr.dtype.element_ty), mask=mask
-        )
+        stored = round_to(out, out_ptr.dtype.element_ty)
+        tl.store(out_ptr + rows[:, None] * D + cols[None, :], stored, mask=mask)
         if NVFP4_ROWS:
-            # NOTE every thread's part of the rows is stored before any thread reads the rows back
-            tl.debug_barrier()
-            quantize_whole_rows(out_ptr, D, rows, R, D, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
-                                BLOCK_R, NV_BLOCK_K)  # fmt: skip
+            if NV_IN_REGISTERS:
+                # the operand is of the rows as stored; [BLOCK_R, BLOCK_D] -> halves [BLOCK_R, G, 8]
+                lo, hi = row_halves(to_f32(stored), BLOCK_R, BLOCK_D // 16)
+                quantize_rows_in_registers(lo, hi, rows, R, D, w_decode_ptr, values_ptr, out_scale_ptr,
+                                           max_ptr, BLOCK_R, BLOCK_D // 16)  # fmt: skip
+            else:
+                # NOTE every thread's part of the rows is stored before any thread reads the rows back
+                tl.debug_barrier()
+                quantize_whole_rows(out_ptr, D, rows, R, D, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
+                                    BLOCK_R, NV_BLOCK_K)  # fmt: skip
     tl.store(rstd_ptr + rows, rstd, mask=rows < R)
 
 
@@ -138,6 +150,7 @@ def norm_forward(x, y, weight, eps, out_dtype, h, fp8_out: FP8Scaling | None = N
             ADD=y is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, enable_fp_fusion=False,
             **fp8_epilogue_kwargs(fp8_out, out), w_decode_ptr=w_decode, values_ptr=values,
             out_scale_ptr=out_scale, max_ptr=largest, NVFP4_ROWS=nvfp4_rows is not None, NV_BLOCK_K=256,
+            NV_IN_REGISTERS=nvfp4_rows is not None and rows_fit_in_registers(D),
         )  # fmt: skip
     return out, rstd
 

@@ -30,10 +30,21 @@ from inkling_fp4.model.glue_kernels.common import (
     log1p,
     on_device,
     round_to,
+    to_f32,
 )
 from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
 from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
-from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import quantize_whole_rows, row_operand
+from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import (
+    load_row_halves,
+    quantize_rows_in_registers,
+    quantize_whole_rows,
+    row_block_mask,
+    row_blocks,
+    row_half_offsets,
+    row_operand,
+    row_warps,
+    rows_fit_in_registers,
+)
 
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # F.softplus's default: above it softplus(v) = v
 SQUARED_RELU_BLOCK = 4096  # elements per program of the flat squared ReLU
@@ -164,37 +175,58 @@ def dt_softplus(dt_raw: torch.Tensor, dt_bias: torch.Tensor, ddt_into=None) -> t
 
 @triton.jit
 def _squared_relu_rows(h_ptr, out_ptr, R, F, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
-                       BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, NV_BLOCK_K: tl.constexpr):  # fmt: skip
+                       BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, NV_BLOCK_K: tl.constexpr,
+                       IN_REGISTERS: tl.constexpr, G: tl.constexpr):  # fmt: skip
     """relu(h)^2 of BLOCK_R whole rows of h [R, F] (as :func:`_squared_relu`), then the NVFP4 operand of
-    the stored rows with one scale per row (``nvfp4_decode_gemm.quantize_whole_rows``)."""
+    the stored rows with one scale per row. ``IN_REGISTERS``: the rows in one load, as the halves of their
+    G 16-value blocks, quantized where they are held (``nvfp4_decode_gemm.quantize_rows_in_registers``);
+    else BLOCK_F columns at a time, read back by ``quantize_whole_rows``. The same bits either way."""
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    for f0 in range(0, F, BLOCK_F):
-        cols = f0 + tl.arange(0, BLOCK_F)
-        mask = (rows < R)[:, None] & (cols < F)[None, :]
-        h = load_f32(h_ptr + rows[:, None] * F + cols[None, :], mask)
-        r = tl.where(h < 0.0, 0.0, h)  # NOTE not tl.maximum: it drops NaN, relu keeps it
-        tl.store(
-            out_ptr + rows[:, None] * F + cols[None, :], round_to(r * r, out_ptr.dtype.element_ty), mask=mask
-        )
-    # NOTE every thread's part of the rows is stored before any thread reads the rows back
-    tl.debug_barrier()
-    quantize_whole_rows(out_ptr, F, rows, R, F, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr, BLOCK_R,
-                        NV_BLOCK_K)  # fmt: skip
+    if IN_REGISTERS:
+        lo, hi = load_row_halves(h_ptr, F, rows, R, F, BLOCK_R, G)  # [BLOCK_R, G, 8] each
+        # NOTE not tl.maximum: it drops NaN, relu keeps it
+        lo = tl.where(lo < 0.0, 0.0, lo)
+        hi = tl.where(hi < 0.0, 0.0, hi)
+        out_lo = round_to(lo * lo, out_ptr.dtype.element_ty)
+        out_hi = round_to(hi * hi, out_ptr.dtype.element_ty)
+        ptrs = out_ptr + row_half_offsets(rows, F, G)
+        mask = row_block_mask(rows, R, F, G)[:, :, None]
+        tl.store(ptrs, out_lo, mask=mask)
+        tl.store(ptrs + 8, out_hi, mask=mask)
+        # the operand is of the rows as stored
+        quantize_rows_in_registers(to_f32(out_lo), to_f32(out_hi), rows, R, F, w_decode_ptr, values_ptr,
+                                   out_scale_ptr, max_ptr, BLOCK_R, G)  # fmt: skip
+    else:
+        for f0 in range(0, F, BLOCK_F):
+            cols = f0 + tl.arange(0, BLOCK_F)
+            mask = (rows < R)[:, None] & (cols < F)[None, :]
+            h = load_f32(h_ptr + rows[:, None] * F + cols[None, :], mask)
+            r = tl.where(h < 0.0, 0.0, h)  # NOTE not tl.maximum: it drops NaN, relu keeps it
+            tl.store(
+                out_ptr + rows[:, None] * F + cols[None, :], round_to(r * r, out_ptr.dtype.element_ty),
+                mask=mask,
+            )  # fmt: skip
+        # NOTE every thread's part of the rows is stored before any thread reads the rows back
+        tl.debug_barrier()
+        quantize_whole_rows(out_ptr, F, rows, R, F, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr, BLOCK_R,
+                            NV_BLOCK_K)  # fmt: skip
 
 
 @torch.no_grad()
 def squared_relu_nvfp4_rows(h: torch.Tensor, w_decode: torch.Tensor):
     """relu(h)^2 of h [R, F] BF16 (16 | F) and its NVFP4 operand, one scale per row (the decode step's
     input of down_proj) -> (out [R, F] BF16, values [R, F] BF16, out_scale [R] (``w_decode`` folded in),
-    the largest row amax [1])."""
+    the largest row amax [1]). One program a row: a decode batch is a few dozen rows."""
     check_inputs(h)
     h = h.contiguous()
     R, F = h.shape
     out = torch.empty_like(h)
     values, out_scale, largest = row_operand(R, F, h.device)
+    in_registers = rows_fit_in_registers(F)
     with on_device(h):
         _squared_relu_rows[(max(1, R),)](
             h, out, R, F, w_decode, values, out_scale, largest, BLOCK_R=1, BLOCK_F=1024, NV_BLOCK_K=256,
-            num_warps=4,
+            IN_REGISTERS=in_registers, G=row_blocks(F) if in_registers else 1,
+            num_warps=row_warps(F) if in_registers else 4,
         )  # fmt: skip
     return out, values, out_scale, largest

@@ -8,7 +8,9 @@ cost far more than their work. :func:`quantize_rows_whole` (``row`` activation s
 each row's amax in a first loop over K, then Qv(x), the row's output scale and the largest row amax
 (for the NaN/Inf check); ``tensor`` scales take the amax pass plus ``nvfp4_quantize.quantize_rows``.
 :func:`scaled_gemm` then multiplies with the scale and BF16 rounding in its epilogue. Quantizing inside
-the GEMM instead would redo every row per column block.
+the GEMM instead would redo every row per column block. The decode step's norm, squared ReLU and Mamba
+step write the row operand of their output themselves, in one pass over the rows they hold
+(:func:`quantize_rows_in_registers`): the same bits.
 
 Qv(x) and the scales are bit for bit the reference's; only the order of the FP32 sums differs from
 cuBLAS's.
@@ -41,6 +43,16 @@ def _row_max(half):
 
 
 @triton.jit
+def _load_f32(ptrs, mask):
+    """Load as FP32, 0 where masked; BF16 widened on its bits: exact for subnormals, unlike the
+    interpreter's cast (the same values as the hardware's)."""
+    if ptrs.dtype.element_ty == tl.bfloat16:
+        bits = tl.load(ptrs.to(tl.pointer_type(tl.int16)), mask=mask, other=0).to(tl.int32)
+        return ((bits & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def quantize_whole_rows(
     x_ptr, stride_xm, rows, M, K, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -56,8 +68,8 @@ def quantize_whole_rows(
         blocks = k0 // 16 + tl.arange(0, G)
         mask = ((rows < M)[:, None] & (blocks < K // 16)[None, :])[:, :, None]
         ptrs = row_ptr + (blocks[:, None] * 16 + half)[None]  # [BLOCK_M, G, 8]
-        lo = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        hi = tl.load(ptrs + 8, mask=mask, other=0.0).to(tl.float32)
+        lo = _load_f32(ptrs, mask)
+        hi = _load_f32(ptrs + 8, mask)
         running = tl.maximum(running, tl.maximum(_row_max(lo), _row_max(hi)))
     s_enc, decode = tensor_scales(running[:, None])  # [BLOCK_M, 1]
     tl.atomic_max(max_ptr, tl.max(running, axis=0))  # of all rows: what the NaN/Inf check reads
@@ -66,8 +78,8 @@ def quantize_whole_rows(
         blocks = k0 // 16 + tl.arange(0, G)
         block_mask = (rows < M)[:, None] & (blocks < K // 16)[None, :]  # [BLOCK_M, G]
         ptrs = row_ptr + (blocks[:, None] * 16 + half)[None]
-        lo = tl.load(ptrs, mask=block_mask[:, :, None], other=0.0).to(tl.float32)
-        hi = tl.load(ptrs + 8, mask=block_mask[:, :, None], other=0.0).to(tl.float32)
+        lo = _load_f32(ptrs, block_mask[:, :, None])
+        hi = _load_f32(ptrs + 8, block_mask[:, :, None])
         block_amax = tl.maximum(tl.max(tl.abs(lo), axis=2), tl.max(tl.abs(hi), axis=2))
         _, scale, _, _, value_lo, value_hi = encode_blocks(lo, hi, block_amax, s_enc, decode, 0, 0, False)
         cols = (blocks[:, None] * 16 + tl.arange(0, 16)[None, :])[None]  # [1, G, 16]
@@ -77,13 +89,95 @@ def quantize_whole_rows(
 
 
 @triton.jit
+def row_block_mask(rows, M, K, G: tl.constexpr):
+    """[BLOCK_M, G]: the real 16-value blocks of rows ``rows``: row < M and block < K/16."""
+    return (rows < M)[:, None] & (tl.arange(0, G) < K // 16)[None, :]
+
+
+@triton.jit
+def row_half_offsets(rows, stride_xm, G: tl.constexpr):
+    """[BLOCK_M, G, 8] int64 element offsets of the first halves (elements 0-7) of the G blocks of rows
+    ``rows``; the second halves are 8 further on."""
+    in_row = tl.arange(0, G)[:, None] * 16 + tl.arange(0, 8)[None, :]  # [G, 8]
+    return rows.to(tl.int64)[:, None, None] * stride_xm + in_row[None]
+
+
+@triton.jit
+def load_row_halves(x_ptr, stride_xm, rows, M, K, BLOCK_M: tl.constexpr, G: tl.constexpr):
+    """Rows ``rows`` [BLOCK_M] of x [M, K] whole, in one load: (lo, hi) FP32 [BLOCK_M, G, 8], elements
+    0-7 and 8-15 of each 16-value block; zero past K/16 blocks and past M rows."""
+    mask = row_block_mask(rows, M, K, G)[:, :, None]
+    ptrs = x_ptr + row_half_offsets(rows, stride_xm, G)
+    return _load_f32(ptrs, mask), _load_f32(ptrs + 8, mask)
+
+
+@triton.jit
+def row_halves(x, BLOCK_M: tl.constexpr, G: tl.constexpr):
+    """A tile of whole rows [BLOCK_M, 16 G] -> (lo, hi) [BLOCK_M, G, 8], as :func:`load_row_halves` lays
+    them out; no value changes, only where it is held."""
+    pairs = tl.permute(tl.reshape(x, [BLOCK_M, G, 2, 8]), [0, 1, 3, 2])  # [BLOCK_M, G, 8, 2]: (lo, hi)
+    return tl.split(pairs)
+
+
+@triton.jit
+def quantize_rows_in_registers(
+    lo, hi, rows, M, K, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
+    BLOCK_M: tl.constexpr, G: tl.constexpr,
+):  # fmt: skip
+    """:func:`quantize_whole_rows` of rows the caller already holds, in one pass with no read back: a row
+    loop of K/256 steps run twice is the whole latency of a decode-sized launch. ``lo`` / ``hi`` [BLOCK_M,
+    G, 8] FP32: elements 0-7 and 8-15 of each 16-value block of rows ``rows`` (G: K/16 to a power of two;
+    what lies past K/16 blocks or M rows counts as zero). The same arithmetic, so the same bits."""
+    block_mask = row_block_mask(rows, M, K, G)  # [BLOCK_M, G]
+    lo = tl.where(block_mask[:, :, None], lo, 0.0)
+    hi = tl.where(block_mask[:, :, None], hi, 0.0)
+    running = tl.maximum(_row_max(lo), _row_max(hi))  # [BLOCK_M]: each row's amax, +Inf for NaN/Inf
+    s_enc, decode = tensor_scales(running[:, None])  # [BLOCK_M, 1]
+    tl.atomic_max(max_ptr, tl.max(running, axis=0))  # of all rows: what the NaN/Inf check reads
+    tl.store(out_scale_ptr + rows, tl.reshape(decode, [BLOCK_M]) * tl.load(w_decode_ptr), mask=rows < M)
+    block_amax = tl.maximum(tl.max(tl.abs(lo), axis=2), tl.max(tl.abs(hi), axis=2))  # [BLOCK_M, G]
+    _, scale, _, _, value_lo, value_hi = encode_blocks(lo, hi, block_amax, s_enc, decode, 0, 0, False)
+    cols = (tl.arange(0, G)[:, None] * 16 + tl.arange(0, 16)[None, :])[None]  # [1, G, 16]
+    v = block_values(value_lo, value_hi, scale, BLOCK_M, G)
+    tl.store(values_ptr + rows.to(tl.int64)[:, None, None] * K + cols, v.to(tl.bfloat16),
+             mask=block_mask[:, :, None])  # fmt: skip
+
+
+@triton.jit
 def _quantize_rows_whole_kernel(
     x_ptr, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr, M, K, stride_xm,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, IN_REGISTERS: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    quantize_whole_rows(x_ptr, stride_xm, rows, M, K, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
-                        BLOCK_M, BLOCK_K)  # fmt: skip
+    if IN_REGISTERS:
+        lo, hi = load_row_halves(x_ptr, stride_xm, rows, M, K, BLOCK_M, G)
+        quantize_rows_in_registers(lo, hi, rows, M, K, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
+                                   BLOCK_M, G)  # fmt: skip
+    else:
+        quantize_whole_rows(x_ptr, stride_xm, rows, M, K, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
+                            BLOCK_M, BLOCK_K)  # fmt: skip
+
+
+def row_blocks(k: int) -> int:
+    """G of :func:`quantize_rows_in_registers` for rows of K (16 | K): K/16 blocks, to a power of two.
+    Plain Python: ``triton.next_power_of_2`` costs microseconds of host time a call."""
+    return 1 << (k // 16 - 1).bit_length()
+
+
+ROWS_IN_REGISTERS = 8192
+"""Widest row a producer quantizes from registers (:func:`quantize_rows_in_registers`); wider rows take
+the two loops of :func:`quantize_whole_rows`, which hold only BLOCK_K columns at a time."""
+
+
+def rows_fit_in_registers(k: int) -> bool:
+    """Whether rows of K take the single pass (read at each launch, so a test can force the loops)."""
+    return k <= ROWS_IN_REGISTERS
+
+
+def row_warps(k: int) -> int:
+    """Warps of a program that holds one row of K: 4 up to 1024 columns, 8 above (8 values a thread per
+    half at K = 4096, 16 at 8192)."""
+    return 4 if k <= 1024 else 8
 
 
 def row_operand(m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -94,15 +188,23 @@ def row_operand(m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, tor
 
 
 def quantize_rows_whole(
-    x: torch.Tensor, w_decode: torch.Tensor, *, block_m: int = 1, block_k: int = 256
+    x: torch.Tensor,
+    w_decode: torch.Tensor,
+    *,
+    block_m: int = 1,
+    block_k: int = 256,
+    in_registers: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [M, K] (unit column stride, K % 16 == 0), one scale per row -> (BF16 block values [M, K], output
-    scales ``1/S_enc(row) · w_decode`` FP32 [M], the largest row amax [1], +Inf for NaN/Inf)."""
+    scales ``1/S_enc(row) · w_decode`` FP32 [M], the largest row amax [1], +Inf for NaN/Inf).
+    ``in_registers``: each row in one load and one pass (:func:`quantize_rows_in_registers`), the same
+    bits; the default two loops are the reference the row producers are held to."""
     m, k = x.shape
     values, out_scale, largest = row_operand(m, k, x.device)
     _quantize_rows_whole_kernel[(triton.cdiv(m, block_m),)](
         x, w_decode, values, out_scale, largest, m, k, x.stride(0), BLOCK_M=block_m,
-        BLOCK_K=block_k, num_warps=2,
+        BLOCK_K=block_k, IN_REGISTERS=in_registers, G=row_blocks(k) if in_registers else 1,
+        num_warps=row_warps(k) if in_registers else 2,
     )  # fmt: skip
     return values, out_scale, largest
 
