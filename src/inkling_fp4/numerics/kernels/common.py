@@ -30,6 +30,16 @@ PHILOX_ROUNDS = tl.constexpr(7)
 
 
 @triton.jit
+def load_fp32(ptrs, mask):
+    """Load as FP32, 0 where masked; BF16 widened on its bits: exact for subnormals, unlike the
+    interpreter's cast (the hardware's values either way)."""
+    if ptrs.dtype.element_ty == tl.bfloat16:
+        bits = tl.load(ptrs.to(tl.pointer_type(tl.int16)), mask=mask, other=0).to(tl.int32)
+        return ((bits & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def tensor_scales(amax):
     """Global amax (FP32 scalar) -> (S_enc, 1/S_enc), as the reference computes them."""
     s_enc = tl.math.div_rn(tl.full(amax.shape, ENCODED_RANGE, tl.float32), amax)

@@ -26,6 +26,7 @@ from inkling_fp4.numerics.kernels.common import (
     e2m1_nearest,
     e2m1_stochastic,
     half_block_bytes,
+    load_fp32,
     replay_seed,
 )
 from inkling_fp4.numerics.kernels.seeds import draw_seed
@@ -45,15 +46,6 @@ def _block_random_bytes(seed, block_index, R: tl.constexpr, G: tl.constexpr):
     first = concat_last(half_block_bytes(a0, a1), half_block_bytes(a2, a3), R, G, 8)
     second = concat_last(half_block_bytes(b0, b1), half_block_bytes(b2, b3), R, G, 8)
     return concat_last(first, second, R, G, 16)
-
-
-@triton.jit
-def _load_fp32(ptrs, mask):
-    """Load as FP32; BF16 widened on its bits (exact for subnormals, unlike the interpreter's cast)."""
-    if ptrs.dtype.element_ty == tl.bfloat16:
-        bits = tl.load(ptrs.to(tl.pointer_type(tl.int16)), mask=mask, other=0).to(tl.int32)
-        return ((bits & 0xFFFF) << 16).to(tl.float32, bitcast=True)
-    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -89,7 +81,7 @@ def _quantize_rows_kernel(
     mask = block_mask[:, :, None]
     row_start = rows.to(tl.int64)[:, None, None]
     cols = (blocks[:, None] * 32 + tl.arange(0, 32)[None, :])[None]  # [1, G, 32]
-    x = _load_fp32(x_ptr + row_start * stride_xm + cols, mask)  # [BLOCK_M, G, 32]
+    x = load_fp32(x_ptr + row_start * stride_xm + cols, mask)  # [BLOCK_M, G, 32]
 
     magnitude_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     biased = tl.max(magnitude_bits, axis=2) >> 23  # [BLOCK_M, G]: FP32 exponent field of the block amax

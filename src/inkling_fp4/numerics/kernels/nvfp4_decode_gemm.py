@@ -23,7 +23,13 @@ import triton
 import triton.language as tl
 
 from inkling_fp4.numerics.kernels.amax import zeroed_words
-from inkling_fp4.numerics.kernels.common import bf16_round, block_values, encode_blocks, tensor_scales
+from inkling_fp4.numerics.kernels.common import (
+    bf16_round,
+    block_values,
+    encode_blocks,
+    load_fp32,
+    tensor_scales,
+)
 
 MAX_ROWS = 256
 """Largest M these kernels are used for (decode batches); larger GEMMs (prefill) go to cuBLAS."""
@@ -43,16 +49,6 @@ def _row_max(half):
 
 
 @triton.jit
-def _load_f32(ptrs, mask):
-    """Load as FP32, 0 where masked; BF16 widened on its bits: exact for subnormals, unlike the
-    interpreter's cast (the same values as the hardware's)."""
-    if ptrs.dtype.element_ty == tl.bfloat16:
-        bits = tl.load(ptrs.to(tl.pointer_type(tl.int16)), mask=mask, other=0).to(tl.int32)
-        return ((bits & 0xFFFF) << 16).to(tl.float32, bitcast=True)
-    return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
 def quantize_whole_rows(
     x_ptr, stride_xm, rows, M, K, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -68,8 +64,8 @@ def quantize_whole_rows(
         blocks = k0 // 16 + tl.arange(0, G)
         mask = ((rows < M)[:, None] & (blocks < K // 16)[None, :])[:, :, None]
         ptrs = row_ptr + (blocks[:, None] * 16 + half)[None]  # [BLOCK_M, G, 8]
-        lo = _load_f32(ptrs, mask)
-        hi = _load_f32(ptrs + 8, mask)
+        lo = load_fp32(ptrs, mask)
+        hi = load_fp32(ptrs + 8, mask)
         running = tl.maximum(running, tl.maximum(_row_max(lo), _row_max(hi)))
     s_enc, decode = tensor_scales(running[:, None])  # [BLOCK_M, 1]
     tl.atomic_max(max_ptr, tl.max(running, axis=0))  # of all rows: what the NaN/Inf check reads
@@ -78,8 +74,8 @@ def quantize_whole_rows(
         blocks = k0 // 16 + tl.arange(0, G)
         block_mask = (rows < M)[:, None] & (blocks < K // 16)[None, :]  # [BLOCK_M, G]
         ptrs = row_ptr + (blocks[:, None] * 16 + half)[None]
-        lo = _load_f32(ptrs, block_mask[:, :, None])
-        hi = _load_f32(ptrs + 8, block_mask[:, :, None])
+        lo = load_fp32(ptrs, block_mask[:, :, None])
+        hi = load_fp32(ptrs + 8, block_mask[:, :, None])
         block_amax = tl.maximum(tl.max(tl.abs(lo), axis=2), tl.max(tl.abs(hi), axis=2))
         _, scale, _, _, value_lo, value_hi = encode_blocks(lo, hi, block_amax, s_enc, decode, 0, 0, False)
         cols = (blocks[:, None] * 16 + tl.arange(0, 16)[None, :])[None]  # [1, G, 16]
@@ -108,7 +104,7 @@ def load_row_halves(x_ptr, stride_xm, rows, M, K, BLOCK_M: tl.constexpr, G: tl.c
     0-7 and 8-15 of each 16-value block; zero past K/16 blocks and past M rows."""
     mask = row_block_mask(rows, M, K, G)[:, :, None]
     ptrs = x_ptr + row_half_offsets(rows, stride_xm, G)
-    return _load_f32(ptrs, mask), _load_f32(ptrs + 8, mask)
+    return load_fp32(ptrs, mask), load_fp32(ptrs + 8, mask)
 
 
 @triton.jit
