@@ -1,7 +1,7 @@
 """fp4train export --format hf: transformers' NemotronHForCausalLM loads it and gives fp4train's
 logits (FP32, FP32 GEMMs on both sides; the dt clamp in the fields every transformers version reads),
 AutoTokenizer loads the tokenizer and chat template, the directory loads back into fp4train, and
-model.dt_min_clamp (transformers' time_step_min) holds in training and decoding forwards."""
+model.dt_min_clamp (transformers' time_step_limit[0]) holds in training and decoding forwards."""
 
 import json
 import types

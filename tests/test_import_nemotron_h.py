@@ -12,10 +12,12 @@ from inkling_fp4.errors import UserError
 from inkling_fp4.interop.hf_writer import hf_tensors, tokenizer_files, write_hf
 from inkling_fp4.interop.load_run import find_checkpoint, load_run, load_run_checkpoint
 from inkling_fp4.interop.nemotron_h import model_config
+from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.train import sft
 from inkling_fp4.train.from_run_config import from_run_config
-from test_export_hf import _fp32_forward, rel
+from test_export_hf import CFG as EXPORT_CFG
+from test_export_hf import _fp32_forward, export, rel
 from test_run_dir import cli, tree_hash
 
 transformers = pytest.importorskip("transformers")
@@ -35,6 +37,7 @@ HF = dict(
     conv_kernel=4,
     chunk_size=8,
     time_step_min=0.01,
+    time_step_limit=(0.01, float("inf")),  # the clamp of transformers from 5.25 (before: time_step_min)
     max_position_embeddings=64,
 )
 
@@ -111,6 +114,55 @@ def test_what_fp4train_lacks_is_refused_naming_it(change, named):
     with pytest.raises(UserError, match="config.json") as e:
         model_config(config)
     assert named in str(e.value) and "\n" not in str(e.value)
+
+
+INF = {"__float__": "Infinity"}  # as transformers writes infinity into config.json
+
+
+@pytest.mark.parametrize(
+    "fields, clamp, init_min",
+    [
+        (dict(time_step_min=0.02), 0.0, 0.02),  # no limit: transformers' default (0, inf), no clamp
+        (dict(time_step_min=0.02, time_step_limit=[0.0, INF]), 0.0, 0.02),  # time_step_min: init only
+        (dict(time_step_min=0.02, time_step_limit=[0.05, INF]), 0.05, 0.02),
+        (dict(time_step_min=0.0, time_step_limit=[0.001, INF]), 0.001, None),
+    ],
+)
+def test_the_dt_clamp_is_time_step_limits_floor(fields, clamp, init_min):
+    hf = {k: v for k, v in HF.items() if not k.startswith("time_step")}
+    cfg = model_config({"model_type": "nemotron_h", **hf, **fields})
+    assert cfg.dt_min_clamp == clamp
+    assert cfg.dt_min == (ModelConfig().dt_min if init_min is None else init_min)
+
+
+@pytest.mark.skipif(
+    tuple(int(v) for v in transformers.__version__.split(".")[:2]) < (5, 25),
+    reason="transformers before 5.25 clamps dt at time_step_min",
+)
+def test_an_import_clamps_dt_where_transformers_does(tmp_path, tokenizer):
+    """time_step_min 0.02 with time_step_limit [0, inf]: transformers does not clamp, nor does the
+    import (a model on which a 0.02 clamp moves the logits, so taking time_step_min would fail)."""
+    _, out = export(tmp_path, ModelConfig(**EXPORT_CFG, dt_min_clamp=0.02), tokenizer)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "time_step_limit": [0.0, INF]}))
+    cfg, model, _ = load_run(out)
+    assert cfg.model.dt_min_clamp == 0.0 and cfg.model.dt_min == 0.02
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = torch.randint(0, 320, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = exact(model)(ids), hf(ids).logits
+        clamped = exact(load_run(out)[1])  # the same weights, the clamp set by hand
+        for m in clamped.modules():
+            if hasattr(m, "dt_min_clamp"):
+                m.dt_min_clamp = 0.02
+        assert rel(ours, theirs) < 1e-5 and rel(clamped(ids), theirs) > 1e-4
+
+
+@pytest.mark.parametrize("limit", [[0.0, 1.0], [-0.1, INF], "0, inf", [0.0]])
+def test_a_dt_limit_fp4train_cannot_express_is_refused(limit):
+    with pytest.raises(UserError, match="time_step_limit=") as e:
+        model_config({"model_type": "nemotron_h", **HF, "time_step_limit": limit})
+    assert "\n" not in str(e.value)
 
 
 def test_a_quantized_or_unrelated_directory_is_refused(saved, tmp_path):

@@ -8,10 +8,11 @@ splits the fused ``qkv_proj`` [(H+2K)E, D] into ``q_proj``, ``k_proj`` and ``v_p
 
 NOTE: transformers clamps Mamba's dt from below, at ``time_step_min`` up to 5.24 and at
 ``time_step_limit[0]`` from 5.25 on; fp4train at ``model.dt_min_clamp`` (0: no clamp). An export
-writes the clamp into both, so every version computes what fp4train does; an import reads
-``time_step_min`` (a ``time_step_limit`` whose floor is neither 0 nor it is refused). Init-only
-fields (``a_init_range``, ``init_std``, ...) do not change a model's function: an import keeps
-fp4train's defaults for those transformers lacks. A config fp4train cannot express (MoE, biases,
+writes the clamp into both, so every version computes what fp4train does. An import takes the
+clamp from ``time_step_limit[0]`` (0 without one), as transformers from 5.25 and mamba_ssm's
+``dt_limit`` do; ``time_step_min`` is then only the dt init range. An upper limit is refused.
+Init-only fields (``a_init_range``, ``init_std``, ...) do not change a model's function: an import
+keeps fp4train's defaults for those transformers lacks. A config fp4train cannot express (MoE, biases,
 tied embeddings, ...) is refused with one line naming the fields.
 
 Shape letters: D d_model, H attention heads, K kv heads, E head dim, C conv channels, k conv width.
@@ -135,12 +136,23 @@ def _refusals(hf: dict) -> list[str]:
     bad = [f"{k}={hf[k]!r}" for k, need in _FIXED.items() if k in hf and hf[k] != need]
     if hf.get("n_routed_experts") and any(k in ("E", "moe") for k in (hf.get("layers_block_type") or [])):
         bad.append("n_routed_experts (MoE)")
-    limit = hf.get("time_step_limit")
-    if limit is not None:
-        lo, hi = (_json_float(v) for v in limit)
-        if hi != math.inf or lo not in (0.0, float(hf.get("time_step_min", 0.0))):
-            bad.append(f"time_step_limit=[{lo}, {hi}]")
+    limit = _dt_limit(hf)
+    if limit is None or limit[1] != math.inf or not limit[0] >= 0.0:
+        bad.append(f"time_step_limit={hf['time_step_limit']!r}")
     return bad
+
+
+def _dt_limit(hf: dict) -> tuple[float, float] | None:
+    """transformers' (lower, upper) clamp of Mamba's dt: ``time_step_limit``, (0, inf) without one;
+    None when it is not a pair of numbers."""
+    limit = hf.get("time_step_limit")
+    if limit is None:
+        return 0.0, math.inf
+    try:
+        lo, hi = (_json_float(v) for v in limit)
+    except (TypeError, ValueError):
+        return None
+    return lo, hi
 
 
 def model_config(hf: dict) -> ModelConfig:
@@ -156,7 +168,8 @@ def model_config(hf: dict) -> ModelConfig:
     head_dim = (
         None if head_dim is None or (d_model % n_heads == 0 and head_dim == d_model // n_heads) else head_dim
     )
-    clamp = float(hf.get("time_step_min", 0.0))
+    clamp = _dt_limit(hf)[0]  # a pair: refused above otherwise
+    dt_init_min = float(hf.get("time_step_min", 0.0))
     dt_max = float(hf.get("time_step_max", 0.1))
     values = dict(
         pattern=pattern,
@@ -178,8 +191,8 @@ def model_config(hf: dict) -> ModelConfig:
         norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
         init_std=float(hf.get("initializer_range", 0.02)),
     )
-    if 0 < clamp <= dt_max:
-        values["dt_min"] = clamp  # time_step_min is also transformers' init range
+    if 0 < dt_init_min <= dt_max:
+        values["dt_min"] = dt_init_min  # transformers' dt init range [time_step_min, time_step_max]
     elif dt_max < ModelConfig().dt_min:
         values["dt_min"] = dt_max
     try:

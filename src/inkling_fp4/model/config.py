@@ -50,7 +50,7 @@ class ModelConfig:
     """Smallest dt the initialisation may produce (as in Mamba-2)."""
     dt_min_clamp: float = 0.0
     """Lower clamp of dt = softplus(dt_raw + dt_bias) in every forward, as transformers' Nemotron-H applies
-    at ``time_step_min``; 0 means no clamp."""
+    at ``time_step_limit[0]`` (at ``time_step_min`` before 5.25); 0 means no clamp."""
     a_init_range: tuple[float, float] = (1.0, 16.0)
     """A = -exp(A_log) is initialised with -A uniform in this range (Mamba-2)."""
     norm_eps: float = 1e-5

@@ -125,7 +125,7 @@ class Mamba2Mixer(nn.Module):
         """The conv output's (after SiLU) x [.., E], B, C [.., G N] and raw dt -> x [.., H, P], B, C
         [.., G, N], dt [.., H] FP32."""
         dt = dt_softplus(dt_raw, self.dt_bias, ddt_into=ddt_into)  # [..., H]
-        if self.dt_min_clamp > 0:  # transformers' Nemotron-H clamps at time_step_min (no gradient below)
+        if self.dt_min_clamp > 0:  # transformers' time_step_limit[0] (no gradient below)
             dt = dt.clamp(min=self.dt_min_clamp)
         return (
             x.unflatten(-1, (self.H, self.P)),
