@@ -442,3 +442,15 @@ def test_completions_cut_by_the_budget_in_the_loss_and_the_baseline_or_out_of_bo
             assert torch.allclose(adv_PG[i, finished_PG[i]], alone, atol=1e-6)
             mixed += bool(finished_PG[i].any() and not finished_PG[i].all() and alone.abs().sum() > 0)
     assert mixed >= 2  # cut completions with an advantage / groups of cut and finished with a signal
+
+
+def test_the_log_says_rl_steps_run_eagerly_where_graphs_would_be_on(base, tmp_path, monkeypatch):
+    """RL's loss is its own (Trainer.step replays graphs only for the model's loss): on a GPU where
+    nothing else blocks a graph, the log says the steps run eagerly, not that they are replayed."""
+    from inkling_fp4.trainer import trainer
+
+    monkeypatch.setattr(trainer, "graph_blocker", lambda *args: None)  # as on one GPU
+    got = train_rl(base, tmp_path / "g", "train.steps=1", "train.cuda_graph=true", "eval.at_start=false")
+    events = [r["message"] for r in got if r.get("event") == "cuda_graph"]
+    assert events == ["cuda graph: step 0: off: the stage's own loss runs eagerly (its batches change shape "
+                      "from step to step)"]  # fmt: skip

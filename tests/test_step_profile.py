@@ -1,5 +1,6 @@
-"""The kernel groups of scripts/step_profile.py (bench_pretrain.py --profile): every Triton kernel of
-the package lands in its group, not in "other", and the per-step arithmetic of the breakdown."""
+"""The kernel groups of trainer/kernel_groups.py (log.profile_steps, bench_pretrain.py --profile):
+every Triton kernel of the package lands in its group, not in "other", and the per-step arithmetic of
+the breakdown."""
 
 import re
 import sys
@@ -43,6 +44,8 @@ def test_every_package_kernel_lands_in_its_group(rel):
         ("nvjet_tst_192x192_64x3_2x1_v_bz_coopA_TNT", "GEMM (cuBLAS / CUTLASS)"),
         ("pytorch_flash::flash_bwd_kernel<Flash_bwd_kernel_traits>", "attention"),
         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "all-reduce (NCCL)"),
+        ("_mamba_decode", "decode step (Triton: Mamba-2 step, GQA decode)"),
+        ("_gqa_decode", "decode step (Triton: Mamba-2 step, GQA decode)"),
         ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdam>", "optimizer"),
         ("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>", step_profile.OTHER),
     ],

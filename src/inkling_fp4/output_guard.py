@@ -28,7 +28,7 @@ from pathlib import Path
 from inkling_fp4.errors import UserError
 
 RUN_FILES = ("config.yaml", "amendments.jsonl", "tokenizer.json", "metrics.jsonl", "checkpoints", "report",
-             "wandb", "wandb_id.txt", ".lock", "chat_template.jinja")  # fmt: skip
+             "profile", "wandb", "wandb_id.txt", ".lock", "chat_template.jinja")  # fmt: skip
 """What a run directory may hold (runs/directory.py writes them); a non-empty directory holding none
 of these is not a run."""
 

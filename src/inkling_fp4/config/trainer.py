@@ -195,7 +195,22 @@ class LogConfig:
     """Show a progress bar (off when not a terminal)."""
     peak_flops: float | None = None
     """Peak dense BF16 FLOP/s of one device for MFU; None = from the device name (no MFU on CPU)."""
+    profile_steps: list[int] | None = None
+    """[first, last]: profile these steps (inclusive, evaluations within them too) into the run's
+    ``profile/``: ``trace.json`` (Perfetto, chrome://tracing) and ``kernels.md`` (device time per step
+    by kernel group, the top kernels and ops). null: no profiling."""
 
     def __post_init__(self):
         if self.peak_flops is not None and not 0 < self.peak_flops < math.inf:
             raise ValueError(f"log.peak_flops={self.peak_flops} must be a finite number > 0 or null")
+        steps = self.profile_steps
+        ok = steps is None or (
+            isinstance(steps, (list, tuple))
+            and len(steps) == 2
+            and all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
+            and 1 <= steps[0] <= steps[1]
+        )
+        if not ok:
+            raise ValueError(
+                f"log.profile_steps={steps} must be [first, last] steps with 1 <= first <= last, or null"
+            )

@@ -16,6 +16,7 @@ from inkling_fp4.runs.checkpoint import STATE_FILE, checkpoint_dirs
 from inkling_fp4.runs.metrics import format_duration
 from inkling_fp4.trainer.flops import mfu
 from inkling_fp4.trainer.interrupt import StoppedAtOnce, StopSignal
+from inkling_fp4.trainer.step_profiler import StepProfiler
 from inkling_fp4.trainer.trainer import Task, Trainer
 
 
@@ -48,12 +49,14 @@ def fit(trainer: Trainer, task: Task) -> FitResult:
     # throughput counts training time only: evaluation and checkpoint time goes to `paused`
     timer_t0, timer_steps, timer_tokens, paused = time.perf_counter(), 0, 0, 0.0
     session_time, session_steps = 0.0, 0
-    trainer.graph_on(step, first=True)
+    trainer.graph_on(step, first=True, own_loss=task.loss_fn is not None)
+    profiler = StepProfiler(cfg.log.profile_steps, trainer.run_dir, trainer.device, dist.is_main)
     try:
         if cfg.eval.at_start and step == 0 and cfg.train.steps > 0:
             _log_evaluation(trainer, task, 0)
         timer_t0 = time.perf_counter()
         while trainer.step_count < cfg.train.steps:
+            profiler.before(trainer.step_count + 1)
             batches = task.next_batches(trainer.micro, trainer.accum)
             result = trainer.step(batches, task.loss_fn, task.real_tokens(batches))
             step = trainer.step_count
@@ -84,6 +87,9 @@ def fit(trainer: Trainer, task: Task) -> FitResult:
                 timer_t0, timer_steps, timer_tokens, paused = time.perf_counter(), 0, 0, 0.0
 
             pause_t0 = time.perf_counter()
+            profiled = profiler.after(step)
+            if profiled is not None:
+                log.event(step, "profile", f"profile: {profiled}/kernels.md, {profiled}/trace.json")
             interrupted = D.any_rank(stop.requested, dist)
             last = step == cfg.train.steps or step == cfg.train.stop_after or interrupted
             if (cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.train.steps:
@@ -115,6 +121,7 @@ def fit(trainer: Trainer, task: Task) -> FitResult:
         raise StoppedAtOnce(message) from None
     finally:
         stop.restore()
+        profiler.finish()  # a run stopped inside the range: the steps it profiled
         trainer.close()
 
     if dist.is_main and step == cfg.train.steps and session_steps:

@@ -148,6 +148,7 @@ class Trainer:
             else None
         )
         self.use_graph = False  # until fit() asks graph_blocker (and logs the answer)
+        self.own_loss = False
         self.flops_per_token = self.model.flops_per_token(self.cfg.data.seq_len)
         self.peak = peak_flops(self.device, self.cfg.log.peak_flops)
         self._built = True
@@ -356,15 +357,20 @@ class Trainer:
                 if isinstance(m, QuantLinear):
                     m.recipe = None
 
-    def graph_on(self, step: int, first: bool = False) -> None:
+    def graph_on(self, step: int, first: bool = False, own_loss: bool | None = None) -> None:
         """After a precision change: whether micro-steps run as a CUDA graph now (logged on change). The
-        old graph replays the old kernels, so it is dropped either way."""
+        old graph replays the old kernels, so it is dropped either way. ``own_loss`` (given once, by fit):
+        the task brings its own loss (RL), whose micro-steps :meth:`step` runs eagerly."""
         was = None if first else self.use_graph
+        if own_loss is not None:
+            self.own_loss = own_loss
         if self.graphed is None:
             self.use_graph = False
             return
         self.graphed.reset()
         blocker = graph_blocker(self.model, self.dist.world_size, self.device)
+        if blocker is None and self.own_loss:
+            blocker = "the stage's own loss runs eagerly (its batches change shape from step to step)"
         auto = self.cfg.train.cuda_graph == "auto"
         if auto and blocker is None and self.cfg.train.compile:
             blocker = "train.compile is on (set train.cuda_graph=true to capture the compiled model)"
