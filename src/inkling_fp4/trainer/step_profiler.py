@@ -43,7 +43,7 @@ class StepProfiler:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
             self._sync()
             self._prof = profile(activities=activities)
-            self._prof.__enter__()
+            self._prof.start()
             self._t0, self._steps, self._start = time.perf_counter(), 0, step
 
     def after(self, step: int) -> Path | None:
@@ -58,11 +58,11 @@ class StepProfiler:
         prof, self._prof = self._prof, None
         if prof is None or self._steps == 0:
             if prof is not None:
-                prof.__exit__(None, None, None)
+                prof.stop()
             return None
         self._sync()
         wall_ms = (time.perf_counter() - self._t0) * 1e3 / self._steps
-        prof.__exit__(None, None, None)
+        prof.stop()
         self.out.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(self.out / "trace.json"))
         (self.out / "kernels.md").write_text(self._summary(prof, wall_ms))
