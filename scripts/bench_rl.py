@@ -73,10 +73,11 @@ H200 = Profile(
     ),
     device="cuda",
 )
-"""The docs/RL.md measurement: pretraining and SFT take 3.5-5 minutes on one H200; four RL runs of the
-recipe side by side took 223-246 s for 120 steps (packed rows, greedy evaluations only), so the eight
-with their evaluations take about 10 minutes, the whole about 15 in two calls (``--seconds``, then
-the same command again). The stages keep their recipes' warmups: shorter ones gave a far weaker base."""
+"""The docs/RL.md measurement: pretraining and SFT take about 5 minutes on one H200, the eight RL runs
+of the recipe (64 x 8, 120 steps, four evaluations each) 18 minutes side by side: 24 minutes in
+three calls (``--seconds``, then the same command again). One run-step is 0.6-0.8 s of GPU work
+(BENCHMARKS.md), so the runs are bound by the GPU, not by their scheduling. The stages keep their
+recipes' warmups: shorter ones gave a far weaker base."""
 TINY = Profile(
     recipes=("tiny", "sft-tiny", "rl-tiny"),
     steps=(4, 2, 3),
