@@ -359,5 +359,20 @@ def _silent(*_, **__) -> None:
     pass
 
 
+def exit_process(code: int) -> None:
+    """Exit with ``code``; under torchrun without the interpreter's teardown.
+
+    NOTE a torchrun process sometimes aborts in that teardown (SIGABRT, "terminate called without an
+    active exception": a thread of the gloo process group is destroyed unjoined) after main has
+    returned with everything written, and torchrun then reports -6 for a run that stopped cleanly.
+    Every file is closed and the process group destroyed by then; only stdout and stderr need a flush.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
