@@ -364,6 +364,27 @@ def test_the_kl_to_the_start_reads_one_sampled_completion_per_problem(base, tmp_
     assert evals[0]["eval_kl_to_start"] == 0.0 and evals[1]["eval_kl_to_start"] > 0.0
 
 
+def test_sampled_figures_only_at_the_ends_when_asked(base, tmp_path, monkeypatch):
+    """rl.eval_samples_at=ends: the evaluations at step 0 and at the last step sample (pass@k, the KL
+    to the start), those between give greedy pass@1 alone and build no starting policy."""
+    from inkling_fp4.train import rollout, rollout_eval
+
+    samples = []
+    figures = rollout_eval.held_out_figures
+
+    def counted(sampler, held, encode, runner, dist, k, kl_models, *args):
+        samples.append((k, kl_models is not None))
+        return figures(sampler, held, encode, runner, dist, k, kl_models, *args)
+
+    monkeypatch.setattr(rollout, "held_out_figures", counted)
+    logged = train_rl(base, tmp_path / "r", "train.steps=4", "eval.every=2", "eval.at_start=true",
+                      "rl.eval_samples=2", "rl.eval_samples_at=ends")  # fmt: skip
+    evals = {r["step"]: r for r in logged if "eval_accuracy" in r}
+    assert sorted(evals) == [0, 2, 4] and samples == [(2, True), (0, False), (2, True)]
+    assert ["eval_pass_at_k" in evals[s] for s in (0, 2, 4)] == [True, False, True]
+    assert "eval_kl_to_start" in evals[4] and "eval_kl_to_start" not in evals[2]
+
+
 PARITY_REWARD = """
 def reward(prompt, completion, answer):
     if int(float(answer)) % 2 == 0:

@@ -86,6 +86,9 @@ class RLConfig:
     eval_temperature: float | None = None
     """Temperature of those sampled completions and of the KL to the start (None: the rollouts'). Set
     it to 1.0 to read pass@k of the policy itself while the rollouts sample it cooler."""
+    eval_samples_at: str = "every"
+    """Which evaluations sample: every one, or the ends only (step 0 and the last step; the ones
+    between give greedy pass@1, at about a ninth of the cost with 8 samples)."""
 
     def __post_init__(self):
         checks = [
@@ -117,6 +120,7 @@ class RLConfig:
             (self.reward_timeout > 0, "rl.reward_timeout must be > 0 seconds"),
             (self.eval_prompts >= 1, "rl.eval_prompts must be >= 1"),
             (self.eval_samples >= 0, "rl.eval_samples must be >= 0"),
+            (self.eval_samples_at in ("every", "ends"), "rl.eval_samples_at must be every or ends"),
             (
                 self.eval_temperature is None or self.eval_temperature > 0,
                 "rl.eval_temperature must be > 0 (null: the rollouts' temperature)",

@@ -122,11 +122,13 @@ class RolloutTask:
         t0 = time.perf_counter()
         sampler = self._sampler_now()
         held = ranks.rank_share(self.data.eval, self.dist)
-        start = self.ref
-        if start is None and self.start_tensors is not None:
+        ends = trainer.step_count in (0, self.cfg.train.steps)
+        samples = self.rl.eval_samples if self.rl.eval_samples_at == "every" or ends else 0
+        start = self.ref if samples else None  # the KL to the start is taken on the samples
+        if start is None and samples and self.start_tensors is not None:
             start = frozen_policy(self.cfg, self.start_tensors, trainer.device)
         kl_models = (trainer.fwd_model, start) if start is not None else None
-        figures = held_out_figures(sampler, held, self._encode, self.runner, self.dist, self.rl.eval_samples,
+        figures = held_out_figures(sampler, held, self._encode, self.runner, self.dist, samples,
                                    kl_models, trainer.micro, autocast_for(trainer.device),
                                    self.rl.eval_temperature)  # fmt: skip
         del start
