@@ -31,6 +31,7 @@ Examples:
     python scripts/bench_pretrain.py --config peer158m --cuda-graph        # steps as CUDA graphs
     python scripts/bench_pretrain.py --recipes fp8 --profile 2 --sources   # + which line launched what
     python scripts/bench_pretrain.py --recipes fp8-delayed --without mlp  # one fused FP8 path off
+    python scripts/bench_pretrain.py --recipes nvfp4 --unfused-epilogue    # NVFP4 GEMM epilogue in a pass
     torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
         --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
 """
@@ -59,6 +60,7 @@ from inkling_fp4.config.trainer import OptimConfig
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.fused_fp8.layers import fuse_fp8
 from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.precision import gemm
 from inkling_fp4.precision.config import PrecisionConfig
 from inkling_fp4.precision.graph_capture import graph_blocker
 from inkling_fp4.precision.policy import PrecisionPolicy
@@ -102,6 +104,11 @@ def parse_args() -> argparse.Namespace:
         "--without",
         default="",
         help=f"comma list of fused FP8 paths to turn off ({', '.join(FUSIONS)}; 'all'): what each one pays",
+    )
+    p.add_argument(
+        "--unfused-epilogue",
+        action="store_true",
+        help="NVFP4 GEMMs write their FP32 product and scale it in a second pass (what the fusion saves)",
     )
     p.add_argument("--batch", type=int, default=None, help="global batch (default 16; peer158m 8)")
     p.add_argument("--micro-batch", type=int, default=None, help="per-GPU micro batch (default: all of it)")
@@ -306,6 +313,9 @@ def main() -> int:
     args = parse_args()
     if args.without:
         print(f"fused FP8 paths off: {', '.join(disable_fusions(args.without))}")
+    if args.unfused_epilogue:
+        gemm.FUSED_EPILOGUE = False
+        print("NVFP4 GEMM epilogue: a second pass over the FP32 product")
     if not torch.cuda.is_available():
         print("bench_pretrain.py needs a CUDA GPU", file=sys.stderr)
         return 2

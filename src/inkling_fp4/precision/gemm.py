@@ -159,6 +159,11 @@ def emulated_matmul(
     """out [Ra, Rb] = a · bᵀ, exactly as a block-scaled tensor core computes it; ``size`` crops padding."""
     av, sa = _values(a)  # av: [Ra, C]
     bv, sb = _values(b)  # bv: [Rb, C]
+    if out_dtype == torch.bfloat16 and sa is not None and sb.numel() == 1 and _fused_epilogue(av, bv):
+        from inkling_fp4.numerics.kernels.scaled_gemm import scaled_gemm  # needs triton
+
+        # the FP32 product stays in registers: bitwise the path below but for the accumulation order
+        return scaled_gemm(av, bv, _output_scale(a, sa, b, sb).reshape(-1), size)
     acc = mm_fp32_out(av, bv.t())  # acc: [Ra, Rb] FP32
     if size is not None:
         acc = acc[: size[0], : size[1]]
@@ -175,6 +180,28 @@ def emulated_matmul(
         return scale_to_bf16(acc, scale)  # bitwise the torch.mul below, in one vectorized pass
     out = torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
     return torch.mul(acc, scale, out=out)
+
+
+FUSED_EPILOGUE = True
+"""Whether NVFP4 GEMMs with a BF16 output on CUDA scale and round in the GEMM's own kernel
+(``numerics/kernels/scaled_gemm.py``) rather than in a second pass over an FP32 product; a benchmark
+switches it off to time the two."""
+
+
+FUSED_MAX_K = 1024
+"""The longest contraction the fused kernel takes: there the FP32 pass it saves is a large share of
+the GEMM; at K 2048-6176 cuBLAS's main loop outruns the Triton kernel by more than the pass costs
+(``scripts/bench_scaled_gemm.py``, H100, 2026-12-05)."""
+
+
+def _fused_epilogue(av: torch.Tensor, bv: torch.Tensor) -> bool:
+    return (
+        FUSED_EPILOGUE
+        and av.shape[1] <= FUSED_MAX_K
+        and av.is_cuda
+        and av.dtype == bv.dtype == torch.bfloat16
+        and fused_kernels.fused_for(av) is not None
+    )
 
 
 def _output_scale(a: Operand, sa: torch.Tensor, b: Operand, sb: torch.Tensor) -> torch.Tensor:
