@@ -11,14 +11,15 @@ each fused output is checked against the two-pass one (within one BF16 step, nea
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_model import time_ms  # noqa: E402
 from inkling_fp4.model.config import ModelConfig  # noqa: E402
 from inkling_fp4.numerics.nvfp4 import quantize  # noqa: E402
 from inkling_fp4.precision.gemm import mm_fp32_out  # noqa: E402
@@ -37,21 +38,6 @@ def shapes(cfg: ModelConfig) -> list[tuple[str, int, int]]:
         n = -(-n // 32) * 32  # the precision layer pads widths to whole blocks
         out += [(f"{name} fprop", n, k), (f"{name} dgrad", k, n)]
     return out
-
-
-def timed(fn, reps: int = 20) -> float:
-    """Median milliseconds of ``fn`` over ``reps`` runs after two warm-ups."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -86,9 +72,9 @@ def main() -> int:
             return 1
         same = (fused == two).float().mean().item()
         t = [
-            timed(lambda a=a, b=b: torch.mm(a, b.t())),
-            timed(lambda a=a, b=b, s=scale: scale_to_bf16(mm_fp32_out(a, b.t()), s)),
-            timed(lambda a=a, b=b, s=scale: scaled_gemm(a, b, s)),
+            time_ms(lambda a=a, b=b: torch.mm(a, b.t()), 20),
+            time_ms(lambda a=a, b=b, s=scale: scale_to_bf16(mm_fp32_out(a, b.t()), s), 20),
+            time_ms(lambda a=a, b=b, s=scale: scaled_gemm(a, b, s), 20),
         ]
         totals = [x + y for x, y in zip(totals, t, strict=True)]
         ms = " | ".join(f"{x:.3f}" for x in t)
