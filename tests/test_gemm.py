@@ -402,3 +402,25 @@ def test_cuda_fp8_pair_equals_reference():
     for got, ref in ((rows, ref_rows), (cols, ref_cols)):
         assert torch.equal(got.data.cpu().view(torch.uint8), ref.data.view(torch.uint8))
         assert torch.equal(got.scale_inv.cpu(), ref.scale_inv)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("k", [1024, 2048])
+def test_cuda_bf16_output_fuses_its_epilogue_up_to_max_k(k, monkeypatch):
+    """A BF16-output NVFP4 GEMM on CUDA runs scaled_gemm where K <= FUSED_MAX_K and the two passes
+    beyond it; either way it is the two-pass product to within one BF16 step (the order of the sums)."""
+    from inkling_fp4.numerics.kernels import scaled_gemm
+
+    calls = []
+    fused = scaled_gemm.scaled_gemm
+    monkeypatch.setattr(scaled_gemm, "scaled_gemm", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
+    x, w = _randn(300, k, scale=3.0).cuda(), _randn(200, k, scale=0.05).cuda()
+    xq = gemm.quantize(x, OperandQuant("nvfp4", (1, 16)))
+    wq = gemm.quantize(w, OperandQuant("nvfp4", (16, 16)))
+    got = gemm.emulated_matmul(xq, wq, torch.bfloat16, size=(300, 200)).float()
+    assert len(calls) == (1 if k <= gemm.FUSED_MAX_K else 0)
+    monkeypatch.setattr(gemm, "FUSED_EPILOGUE", False)
+    want = gemm.emulated_matmul(xq, wq, torch.bfloat16, size=(300, 200)).float()
+    step = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(1e-30))) - 7)
+    assert ((got - want).abs() <= step).all() and (got == want).float().mean() > 0.98

@@ -16,6 +16,21 @@ from inkling_fp4.numerics.kernels.common import bf16_round
 
 
 @triton.jit
+def scaled_bf16(acc, scale_ptr, rows, M, ROW_SCALE: tl.constexpr, NATIVE_BF16: tl.constexpr):
+    """acc FP32 [BLOCK_M, BLOCK_N] (rows ``rows`` of M) times the scale (one, or one per row), rounded
+    once to BF16: the epilogue here and in ``scaled_gemm.py``."""
+    if ROW_SCALE:  # one scale per row [M]
+        y = acc * tl.load(scale_ptr + rows, mask=rows < M, other=0.0)[:, None]
+    else:
+        y = acc * tl.load(scale_ptr)
+    if NATIVE_BF16:
+        return y.to(tl.bfloat16)  # cvt.rn: to nearest even
+    # the interpreter's cast truncates (and loses subnormals): round the bits, keep the top half
+    bits = bf16_round(y, False).to(tl.int32, bitcast=True)
+    return (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _scale_to_bf16_kernel(
     acc_ptr, scale_ptr, out_ptr, M, N, stride_am, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr, ROW_SCALE: tl.constexpr = False,
@@ -25,15 +40,7 @@ def _scale_to_bf16_kernel(
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     r = rows.to(tl.int64)[:, None]
     acc = tl.load(acc_ptr + r * stride_am + cols[None, :], mask=mask, other=0.0)
-    if ROW_SCALE:  # one scale per row [M]
-        y = acc * tl.load(scale_ptr + rows, mask=rows < M, other=0.0)[:, None]
-    else:
-        y = acc * tl.load(scale_ptr)
-    if NATIVE_BF16:
-        out = y.to(tl.bfloat16)  # cvt.rn: to nearest even
-    else:  # the interpreter's cast truncates (and loses subnormals): round the bits, keep the top half
-        bits = bf16_round(y, False).to(tl.int32, bitcast=True)
-        out = (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    out = scaled_bf16(acc, scale_ptr, rows, M, ROW_SCALE, NATIVE_BF16)
     tl.store(out_ptr + r * stride_om + cols[None, :], out, mask=mask)
 
 

@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from inkling_fp4.numerics.kernels.common import bf16_round, load_fp32
+from inkling_fp4.numerics.kernels.common import load_fp32
+from inkling_fp4.numerics.kernels.scale_output import scaled_bf16
 
 CUDA_BLOCK_K = 64
 """Every CUDA tiling's BLOCK_K: a contraction that it divides needs no mask in the K loop."""
@@ -66,15 +67,7 @@ def _scaled_gemm_kernel(
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
-    if ROW_SCALE:  # one scale per row of a [M]
-        y = acc * tl.load(scale_ptr + rows, mask=rows < M, other=0.0)[:, None]
-    else:
-        y = acc * tl.load(scale_ptr)
-    if NATIVE_BF16:
-        out = y.to(tl.bfloat16)  # cvt.rn: to nearest even
-    else:  # the interpreter's cast truncates: round the bits, keep the top half
-        bits = bf16_round(y, False).to(tl.int32, bitcast=True)
-        out = (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    out = scaled_bf16(acc, scale_ptr, rows, M, ROW_SCALE, NATIVE_BF16)  # the epilogue of scale_output.py
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], out, mask=mask)
 
