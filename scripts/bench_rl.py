@@ -1,13 +1,14 @@
 """RL under NVFP4 on one GPU end to end, in one command: the measurement behind docs/RL.md.
 
     python scripts/bench_rl.py --out runs/rl-bench [--pretrain-steps 40] [--sft-steps 250] [--rl-steps 80]
-                               [--rl-seconds S] [--seconds S] [--until sft]
+                               [--rl-seconds S] [--seconds S] [--until sft] [--parallel N]
     python scripts/bench_rl.py --tiny --out /tmp/rl-bench      # the same pipeline on CPU, tiny sizes
 
 1. pretrain hybrid-125m briefly (``hybrid-125m`` with an 8192-token vocabulary, as bench_sft.py);
 2. fine-tune it in NVFP4 on the built-in task examples (``sft-hybrid-125m``);
-3. eight RL runs of ``rl-hybrid-125m`` from that SFT checkpoint, all at once as separate processes on
-   the one GPU (a 125M model leaves most of an H200 idle, and the runs are independent):
+3. eight RL runs of ``rl-hybrid-125m`` from that SFT checkpoint, side by side as separate processes on
+   the one GPU (a 125M model leaves most of an H200 idle, and the runs are independent), as many at once
+   as its free memory holds (``--parallel``; all eight on an H200, five on an 80 GB H100):
    ``compare-baseline --stage rollout --with bf16,nvfp4-row --noise``, whose runs are fp8, nvfp4
    (tensor activation scales), bf16 and nvfp4-row (one activation scale per row), each with two
    seeds (``<label>-seed1``), one process each through ``--only``; then the same command once more,
@@ -172,36 +173,64 @@ def child_env(threads: int) -> dict[str, str]:
     return env
 
 
-def run_jobs(jobs: list[Job], echo=print, seconds: float | None = None) -> None:
-    """Start every job that is not skipped at once, each writing to its log and with its share of
-    the CPU cores, and wait for all; after ``seconds``, SIGTERM the ones still running (a training
-    run checkpoints and stops, and the next call resumes it)."""
+def run_jobs(jobs: list[Job], echo=print, seconds: float | None = None, parallel: int | None = None) -> None:
+    """Run every job that is not skipped, at most ``parallel`` at a time (all at once by default), each
+    writing to its log and with its share of the CPU cores; a job starts as soon as another ends. After
+    ``seconds``, SIGTERM the ones still running (a training run checkpoints and stops, and the next
+    call resumes it) and start no more: those left are reported stopped, to be run by the next call."""
     todo = [j for j in jobs if j.skipped is None]
-    threads = max(1, (os.cpu_count() or 1) // max(1, len(todo)))
     for job in jobs:
         if job.skipped is not None:
             echo(f"- {job.name}: {job.skipped}")
-            continue
-        job.log.parent.mkdir(parents=True, exist_ok=True)
-        echo(f"$ fp4train {' '.join(job.args)}\n  > {job.log}")
-        command = [sys.executable, "-m", "inkling_fp4", *job.args]
-        with open(job.log, "w") as f:
-            job.proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=child_env(threads))
-        job.started = time.time()
+    width = len(todo) if parallel is None else max(1, min(parallel, len(todo)))
+    threads = max(1, (os.cpu_count() or 1) // max(1, width))
+    waiting, running = list(todo), []
     deadline = None if seconds is None else time.time() + seconds
-    while any(j.proc is not None and j.rc is None for j in todo):
+    while waiting or running:
         if deadline is not None and time.time() > deadline:
             echo(f"  the time limit ({seconds:.0f} s of RL) reached: stopping the runs (each checkpoints)")
-            for job in todo:
-                if job.rc is None:
-                    job.proc.send_signal(signal.SIGTERM)
-                    job.stopped = True
-            deadline = None
-        for job in todo:
-            if job.rc is None and job.proc.poll() is not None:
+            for job in running:
+                job.proc.send_signal(signal.SIGTERM)
+            for job in [*running, *waiting]:
+                job.stopped = True
+            waiting, deadline = [], None
+        while waiting and len(running) < width:
+            job = waiting.pop(0)
+            _start(job, threads, echo)
+            running.append(job)
+        for job in list(running):
+            if job.proc.poll() is not None:
                 job.rc, job.seconds = job.proc.returncode, time.time() - job.started
                 echo(f"  {job.name}: {job.status()} after {job.seconds:.0f} s")
+                running.remove(job)
         time.sleep(0.2)
+
+
+def _start(job: Job, threads: int, echo) -> None:
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    echo(f"$ fp4train {' '.join(job.args)}\n  > {job.log}")
+    command = [sys.executable, "-m", "inkling_fp4", *job.args]
+    with open(job.log, "w") as f:
+        job.proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=child_env(threads))
+    job.started = time.time()
+
+
+RUN_GPU_GIB = 15.0
+"""GPU memory one rl-hybrid-125m run may need at its peak (sampling 512 completions, then training
+512 x 512 tokens): eight runs at once ran out of memory on an 80 GB H100, five fit."""
+
+
+def runs_at_once(device: str, runs: int) -> int:
+    """How many RL runs share the GPU at once: as many as its free memory holds at RUN_GPU_GIB each
+    (all of them off CUDA); the rest wait for a run to end."""
+    if not device.startswith("cuda"):
+        return runs
+    import torch
+
+    if not torch.cuda.is_available():
+        return runs  # the runs themselves say that CUDA is missing
+    free, _ = torch.cuda.mem_get_info()
+    return max(1, min(runs, int(free / 2**30 // RUN_GPU_GIB)))
 
 
 STOP_MARGIN_S = 45.0
@@ -533,6 +562,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--seconds", type=float, help="stop the RL runs so that this command ends within this long"
     )
+    p.add_argument(
+        "--parallel", type=int, help="RL runs at once (default: as many as the GPU's free memory holds)"
+    )
     for stage in ("pretrain", "sft", "rl"):
         p.add_argument(f"--{stage}-set", action="append", metavar="KEY=VALUE",
                        help=f"one more override of the {stage} stage (repeatable)")  # fmt: skip
@@ -548,7 +580,8 @@ def main(argv=None) -> int:
         )
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
-    stages = plan(a, TINY if a.tiny else H200)
+    profile = TINY if a.tiny else H200
+    stages = plan(a, profile)
     if a.until is not None:
         names = list(stages)
         stages = {name: stages[name] for name in names[: names.index(a.until) + 1]}
@@ -559,8 +592,11 @@ def main(argv=None) -> int:
             continue
         if name == "report" and not all(j.ok for j in stages["rl"][: len(COMPARED)]):
             skip_all(jobs, "a run of the comparison failed")
-        limit = rl_time_limit(a.rl_seconds, a.seconds, time.time() - t0) if name == "rl" else None
-        run_jobs(jobs, seconds=limit)
+        limit, width = None, None
+        if name == "rl":
+            limit = rl_time_limit(a.rl_seconds, a.seconds, time.time() - t0)
+            width = a.parallel or runs_at_once(a.device or profile.device, len(jobs))
+        run_jobs(jobs, seconds=limit, parallel=width)
         if not all(j.ok for j in jobs) and name in ("pretrain", "sft"):
             failed = name
     every = [j for jobs in stages.values() for j in jobs]

@@ -187,3 +187,50 @@ def test_seconds_leaves_the_rl_runs_what_the_budget_has_left_after_the_stop_marg
     assert bench_rl.rl_time_limit(100.0, 560.0, 300.0) == 100.0  # the tighter of the two
     assert bench_rl.rl_time_limit(None, 560.0, 540.0) == 0.0  # the base took it all: stop at once
     assert bench_rl.parse_args(["--seconds", "560"]).seconds == 560.0
+
+
+def test_parallel_caps_the_runs_at_once_and_starts_the_next_as_one_ends(tmp_path, monkeypatch):
+    """--parallel 2 over four runs: never more than two alive, every run goes; at the deadline the
+    runs alive are stopped and those not yet started are reported stopped (the next call runs them)."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import bench_rl
+
+    alive, most = [], [0]
+
+    class Proc:
+        def __init__(self, command, **kwargs):
+            self.name, self.returncode, self.polls = command[-1], None, 0
+            alive.append(self)
+            most[0] = max(most[0], len(alive))
+
+        def poll(self):
+            self.polls += 1
+            if self.returncode is None and "slow" not in self.name and self.polls > 2:
+                self.returncode = 0
+                alive.remove(self)
+            return self.returncode
+
+        def send_signal(self, sig):
+            self.returncode = 143
+            alive.remove(self)
+
+    monkeypatch.setattr(bench_rl.subprocess, "Popen", Proc)
+    jobs = [bench_rl.Job(n, [n], tmp_path / f"{n}.log") for n in ("a", "b", "c", "d")]
+    bench_rl.run_jobs(jobs, echo=lambda _: None, parallel=2)
+    assert most[0] == 2 and all(j.status() == "ok" for j in jobs)
+
+    most[0] = 0
+    jobs = [bench_rl.Job(n, [n], tmp_path / f"{n}.log") for n in ("slow1", "slow2", "c", "d")]
+    bench_rl.run_jobs(jobs, echo=lambda _: None, seconds=0.5, parallel=2)
+    assert most[0] == 2
+    assert [j.proc is None for j in jobs] == [False, False, True, True]
+    assert all(j.status() == "stopped at the time limit (run again to resume)" for j in jobs)
+    assert not any(j.ok for j in jobs)
+
+
+def test_runs_at_once_off_cuda_is_every_run():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import bench_rl
+
+    assert bench_rl.runs_at_once("cpu", 8) == 8
+    assert bench_rl.parse_args(["--parallel", "4"]).parallel == 4
