@@ -475,3 +475,43 @@ def test_the_log_says_rl_steps_run_eagerly_where_graphs_would_be_on(base, tmp_pa
     events = [r["message"] for r in got if r.get("event") == "cuda_graph"]
     assert events == ["cuda graph: step 0: off: the stage's own loss runs eagerly (its batches change shape "
                       "from step to step)"]  # fmt: skip
+
+
+LEVEL_REWARD = """
+import re
+
+def reward(prompt, completion, answer):
+    if any(int(n) >= 10 for n in re.findall(r"\\d+", prompt.split(".")[0])):
+        return 0.0  # level 2 (two-digit operands): no signal
+    return float(len(completion) % 2)
+"""
+
+
+def test_the_signal_curriculum_moves_to_the_level_with_a_signal_and_resumes_exactly(
+    base, tmp_path, monkeypatch
+):
+    """rl.curriculum=signal over arithmetic levels 1 and 2, level 2 never rewarded: the first step's
+    mix is even, later steps draw more level 1, every step logs the mix; a resumed run draws and
+    trains what the uninterrupted one did. One level or a jsonl task is refused before anything runs."""
+    (tmp_path / "level_rewards.py").write_text(LEVEL_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["train.steps=6", "rl.levels=[1,2]", "rl.curriculum=signal", "rl.prompts_per_step=8",
+            "rl.group_size=2", "train.batch_size=16", "train.micro_batch_size=8",
+            "rl.reward=level_rewards:reward", "eval.every=0"]  # fmt: skip
+    straight = train_rl(base, tmp_path / "a", *args)
+    steps = [r for r in straight if "reward_mean" in r]
+    assert [r["level1_frac"] for r in steps][0] == 0.5
+    assert all(r["level1_frac"] + r["level2_frac"] == 1.0 and r["zero_var_frac_level2"] == 1.0 for r in steps)
+    assert steps[-1]["level1_frac"] >= 0.75
+    train_rl(base, tmp_path / "b", *args, "train.stop_after=3")
+    parted = train_rl(base, tmp_path / "b", *args, resume=True)
+
+    def trained(rs):
+        keys = ("step", "loss", "reward_mean", "level1_frac")
+        return [tuple(r[k] for k in keys) for r in rs if "loss" in r]
+
+    assert trained(straight) == trained(parted)
+    for bad in (["rl.levels=[1]"], ["rl.task=" + str(tmp_path / "task.jsonl")]):
+        with pytest.raises(UserError, match="set rl.curriculum=none"):
+            train_rl(base, tmp_path / "c", *args, *bad)
+        assert not (tmp_path / "c").exists()

@@ -38,6 +38,11 @@ class RLConfig:
     """DAPO's dynamic sampling: sample this many times ``prompts_per_step`` prompts and train on
     ``prompts_per_step`` of their groups, those with unequal rewards first (``rl/dynamic_sampling.py``).
     The step's reward, accuracy and group figures are of every sampled group."""
+    curriculum: str = "none"
+    """none: a built-in task's levels come in its fixed mix. signal: each step draws the levels in
+    proportion to the share of their recent groups that carried a signal (``rl/curriculum.py``)."""
+    curriculum_floor: float = 0.2
+    """Under ``curriculum=signal``, the part of every step split evenly between the levels."""
     epochs: int = 1
     """Passes over each step's rollouts (1: strictly on-policy)."""
     mini_batches: int = 1
@@ -113,6 +118,8 @@ class RLConfig:
                 "rl.prompts_per_step >= 1, rl.group_size >= 2",
             ),
             (self.oversample >= 1, "rl.oversample must be >= 1 (1: train on every sampled group)"),
+            (self.curriculum in ("none", "signal"), "rl.curriculum must be none or signal"),
+            (0 <= self.curriculum_floor <= 1, "rl.curriculum_floor must lie in [0, 1]"),
             (self.epochs >= 1 and self.mini_batches >= 1, "rl.epochs and rl.mini_batches must be >= 1"),
             (0 <= self.eps_low < 1 and self.eps_high >= 0, "rl.eps_low in [0, 1) and rl.eps_high >= 0"),
             (self.kl_coef >= 0 and self.entropy_coef >= 0, "rl.kl_coef and rl.entropy_coef must be >= 0"),

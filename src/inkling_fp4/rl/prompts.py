@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +46,8 @@ class TaskData:
     reward: Callable[[str, str, str], float]
     builtin: bool
     """A built-in reward: a total function of text, run in this process."""
+    levels: list[int] = field(default_factory=list)
+    """A built-in task's levels drawn (none for a jsonl task)."""
 
 
 def load_task(cfg: RLConfig, seed: int) -> TaskData:
@@ -70,7 +72,7 @@ def _task(cfg: RLConfig, seed: int) -> TaskData:
         held = [
             Prompt(p.prompt, p.answer, p.level) for p in held_out(module.problems, cfg.eval_prompts, levels)
         ]
-        return TaskData(cfg.task, train, held, module.reward, True)
+        return TaskData(cfg.task, train, held, module.reward, True, list(levels))
     records = read_jsonl(Path(cfg.task))
     n_eval = max(1, round(EVAL_FRACTION * len(records))) if len(records) > 1 else 0
     verify = rewards.numeric if cfg.verifier == "numeric" else rewards.exact

@@ -48,6 +48,8 @@ from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.precision.autocast import autocast_for
 from inkling_fp4.precision.policy import PrecisionPolicy
 from inkling_fp4.rl import grpo, mismatch, ranks
+from inkling_fp4.rl.config import TASKS
+from inkling_fp4.rl.curriculum import LevelCurriculum
 from inkling_fp4.rl.dynamic_sampling import kept_groups
 from inkling_fp4.rl.policy_loss import PolicyLossFn
 from inkling_fp4.rl.prompts import Prompt, PromptStream, TaskData, load_task
@@ -77,6 +79,13 @@ class RolloutTask:
         # on-policy: no recompute pass, the training forward gives the correction and the figures
         self.loss_fn = PolicyLossFn(cfg.rl, cfg.sampler.temperature, on_policy, self.pack, on_policy)
         self.stream = PromptStream(data.train, cfg.train.seed)
+        self.curriculum = None
+        if cfg.rl.curriculum == "signal":
+            self.curriculum = LevelCurriculum(
+                data.train, data.levels, cfg.train.seed, cfg.rl.curriculum_floor
+            )
+        self._step_levels: list = []
+        """The levels of every rank's prompts of the step, in prompt order (what the curriculum sees)."""
         self.runner = RewardRunner(data.reward, cfg.rl.reward_timeout, isolate=not data.builtin)
         self.ref = ref
         self.start_tensors = start_tensors
@@ -137,11 +146,12 @@ class RolloutTask:
         return {**figures, "time_eval_s": seconds}
 
     def state_dict(self) -> dict:
-        return {"prompts": self.stream.state_dict(), "rl_step": self.rl_step,
+        prompts = self.stream if self.curriculum is None else self.curriculum
+        return {"prompts": prompts.state_dict(), "rl_step": self.rl_step,
                 "queue": [b.state() for b in self.queue]}  # fmt: skip
 
     def load_state_dict(self, state: dict) -> None:
-        self.stream.load_state_dict(state["prompts"])
+        (self.stream if self.curriculum is None else self.curriculum).load_state_dict(state["prompts"])
         self.rl_step = int(state["rl_step"])
         self.queue = [RolloutBatch(**b) for b in state["queue"]]
 
@@ -173,7 +183,10 @@ class RolloutTask:
     def _step_prompts(self) -> list[Prompt]:
         """This rank's share of the step's P x oversample prompts; every rank draws them all, so the
         streams stay in step."""
-        return ranks.rank_share(self.stream.take(self.rl.prompts_per_step * self.rl.oversample), self.dist)
+        n = self.rl.prompts_per_step * self.rl.oversample
+        step = self.stream.take(n) if self.curriculum is None else self.curriculum.take(n)
+        self._step_levels = [p.level for p in step]
+        return ranks.rank_share(step, self.dist)
 
     def _sampling_seed(self) -> int:
         """The seed of this step's samples on this rank: of the step, so a resumed run draws what the
@@ -213,6 +226,7 @@ class RolloutTask:
         # the completions the loss trains: under rl.mask_truncated, not those the budget cut
         counted_SG = ~truncated_S.view(-1, G) if rl.mask_truncated else None
         zero_var_S = grpo.zero_variance_groups(rewards_SG, counted_SG)
+        level_mix = self._level_mix(zero_var_S)
         rewards_PG, truncated, zero_var_P, counted_PG = rewards_SG, truncated_S, zero_var_S, counted_SG
         if rl.oversample > 1:  # train on P of the S groups, those with a signal first
             kept = kept_groups(zero_var_S, self.dist.world_size, rl.prompts_per_step)
@@ -272,6 +286,7 @@ class RolloutTask:
             "time_score_s": score_s,
             "time_train_s": train_s,
         }
+        figures.update(level_mix)
         if rl.oversample > 1:
             figures["trained_zero_var_frac"] = float(zero_var_P.float().mean())
         if t_logp is not None:
@@ -280,6 +295,21 @@ class RolloutTask:
         self.figures = figures
         self.rl_step += 1
         self._trained_since = gathered  # the log-prob recompute above counts as training
+
+    def _level_mix(self, zero_var_S: torch.Tensor) -> dict:
+        """Under the curriculum: each level's share of the step's groups and the share of its groups
+        without signal, after which the curriculum takes the step's groups into account."""
+        if self.curriculum is None:
+            return {}
+        no_signal = zero_var_S.tolist()
+        figures = {}
+        for lv in self.curriculum.levels:
+            flags = [ns for g, ns in zip(self._step_levels, no_signal, strict=True) if g == lv]
+            figures[f"level{lv}_frac"] = len(flags) / len(no_signal)
+            if flags:
+                figures[f"zero_var_frac_level{lv}"] = sum(flags) / len(flags)
+        self.curriculum.observe(self._step_levels, no_signal)
+        return figures
 
     def _logp_figures(self, t_logp, entropy, s_logp, completion_mask) -> dict:
         """The entropy and the mismatch of the trainer's log p against the sampler's, all ranks'."""
@@ -352,6 +382,14 @@ def check_config(cfg: RunConfig) -> None:
             "precision.fp8_scaling=delayed with several updates per rollout: the old log p is recomputed "
             "without autograd, which scales from current amaxes, so the first ratio would not be 1; set "
             "rl.epochs=1 and rl.mini_batches=1, or precision.fp8_scaling=current"
+        )
+    if rl.curriculum == "signal" and (
+        rl.task not in TASKS or (rl.levels is not None and len(set(rl.levels)) < 2)
+    ):
+        what = f"rl.levels={rl.levels}" if rl.task in TASKS else f"the jsonl task {rl.task} has no levels"
+        raise ConfigError(
+            f"rl.curriculum=signal mixes a built-in task's levels, and {what}; set rl.curriculum=none, "
+            "or rl.levels to two levels or more (null: all)"
         )
     rows = rl.prompts_per_step * rl.group_size
     if rows % rl.mini_batches or cfg.train.batch_size != rows // rl.mini_batches:
