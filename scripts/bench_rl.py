@@ -75,12 +75,12 @@ H200 = Profile(
     device="cuda",
 )
 """The docs/RL.md measurement. SFT 250 steps leaves a base that answers 14-17% of the held-out
-4-number problems greedily (the recipe's RL level) and 31-36% in 8 samples: RL lifts every run 10-15
-points in 120 steps and turns groups with none right into groups with a signal. Only the step-0 and
-last evaluations sample; the others (every 30 steps) are greedy. The eight runs are bound by the GPU
-(6-7 s an RL step side by side): on one H200 about 4 minutes of base and 21 of RL, in three calls
-(``--seconds``, then the same command again at once). The stages keep their recipes' warmups: shorter
-ones gave a far weaker base."""
+4-number problems greedily (the recipe's RL level) and 31-36% in 8 samples: RL lifts the runs 10-15
+points in 120 steps (one FP8 run 9.96) and turns groups with none right into groups with a signal.
+Only the step-0 and last evaluations sample; the others (every 30 steps) are greedy. The eight runs
+are bound by the GPU (6-7 s an RL step side by side): on one H200 about 4 minutes of base and 21 of
+RL, in three calls (``--seconds``, then the same command again at once). The stages keep their
+recipes' warmups: shorter ones gave a far weaker base."""
 TINY = Profile(
     recipes=("tiny", "sft-tiny", "rl-tiny"),
     steps=(4, 2, 3),
