@@ -1,14 +1,15 @@
 """RL under NVFP4 on one GPU end to end, in one command: the measurement behind docs/RL.md.
 
     python scripts/bench_rl.py --out runs/rl-bench [--pretrain-steps 40] [--sft-steps 250] [--rl-steps 120]
-                               [--rl-seconds S] [--seconds S] [--until sft] [--parallel N]
+                               [--rl-seconds S] [--seconds S] [--until sft] [--parallel N] [--mps off]
     python scripts/bench_rl.py --tiny --out /tmp/rl-bench      # the same pipeline on CPU, tiny sizes
 
 1. pretrain hybrid-125m briefly (``hybrid-125m`` with an 8192-token vocabulary, as bench_sft.py);
 2. fine-tune it in NVFP4 on the built-in task examples (``sft-hybrid-125m``);
 3. eight RL runs of ``rl-hybrid-125m`` from that SFT checkpoint, side by side as separate processes on
    the one GPU (a 125M model leaves most of an H200 idle, and the runs are independent), as many at once
-   as its free memory holds (``--parallel``; all eight on an H200, five on an 80 GB H100):
+   as its free memory holds (``--parallel``; all eight on an H200, five on an 80 GB H100), through the
+   CUDA MPS daemon where the driver has one (``--mps``: the runs' kernels side by side, not time-sliced):
    ``compare-baseline --stage rollout --with bf16,nvfp4-row --noise``, whose runs are fp8, nvfp4
    (tensor activation scales), bf16 and nvfp4-row (one activation scale per row), each with two
    seeds (``<label>-seed1``), one process each through ``--only``; then the same command once more,
@@ -32,9 +33,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +140,8 @@ class Job:
     started: float = 0.0
     stopped: bool = False
     """Stopped at the time limit (--rl-seconds, --seconds): checkpointed, to be resumed by the next call."""
+    retried: int = 0
+    """Times it was started again after running out of GPU memory beside other runs."""
 
     @property
     def ok(self) -> bool:
@@ -156,10 +161,10 @@ class Job:
         command = "fp4train " + " ".join(self.args)
         status, seconds = self.status(), round(self.seconds, 1)
         return {"name": self.name, "command": command, "log": str(self.log), "rc": self.rc,
-                "seconds": seconds, "status": status}  # fmt: skip
+                "seconds": seconds, "status": status, "retried": self.retried}  # fmt: skip
 
 
-def child_env(threads: int) -> dict[str, str]:
+def child_env(threads: int, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a command: this checkout's package first, and ``threads`` CPU threads
     (unless the caller chose): processes that share the cores must not each start one thread per
     core, or they spend their time waiting for each other. The CUDA allocator grows its segments
@@ -170,14 +175,23 @@ def child_env(threads: int) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), *filter(None, [env.get("PYTHONPATH")])])
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(name, str(threads))
-    return env
+    return {**env, **(extra or {})}
 
 
-def run_jobs(jobs: list[Job], echo=print, seconds: float | None = None, parallel: int | None = None) -> None:
+def run_jobs(
+    jobs: list[Job],
+    echo=print,
+    seconds: float | None = None,
+    parallel: int | None = None,
+    env: dict[str, str] | None = None,
+) -> None:
     """Run every job that is not skipped, at most ``parallel`` at a time (all at once by default), each
-    writing to its log and with its share of the CPU cores; a job starts as soon as another ends. After
-    ``seconds``, SIGTERM the ones still running (a training run checkpoints and stops, and the next
-    call resumes it) and start no more: those left are reported stopped, to be run by the next call."""
+    writing to its log and with its share of the CPU cores (``env``: more variables for each); a job
+    starts as soon as another ends. After ``seconds``, SIGTERM the ones still running (a training run
+    checkpoints and stops, and the next call resumes it) and start no more: those left are reported
+    stopped, to be run by the next call. A job that runs out of GPU memory while others run is started
+    again (it resumes from its last checkpoint) once one of them ends, and from then on one job fewer
+    runs at once: a failed run would cost the whole comparison its report."""
     todo = [j for j in jobs if j.skipped is None]
     for job in jobs:
         if job.skipped is not None:
@@ -196,22 +210,45 @@ def run_jobs(jobs: list[Job], echo=print, seconds: float | None = None, parallel
             waiting, deadline = [], None
         while waiting and len(running) < width:
             job = waiting.pop(0)
-            _start(job, threads, echo)
+            _start(job, threads, echo, env)
             running.append(job)
         for job in list(running):
             if job.proc.poll() is not None:
                 job.rc, job.seconds = job.proc.returncode, time.time() - job.started
-                echo(f"  {job.name}: {job.status()} after {job.seconds:.0f} s")
                 running.remove(job)
+                if job.rc != 0 and running and job.retried < MAX_RETRIES and ran_out_of_memory(job.log):
+                    width = max(1, len(running))
+                    echo(
+                        f"  {job.name}: out of GPU memory beside {len(running)} runs after "
+                        f"{job.seconds:.0f} s: starts again when one ends ({width} at once from now)"
+                    )
+                    job.retried, job.rc = job.retried + 1, None
+                    waiting.insert(0, job)
+                    continue
+                echo(f"  {job.name}: {job.status()} after {job.seconds:.0f} s")
         time.sleep(0.2)
 
 
-def _start(job: Job, threads: int, echo) -> None:
+MAX_RETRIES = 2
+OUT_OF_MEMORY = "out of GPU memory"
+"""What fp4train's one-line error says when CUDA runs out of memory."""
+
+
+def ran_out_of_memory(log: Path) -> bool:
+    """Whether the command writing ``log`` ended on fp4train's out-of-memory error."""
+    if not log.is_file():
+        return False
+    with open(log, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+        return OUT_OF_MEMORY in f.read().decode(errors="replace")
+
+
+def _start(job: Job, threads: int, echo, env: dict[str, str] | None = None) -> None:
     job.log.parent.mkdir(parents=True, exist_ok=True)
     echo(f"$ fp4train {' '.join(job.args)}\n  > {job.log}")
     command = [sys.executable, "-m", "inkling_fp4", *job.args]
-    with open(job.log, "w") as f:
-        job.proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=child_env(threads))
+    with open(job.log, "a" if job.retried else "w") as f:  # a retry keeps the log of the failure
+        job.proc = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, env=child_env(threads, env))
     job.started = time.time()
 
 
@@ -220,17 +257,85 @@ RUN_GPU_GIB = 15.0
 512 x 512 tokens): eight runs at once ran out of memory on an 80 GB H100, five fit."""
 
 
+FREE_MEMORY = "import torch; print(torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else -1)"
+"""Asked in a child process: this one keeps no CUDA context of its own beside the runs'."""
+
+
 def runs_at_once(device: str, runs: int) -> int:
     """How many RL runs share the GPU at once: as many as its free memory holds at RUN_GPU_GIB each
     (all of them off CUDA); the rest wait for a run to end."""
     if not device.startswith("cuda"):
         return runs
-    import torch
-
-    if not torch.cuda.is_available():
+    asked = subprocess.run([sys.executable, "-c", FREE_MEMORY], env=child_env(1), capture_output=True,
+                           text=True, timeout=180)  # fmt: skip
+    free = int(asked.stdout.split()[-1]) if asked.returncode == 0 and asked.stdout.split() else -1
+    if free < 0:
         return runs  # the runs themselves say that CUDA is missing
-    free, _ = torch.cuda.mem_get_info()
     return max(1, min(runs, int(free / 2**30 // RUN_GPU_GIB)))
+
+
+MPS_CONTROL = "nvidia-cuda-mps-control"
+MPS_PROBE = "import torch; x = torch.ones(256, 256, device='cuda'); print(float((x @ x).sum().item()))"
+"""A client of the daemon before the runs: one that cannot reach the GPU through it turns MPS off."""
+
+
+@dataclass
+class Mps:
+    """The CUDA MPS control daemon the RL runs share the GPU through. Without it the GPU runs one
+    process's context at a time, and a decode step's small kernels leave most of its SMs idle while
+    the other runs wait; through it the runs' kernels run side by side. Its pipe and log directories
+    are this command's own, so a daemon someone else runs is left alone."""
+
+    binary: str
+    directory: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a client needs to find the daemon."""
+        return {"CUDA_MPS_PIPE_DIRECTORY": str(self.directory / "pipe"),
+                "CUDA_MPS_LOG_DIRECTORY": str(self.directory / "log")}  # fmt: skip
+
+    def clients(self) -> int:
+        """Client connections the daemon's log recorded (0 when it has none)."""
+        log = self.directory / "log" / "control.log"
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        return sum("new client" in line.lower() for line in text.splitlines())
+
+    def stop(self) -> None:
+        subprocess.run([self.binary], input="quit\n", text=True, env={**os.environ, **self.env},
+                       capture_output=True, timeout=60)  # fmt: skip
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def start_mps(mode: str, device: str, width: int, echo=print) -> tuple[Mps | None, str]:
+    """The daemon for ``width`` runs at once on ``device`` (None where it does not apply or does not
+    start: the runs then time-slice the GPU), and one line that says which and why."""
+    if mode == "off":
+        return None, "time-sliced (--mps off)"
+    if not device.startswith("cuda"):
+        return None, f"not at all (the runs are on {device})"
+    if width < 2:
+        return None, "one run at a time"
+    binary = shutil.which(MPS_CONTROL)
+    if binary is None:
+        return None, f"time-sliced ({MPS_CONTROL} is not on PATH)"
+    mps = Mps(binary, Path(tempfile.mkdtemp(prefix="fp4train-mps-")))
+    for name in ("pipe", "log"):
+        (mps.directory / name).mkdir()
+    env = {**os.environ, **mps.env}
+    started = subprocess.run([binary, "-d"], env=env, capture_output=True, text=True, timeout=60)
+    if started.returncode != 0:
+        shutil.rmtree(mps.directory, ignore_errors=True)
+        why = (started.stderr or started.stdout).strip().splitlines()[-1:] or [f"exit {started.returncode}"]
+        return None, f"time-sliced (the MPS daemon did not start: {why[0]})"
+    probe = subprocess.run([sys.executable, "-c", MPS_PROBE], env=child_env(1, mps.env),
+                           capture_output=True, text=True, timeout=180)  # fmt: skip
+    if probe.returncode != 0:
+        mps.stop()
+        why = probe.stderr.strip().splitlines()[-1:] or [f"exit {probe.returncode}"]
+        return None, f"time-sliced (a client could not use the GPU through MPS: {why[0]})"
+    echo(f"MPS: control daemon up ({mps.directory}): the runs' kernels share the GPU")
+    return mps, "MPS (the runs' kernels side by side)"
 
 
 STOP_MARGIN_S = 45.0
@@ -305,9 +410,12 @@ def run_dirs(out: Path) -> dict[str, Path]:
 # the summary
 
 
-def summarize_bench(out: Path, jobs: list[Job], window: int | None = None) -> dict:
-    """The plain data of summary.json: the commands and how they went, each RL run's figures and
-    curves (a run without metrics is reported missing), the comparison's headlines."""
+def summarize_bench(
+    out: Path, jobs: list[Job], window: int | None = None, sharing: str | None = None
+) -> dict:
+    """The plain data of summary.json: the commands and how they went, how this call's RL runs shared
+    the GPU, each RL run's figures and curves (a run without metrics is reported missing), the
+    comparison's headlines."""
     runs: dict[str, dict] = {}
     for label, run_dir in run_dirs(out).items():
         if not run_dir.exists():
@@ -351,7 +459,7 @@ def summarize_bench(out: Path, jobs: list[Job], window: int | None = None) -> di
     verdicts = [
         p["verdict"] for label, p in seeds.get("precisions", {}).items() if label != seeds.get("baseline")
     ]
-    return {"jobs": [j.to_dict() for j in jobs], "window_steps": window, "runs": runs,
+    return {"jobs": [j.to_dict() for j in jobs], "gpu_sharing": sharing, "window_steps": window, "runs": runs,
             "report": str(report.with_name("report.md")) if fresh else None,
             "headlines": headlines, "seed_verdicts": verdicts}  # fmt: skip
 
@@ -401,6 +509,8 @@ def render_summary(data: dict) -> str:
     lines = ["# RL under NVFP4: the bench_rl.py measurement", ""]
     rows = [[j["name"], j["status"], f"{j['seconds']:.0f}", f"`{j['log']}`"] for j in data["jobs"]]
     lines += _table(["command", "status", "seconds", "log"], rows)
+    if data.get("gpu_sharing"):
+        lines += ["", f"The RL runs of this call shared the GPU: {data['gpu_sharing']}."]
     missing = [f"- {label}: {r['missing']}" for label, r in runs.items() if "missing" in r]
     if missing:
         lines += ["", "Runs without metrics:", "", *missing]
@@ -536,8 +646,8 @@ def _monitor_section(runs: dict[str, dict]) -> list[str]:
     return monitor_section({"baseline": {"label": "fp8", **runs["fp8"]}, "runs": others})
 
 
-def write_summary(out: Path, jobs: list[Job]) -> dict:
-    data = summarize_bench(out, jobs)
+def write_summary(out: Path, jobs: list[Job], sharing: str | None = None) -> dict:
+    data = summarize_bench(out, jobs, sharing=sharing)
     (out / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
     (out / "summary.md").write_text(render_summary(data))
     return data
@@ -565,6 +675,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--parallel", type=int, help="RL runs at once (default: as many as the GPU's free memory holds)"
     )
+    p.add_argument("--mps", choices=("auto", "off"), default="auto",
+                   help="auto: the RL runs share the GPU through the CUDA MPS daemon where it starts; "
+                        "off: the GPU time-slices between them")  # fmt: skip
     for stage in ("pretrain", "sft", "rl"):
         p.add_argument(f"--{stage}-set", action="append", metavar="KEY=VALUE",
                        help=f"one more override of the {stage} stage (repeatable)")  # fmt: skip
@@ -585,22 +698,30 @@ def main(argv=None) -> int:
     if a.until is not None:
         names = list(stages)
         stages = {name: stages[name] for name in names[: names.index(a.until) + 1]}
-    t0, failed = time.time(), None
+    t0, failed, sharing = time.time(), None, None
     for name, jobs in stages.items():
         if failed is not None:
             skip_all(jobs, f"{failed} failed")
             continue
         if name == "report" and not all(j.ok for j in stages["rl"][: len(COMPARED)]):
             skip_all(jobs, "a run of the comparison failed")
-        limit, width = None, None
+        limit, width, mps = None, None, None
         if name == "rl":
+            device = a.device or profile.device
+            width = a.parallel or runs_at_once(device, len(jobs))
+            todo = sum(j.skipped is None for j in jobs)
+            mps, sharing = start_mps(a.mps, device, min(width, todo)) if todo else (None, None)
             limit = rl_time_limit(a.rl_seconds, a.seconds, time.time() - t0)
-            width = a.parallel or runs_at_once(a.device or profile.device, len(jobs))
-        run_jobs(jobs, seconds=limit, parallel=width)
+        try:
+            run_jobs(jobs, seconds=limit, parallel=width, env=mps.env if mps else None)
+        finally:
+            if mps is not None:
+                sharing += f"; {mps.clients()} client connections"
+                mps.stop()
         if not all(j.ok for j in jobs) and name in ("pretrain", "sft"):
             failed = name
     every = [j for jobs in stages.values() for j in jobs]
-    write_summary(a.out, every)
+    write_summary(a.out, every, sharing)
     summary = a.out / "summary.md"
     print(f"\n{summary.read_text()}\nsummary: {summary} ({time.time() - t0:.0f} s)")
     bad = [j.name for j in every if not j.ok]

@@ -70,6 +70,8 @@ def test_bench_rl_on_cpu_summarises_what_its_runs_logged(staged):
     assert [j["name"] for j in data["jobs"]] == ["pretrain", "sft", *RUNS, "report"]
     assert all(j["status"].startswith("skipped: done") for j in data["jobs"][:2])  # the earlier calls'
     assert all(j["status"] == "ok" and Path(j["log"]).stat().st_size > 0 for j in data["jobs"][2:])
+    assert data["gpu_sharing"] == "not at all (the runs are on cpu)"
+    assert "shared the GPU: not at all (the runs are on cpu)." in (out / "summary.md").read_text()
     assert (
         "--only fp8 " in data["jobs"][2]["command"] + " "
         and "--only bf16-seed1" in data["jobs"][9]["command"]
@@ -228,9 +230,124 @@ def test_parallel_caps_the_runs_at_once_and_starts_the_next_as_one_ends(tmp_path
     assert not any(j.ok for j in jobs)
 
 
+def test_a_run_out_of_gpu_memory_beside_others_starts_again_with_one_fewer_at_once(tmp_path, monkeypatch):
+    """A run that ends on fp4train's out-of-memory line while others run waits for one of them to end,
+    then starts again (its log keeps the failure), and no more than the survivors run at once from
+    then on; one alone on the GPU, or failing otherwise, is reported failed."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import bench_rl
+
+    alive, most_after, failed_once = [], [0], set()
+
+    class Proc:
+        def __init__(self, command, stdout, **kwargs):
+            self.name, self.returncode, self.polls, self.log = command[-1], None, 0, Path(stdout.name)
+            alive.append(self)
+            if failed_once:
+                most_after[0] = max(most_after[0], len(alive))
+
+        def poll(self):
+            self.polls += 1
+            if self.returncode is None and self.name.startswith("big") and self.name not in failed_once:
+                failed_once.add(self.name)
+                with open(self.log, "a") as f:  # as the child would, on its own descriptor
+                    f.write("error: out of GPU memory (tried to allocate 688.00 mib): lower ...\n")
+                self.returncode = 1
+            elif self.returncode is None and self.name == "broken":
+                self.returncode = 2
+            elif self.returncode is None and self.polls > 3:
+                self.returncode = 0
+            if self.returncode is not None and self in alive:
+                alive.remove(self)
+            return self.returncode
+
+    monkeypatch.setattr(bench_rl.subprocess, "Popen", Proc)
+    jobs = [bench_rl.Job(n, [n], tmp_path / f"{n}.log") for n in ("a", "b", "big", "c")]
+    lines = []
+    bench_rl.run_jobs(jobs, echo=lines.append, parallel=4)
+    assert [j.status() for j in jobs] == ["ok"] * 4 and [j.retried for j in jobs] == [0, 0, 1, 0]
+    assert most_after[0] <= 3  # a, b and c were running when big failed: three at once from then on
+    assert any("big: out of GPU memory beside 3 runs" in line for line in lines)
+    assert "out of GPU memory" in (tmp_path / "big.log").read_text()  # the retry appended to it
+    assert jobs[2].to_dict()["retried"] == 1
+
+    failed_once.clear()
+    alone = [bench_rl.Job("big-alone", ["big-alone"], tmp_path / "alone.log")]
+    bench_rl.run_jobs(alone, echo=lambda _: None)
+    assert alone[0].status() == "failed (exit 1)" and alone[0].retried == 0
+    other = [bench_rl.Job("broken", ["broken"], tmp_path / "broken.log"),
+             bench_rl.Job("a", ["a"], tmp_path / "a2.log")]  # fmt: skip
+    bench_rl.run_jobs(other, echo=lambda _: None)
+    assert [j.status() for j in other] == ["failed (exit 2)", "ok"] and other[0].retried == 0
+
+
 def test_runs_at_once_off_cuda_is_every_run():
     sys.path.insert(0, str(SCRIPT.parent))
     import bench_rl
 
     assert bench_rl.runs_at_once("cpu", 8) == 8
     assert bench_rl.parse_args(["--parallel", "4"]).parallel == 4
+
+
+@pytest.fixture
+def fake_mps(tmp_path, monkeypatch):
+    """A stand-in for nvidia-cuda-mps-control on PATH: ``-d`` records the pipe directory it was given
+    and logs one client connection, as the daemon's control.log does; anything else records the
+    command read from stdin (``quit``)."""
+    calls = tmp_path / "calls"
+    binary = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    binary.parent.mkdir()
+    binary.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "-d" ]; then\n'
+        '  echo "start $CUDA_MPS_PIPE_DIRECTORY" >> "$CALLS"\n'
+        '  echo "[2026-12-06 03:00:00.000 Control 7] NEW CLIENT 8 from user 0: Server already exists"'
+        ' > "$CUDA_MPS_LOG_DIRECTORY/control.log"\n'
+        "else\n"
+        '  read command; echo "$command $CUDA_MPS_PIPE_DIRECTORY" >> "$CALLS"\n'
+        "fi\n"
+    )
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{binary.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(calls))
+    sys.path.insert(0, str(SCRIPT.parent))
+    import bench_rl
+
+    return bench_rl, calls
+
+
+def test_mps_daemon_is_started_for_the_runs_handed_to_them_and_quit(fake_mps, monkeypatch):
+    """Several runs on CUDA: the daemon starts on a directory of its own, a probe client finds it
+    through the variables the runs get, its log's client connections are counted, and stop quits it
+    and removes the directory."""
+    bench_rl, calls = fake_mps
+    probe = "import os, sys; sys.exit(0 if os.path.isdir(os.environ['CUDA_MPS_PIPE_DIRECTORY']) else 3)"
+    monkeypatch.setattr(bench_rl, "MPS_PROBE", probe)
+    mps, line = bench_rl.start_mps("auto", "cuda", 8, echo=lambda _: None)
+    assert mps is not None and line.startswith("MPS")
+    pipe = mps.env["CUDA_MPS_PIPE_DIRECTORY"]
+    assert bench_rl.child_env(2, mps.env)["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+    assert bench_rl.child_env(2, mps.env)["CUDA_MPS_LOG_DIRECTORY"] == str(mps.directory / "log")
+    assert mps.clients() == 1
+    mps.stop()
+    assert calls.read_text().splitlines() == [f"start {pipe}", f"quit {pipe}"]
+    assert not mps.directory.exists()
+
+
+def test_mps_falls_back_to_time_slicing_where_it_cannot_serve_the_runs(fake_mps, monkeypatch):
+    """A probe client that fails turns MPS off (the daemon quit, the reason in the line); so do
+    --mps off, one run at a time, CPU runs and a driver without the daemon."""
+    bench_rl, calls = fake_mps
+    monkeypatch.setattr(bench_rl, "MPS_PROBE", "import sys; sys.exit('no CUDA-capable device is detected')")
+    mps, line = bench_rl.start_mps("auto", "cuda", 4, echo=lambda _: None)
+    assert mps is None and "no CUDA-capable device is detected" in line and line.startswith("time-sliced")
+    assert [c.split()[0] for c in calls.read_text().splitlines()] == ["start", "quit"]
+    calls.unlink()
+    assert bench_rl.start_mps("off", "cuda", 8)[0] is None
+    assert bench_rl.start_mps("auto", "cuda", 1) == (None, "one run at a time")
+    assert bench_rl.start_mps("auto", "cpu", 8) == (None, "not at all (the runs are on cpu)")
+    assert not calls.exists()  # none of those started a daemon
+    monkeypatch.setenv("PATH", os.defpath.replace("/bin", "/nonexistent-bin"))
+    mps, line = bench_rl.start_mps("auto", "cuda", 8)
+    assert mps is None and "not on PATH" in line
+    assert bench_rl.parse_args([]).mps == "auto" and bench_rl.parse_args(["--mps", "off"]).mps == "off"
