@@ -9,7 +9,7 @@
 3. eight RL runs of ``rl-hybrid-125m`` from that SFT checkpoint, side by side as separate processes on
    the one GPU (a 125M model leaves most of an H200 idle, and the runs are independent), as many at once
    as its free memory holds (``--parallel``; all eight on an H200, five on an 80 GB H100), through the
-   CUDA MPS daemon where the driver has one (``--mps``: the runs' kernels side by side, not time-sliced):
+   CUDA MPS daemon where the driver has one (``--mps``, ``shared_gpu.py``: the runs' kernels side by side):
    ``compare-baseline --stage rollout --with bf16,nvfp4-row --noise``, whose runs are fp8, nvfp4
    (tensor activation scales), bf16 and nvfp4-row (one activation scale per row), each with two
    seeds (``<label>-seed1``), one process each through ``--only``; then the same command once more,
@@ -33,11 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +48,10 @@ from inkling_fp4.compare.metrics import load_run_config  # noqa: E402
 from inkling_fp4.compare.rl_gap import tail_window  # noqa: E402
 from inkling_fp4.compare.rl_summary import summarize_rl_run  # noqa: E402
 from inkling_fp4.errors import UserError  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from shared_gpu import start_mps  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -272,70 +274,6 @@ def runs_at_once(device: str, runs: int) -> int:
     if free < 0:
         return runs  # the runs themselves say that CUDA is missing
     return max(1, min(runs, int(free / 2**30 // RUN_GPU_GIB)))
-
-
-MPS_CONTROL = "nvidia-cuda-mps-control"
-MPS_PROBE = "import torch; x = torch.ones(256, 256, device='cuda'); print(float((x @ x).sum().item()))"
-"""A client of the daemon before the runs: one that cannot reach the GPU through it turns MPS off."""
-
-
-@dataclass
-class Mps:
-    """The CUDA MPS control daemon the RL runs share the GPU through. Without it the GPU runs one
-    process's context at a time, and a decode step's small kernels leave most of its SMs idle while
-    the other runs wait; through it the runs' kernels run side by side. Its pipe and log directories
-    are this command's own, so a daemon someone else runs is left alone."""
-
-    binary: str
-    directory: Path
-
-    @property
-    def env(self) -> dict[str, str]:
-        """What a client needs to find the daemon."""
-        return {"CUDA_MPS_PIPE_DIRECTORY": str(self.directory / "pipe"),
-                "CUDA_MPS_LOG_DIRECTORY": str(self.directory / "log")}  # fmt: skip
-
-    def clients(self) -> int:
-        """Client connections the daemon's log recorded (0 when it has none)."""
-        log = self.directory / "log" / "control.log"
-        text = log.read_text(errors="replace") if log.is_file() else ""
-        return sum("new client" in line.lower() for line in text.splitlines())
-
-    def stop(self) -> None:
-        subprocess.run([self.binary], input="quit\n", text=True, env={**os.environ, **self.env},
-                       capture_output=True, timeout=60)  # fmt: skip
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def start_mps(mode: str, device: str, width: int, echo=print) -> tuple[Mps | None, str]:
-    """The daemon for ``width`` runs at once on ``device`` (None where it does not apply or does not
-    start: the runs then time-slice the GPU), and one line that says which and why."""
-    if mode == "off":
-        return None, "time-sliced (--mps off)"
-    if not device.startswith("cuda"):
-        return None, f"not at all (the runs are on {device})"
-    if width < 2:
-        return None, "one run at a time"
-    binary = shutil.which(MPS_CONTROL)
-    if binary is None:
-        return None, f"time-sliced ({MPS_CONTROL} is not on PATH)"
-    mps = Mps(binary, Path(tempfile.mkdtemp(prefix="fp4train-mps-")))
-    for name in ("pipe", "log"):
-        (mps.directory / name).mkdir()
-    env = {**os.environ, **mps.env}
-    started = subprocess.run([binary, "-d"], env=env, capture_output=True, text=True, timeout=60)
-    if started.returncode != 0:
-        shutil.rmtree(mps.directory, ignore_errors=True)
-        why = (started.stderr or started.stdout).strip().splitlines()[-1:] or [f"exit {started.returncode}"]
-        return None, f"time-sliced (the MPS daemon did not start: {why[0]})"
-    probe = subprocess.run([sys.executable, "-c", MPS_PROBE], env=child_env(1, mps.env),
-                           capture_output=True, text=True, timeout=180)  # fmt: skip
-    if probe.returncode != 0:
-        mps.stop()
-        why = probe.stderr.strip().splitlines()[-1:] or [f"exit {probe.returncode}"]
-        return None, f"time-sliced (a client could not use the GPU through MPS: {why[0]})"
-    echo(f"MPS: control daemon up ({mps.directory}): the runs' kernels share the GPU")
-    return mps, "MPS (the runs' kernels side by side)"
 
 
 STOP_MARGIN_S = 45.0
@@ -710,7 +648,7 @@ def main(argv=None) -> int:
             device = a.device or profile.device
             width = a.parallel or runs_at_once(device, len(jobs))
             todo = sum(j.skipped is None for j in jobs)
-            mps, sharing = start_mps(a.mps, device, min(width, todo)) if todo else (None, None)
+            mps, sharing = start_mps(a.mps, device, min(width, todo), child_env(1)) if todo else (None, None)
             limit = rl_time_limit(a.rl_seconds, a.seconds, time.time() - t0)
         try:
             run_jobs(jobs, seconds=limit, parallel=width, env=mps.env if mps else None)

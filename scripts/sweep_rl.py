@@ -6,8 +6,9 @@
 
 Each variant is ``fp4train rollout --recipe R --from BASE --run-dir OUT/NAME`` with the common
 ``--set`` overrides, then its own. All start at once on the one device (bench_rl.py's way of running
-commands side by side); ``--seconds`` stops them with SIGTERM so that the command ends by then, each
-checkpointing, and the same command again resumes them. ``sweep.md`` and ``sweep.json`` under --out hold,
+commands side by side, through the CUDA MPS daemon where it starts: ``shared_gpu.py``); ``--seconds``
+stops them with SIGTERM so that the command ends by then, each checkpointing, and the same command
+again resumes them. ``sweep.md`` and ``sweep.json`` under --out hold,
 per variant: held-out greedy pass@1 at every evaluation, the training reward and accuracy, the groups
 with none / all completions right and the entropy over the first and last quarter of the steps done.
 What it is for: choosing an RL setting by its held-out curve before the full bench (bench_rl.py).
@@ -24,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_rl import STOP_MARGIN_S, Job, finished, run_jobs  # noqa: E402
+from bench_rl import STOP_MARGIN_S, Job, child_env, finished, run_jobs  # noqa: E402
+from shared_gpu import start_mps  # noqa: E402
 
 WINDOW_KEYS = {
     "reward_mean": "reward",
@@ -127,6 +129,9 @@ def parse_args(argv=None):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="every variant's override")
     p.add_argument("--variant", action="append", required=True, metavar="NAME=OVERRIDES",
                    help="a variant: its name and own overrides, space-separated (repeatable)")  # fmt: skip
+    p.add_argument("--mps", choices=("auto", "off"), default="auto",
+                   help="auto: the runs share the GPU through the CUDA MPS daemon where it starts; "
+                        "off: the GPU time-slices between them")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -143,7 +148,15 @@ def main(argv=None) -> int:
     t0 = time.time()
     a.out.mkdir(parents=True, exist_ok=True)
     limit = None if a.seconds is None else max(0.0, a.seconds - STOP_MARGIN_S)
-    run_jobs(jobs, seconds=limit)
+    device = next((s.partition("=")[2] for s in reversed(a.set) if s.startswith("train.device=")), "cuda")
+    todo = sum(j.skipped is None for j in jobs)
+    mps, sharing = start_mps(a.mps, device, todo, child_env(1))
+    print(f"the runs share the GPU: {sharing}")
+    try:
+        run_jobs(jobs, seconds=limit, env=mps.env if mps else None)
+    finally:
+        if mps is not None:
+            mps.stop()
     summaries = {j.name: summarize(a.out / j.name) for j in jobs}
     text = render(summaries)
     (a.out / "sweep.md").write_text(text)

@@ -311,19 +311,21 @@ def fake_mps(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{binary.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("CALLS", str(calls))
     sys.path.insert(0, str(SCRIPT.parent))
-    import bench_rl
+    import shared_gpu
 
-    return bench_rl, calls
+    return shared_gpu, calls
 
 
 def test_mps_daemon_is_started_for_the_runs_handed_to_them_and_quit(fake_mps, monkeypatch):
     """Several runs on CUDA: the daemon starts on a directory of its own, a probe client finds it
     through the variables the runs get, its log's client connections are counted, and stop quits it
     and removes the directory."""
-    bench_rl, calls = fake_mps
+    shared_gpu, calls = fake_mps
+    import bench_rl
+
     probe = "import os, sys; sys.exit(0 if os.path.isdir(os.environ['CUDA_MPS_PIPE_DIRECTORY']) else 3)"
-    monkeypatch.setattr(bench_rl, "MPS_PROBE", probe)
-    mps, line = bench_rl.start_mps("auto", "cuda", 8, echo=lambda _: None)
+    monkeypatch.setattr(shared_gpu, "MPS_PROBE", probe)
+    mps, line = shared_gpu.start_mps("auto", "cuda", 8, bench_rl.child_env(1), echo=lambda _: None)
     assert mps is not None and line.startswith("MPS")
     pipe = mps.env["CUDA_MPS_PIPE_DIRECTORY"]
     assert bench_rl.child_env(2, mps.env)["CUDA_MPS_PIPE_DIRECTORY"] == pipe
@@ -337,17 +339,20 @@ def test_mps_daemon_is_started_for_the_runs_handed_to_them_and_quit(fake_mps, mo
 def test_mps_falls_back_to_time_slicing_where_it_cannot_serve_the_runs(fake_mps, monkeypatch):
     """A probe client that fails turns MPS off (the daemon quit, the reason in the line); so do
     --mps off, one run at a time, CPU runs and a driver without the daemon."""
-    bench_rl, calls = fake_mps
-    monkeypatch.setattr(bench_rl, "MPS_PROBE", "import sys; sys.exit('no CUDA-capable device is detected')")
-    mps, line = bench_rl.start_mps("auto", "cuda", 4, echo=lambda _: None)
+    shared_gpu, calls = fake_mps
+    env = dict(os.environ)
+    monkeypatch.setattr(shared_gpu, "MPS_PROBE", "import sys; sys.exit('no CUDA-capable device is detected')")
+    mps, line = shared_gpu.start_mps("auto", "cuda", 4, env, echo=lambda _: None)
     assert mps is None and "no CUDA-capable device is detected" in line and line.startswith("time-sliced")
     assert [c.split()[0] for c in calls.read_text().splitlines()] == ["start", "quit"]
     calls.unlink()
-    assert bench_rl.start_mps("off", "cuda", 8)[0] is None
-    assert bench_rl.start_mps("auto", "cuda", 1) == (None, "one run at a time")
-    assert bench_rl.start_mps("auto", "cpu", 8) == (None, "not at all (the runs are on cpu)")
+    assert shared_gpu.start_mps("off", "cuda", 8, env)[0] is None
+    assert shared_gpu.start_mps("auto", "cuda", 1, env) == (None, "one run at a time")
+    assert shared_gpu.start_mps("auto", "cpu", 8, env) == (None, "not at all (the runs are on cpu)")
     assert not calls.exists()  # none of those started a daemon
     monkeypatch.setenv("PATH", os.defpath.replace("/bin", "/nonexistent-bin"))
-    mps, line = bench_rl.start_mps("auto", "cuda", 8)
+    mps, line = shared_gpu.start_mps("auto", "cuda", 8, env)
     assert mps is None and "not on PATH" in line
+    import bench_rl
+
     assert bench_rl.parse_args([]).mps == "auto" and bench_rl.parse_args(["--mps", "off"]).mps == "off"
