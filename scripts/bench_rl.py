@@ -22,9 +22,10 @@
 
 Every command's output goes to ``<out>/logs/<name>.log``. A command that fails is reported in the
 summary, the commands that need its result are skipped, and the script exits 1 after writing the
-summary. ``--rl-seconds`` stops the RL runs after that long (SIGTERM: each checkpoints), ``--seconds``
-stops them so that the whole command ends within that many seconds (a job's time limit); run again on
-the same --out, it reuses the stages that finished and resumes the runs that did not. ``--until sft``
+summary; an RL run that runs out of GPU memory beside others is first started again as one ends.
+``--rl-seconds`` stops the RL runs after that long (SIGTERM: each checkpoints), ``--seconds`` stops
+them so that the whole command ends within that many seconds (a job's time limit); run again on the
+same --out, it reuses the stages that finished and resumes the runs that did not. ``--until sft``
 stops after the base the RL runs start from (to try RL settings on it, then call again without it).
 """
 
@@ -157,7 +158,12 @@ class Job:
             return f"skipped: {self.skipped}"
         if self.stopped:
             return "stopped at the time limit (run again to resume)"
-        return "ok" if self.rc == 0 else f"failed (exit {self.rc})"
+        again = (
+            f" (started {self.retried + 1} times: out of GPU memory beside other runs)"
+            if self.retried
+            else ""
+        )
+        return ("ok" if self.rc == 0 else f"failed (exit {self.rc})") + again
 
     def to_dict(self) -> dict:
         command = "fp4train " + " ".join(self.args)

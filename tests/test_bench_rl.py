@@ -265,7 +265,8 @@ def test_a_run_out_of_gpu_memory_beside_others_starts_again_with_one_fewer_at_on
     jobs = [bench_rl.Job(n, [n], tmp_path / f"{n}.log") for n in ("a", "b", "big", "c")]
     lines = []
     bench_rl.run_jobs(jobs, echo=lines.append, parallel=4)
-    assert [j.status() for j in jobs] == ["ok"] * 4 and [j.retried for j in jobs] == [0, 0, 1, 0]
+    assert [j.ok for j in jobs] == [True] * 4 and [j.retried for j in jobs] == [0, 0, 1, 0]
+    assert jobs[2].status() == "ok (started 2 times: out of GPU memory beside other runs)"
     assert most_after[0] <= 3  # a, b and c were running when big failed: three at once from then on
     assert any("big: out of GPU memory beside 3 runs" in line for line in lines)
     assert "out of GPU memory" in (tmp_path / "big.log").read_text()  # the retry appended to it
