@@ -52,7 +52,7 @@ from inkling_fp4.errors import UserError  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shared_gpu import start_mps  # noqa: E402
+from shared_gpu import share_gpu  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -649,19 +649,16 @@ def main(argv=None) -> int:
             continue
         if name == "report" and not all(j.ok for j in stages["rl"][: len(COMPARED)]):
             skip_all(jobs, "a run of the comparison failed")
-        limit, width, mps = None, None, None
         if name == "rl":
             device = a.device or profile.device
             width = a.parallel or runs_at_once(device, len(jobs))
             todo = sum(j.skipped is None for j in jobs)
-            mps, sharing = start_mps(a.mps, device, min(width, todo), child_env(1)) if todo else (None, None)
-            limit = rl_time_limit(a.rl_seconds, a.seconds, time.time() - t0)
-        try:
-            run_jobs(jobs, seconds=limit, parallel=width, env=mps.env if mps else None)
-        finally:
-            if mps is not None:
-                sharing += f"; {mps.clients()} client connections"
-                mps.stop()
+            with share_gpu(a.mps, device, min(width, todo), child_env(1)) as shared:
+                limit = rl_time_limit(a.rl_seconds, a.seconds, time.time() - t0)
+                run_jobs(jobs, seconds=limit, parallel=width, env=shared.env)
+            sharing = shared.line if todo else None
+        else:
+            run_jobs(jobs)
         if not all(j.ok for j in jobs) and name in ("pretrain", "sft"):
             failed = name
     every = [j for jobs in stages.values() for j in jobs]

@@ -8,12 +8,14 @@ optional: where it is missing or a client cannot reach the GPU through it, the r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -45,6 +47,30 @@ class Mps:
         subprocess.run([self.binary], input="quit\n", text=True, env={**os.environ, **self.env},
                        capture_output=True, timeout=60)  # fmt: skip
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@dataclass
+class Sharing:
+    """How the runs of one command share the GPU: what each run's environment needs (nothing when
+    they time-slice) and one line that says how and why."""
+
+    line: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def share_gpu(mode: str, device: str, width: int, env: dict[str, str], echo=print) -> Iterator[Sharing]:
+    """Within this context ``width`` runs on ``device`` share the GPU through the MPS daemon where it
+    starts (see :func:`start_mps`); on the way out the daemon's client connections are added to the
+    line and the daemon is quit."""
+    mps, line = start_mps(mode, device, width, env, echo)
+    sharing = Sharing(line, mps.env if mps is not None else {})
+    try:
+        yield sharing
+    finally:
+        if mps is not None:
+            sharing.line += f"; {mps.clients()} client connections"
+            mps.stop()
 
 
 def start_mps(mode: str, device: str, width: int, env: dict[str, str], echo=print) -> tuple[Mps | None, str]:

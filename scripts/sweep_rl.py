@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_rl import STOP_MARGIN_S, Job, child_env, finished, run_jobs  # noqa: E402
-from shared_gpu import start_mps  # noqa: E402
+from shared_gpu import share_gpu  # noqa: E402
 
 WINDOW_KEYS = {
     "reward_mean": "reward",
@@ -150,13 +150,9 @@ def main(argv=None) -> int:
     limit = None if a.seconds is None else max(0.0, a.seconds - STOP_MARGIN_S)
     device = next((s.partition("=")[2] for s in reversed(a.set) if s.startswith("train.device=")), "cuda")
     todo = sum(j.skipped is None for j in jobs)
-    mps, sharing = start_mps(a.mps, device, todo, child_env(1))
-    print(f"the runs share the GPU: {sharing}")
-    try:
-        run_jobs(jobs, seconds=limit, env=mps.env if mps else None)
-    finally:
-        if mps is not None:
-            mps.stop()
+    with share_gpu(a.mps, device, todo, child_env(1)) as shared:
+        print(f"the runs share the GPU: {shared.line}")
+        run_jobs(jobs, seconds=limit, env=shared.env)
     summaries = {j.name: summarize(a.out / j.name) for j in jobs}
     text = render(summaries)
     (a.out / "sweep.md").write_text(text)

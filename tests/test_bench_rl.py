@@ -282,11 +282,19 @@ def test_a_run_out_of_gpu_memory_beside_others_starts_again_with_one_fewer_at_on
     assert [j.status() for j in other] == ["failed (exit 2)", "ok"] and other[0].retried == 0
 
 
-def test_runs_at_once_off_cuda_is_every_run():
+def test_runs_at_once_is_what_the_free_memory_holds(monkeypatch):
+    """Off CUDA every run; on CUDA the free memory a child process reports over RUN_GPU_GIB (at least
+    one), every run where it finds no CUDA."""
     sys.path.insert(0, str(SCRIPT.parent))
     import bench_rl
 
     assert bench_rl.runs_at_once("cpu", 8) == 8
+    monkeypatch.setattr(bench_rl, "FREE_MEMORY", f"print({int(40 * 2**30)})")
+    assert bench_rl.runs_at_once("cuda", 8) == int(40 // bench_rl.RUN_GPU_GIB)
+    monkeypatch.setattr(bench_rl, "FREE_MEMORY", "print(1)")
+    assert bench_rl.runs_at_once("cuda", 8) == 1
+    monkeypatch.setattr(bench_rl, "FREE_MEMORY", "print(-1)")
+    assert bench_rl.runs_at_once("cuda", 8) == 8
     assert bench_rl.parse_args(["--parallel", "4"]).parallel == 4
 
 
@@ -326,15 +334,16 @@ def test_mps_daemon_is_started_for_the_runs_handed_to_them_and_quit(fake_mps, mo
 
     probe = "import os, sys; sys.exit(0 if os.path.isdir(os.environ['CUDA_MPS_PIPE_DIRECTORY']) else 3)"
     monkeypatch.setattr(shared_gpu, "MPS_PROBE", probe)
-    mps, line = shared_gpu.start_mps("auto", "cuda", 8, bench_rl.child_env(1), echo=lambda _: None)
-    assert mps is not None and line.startswith("MPS")
-    pipe = mps.env["CUDA_MPS_PIPE_DIRECTORY"]
-    assert bench_rl.child_env(2, mps.env)["CUDA_MPS_PIPE_DIRECTORY"] == pipe
-    assert bench_rl.child_env(2, mps.env)["CUDA_MPS_LOG_DIRECTORY"] == str(mps.directory / "log")
-    assert mps.clients() == 1
-    mps.stop()
+    with shared_gpu.share_gpu("auto", "cuda", 8, bench_rl.child_env(1), echo=lambda _: None) as shared:
+        assert shared.line == "MPS (the runs' kernels side by side)"
+        pipe = Path(shared.env["CUDA_MPS_PIPE_DIRECTORY"])
+        assert pipe.is_dir() and calls.read_text().splitlines() == [f"start {pipe}"]  # not quit yet
+        run_env = bench_rl.child_env(2, shared.env)
+        assert run_env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+        assert run_env["CUDA_MPS_LOG_DIRECTORY"] == str(pipe.parent / "log")
+    assert shared.line == "MPS (the runs' kernels side by side); 1 client connections"
     assert calls.read_text().splitlines() == [f"start {pipe}", f"quit {pipe}"]
-    assert not mps.directory.exists()
+    assert not pipe.parent.exists()
 
 
 def test_mps_falls_back_to_time_slicing_where_it_cannot_serve_the_runs(fake_mps, monkeypatch):
@@ -343,9 +352,10 @@ def test_mps_falls_back_to_time_slicing_where_it_cannot_serve_the_runs(fake_mps,
     shared_gpu, calls = fake_mps
     env = dict(os.environ)
     monkeypatch.setattr(shared_gpu, "MPS_PROBE", "import sys; sys.exit('no CUDA-capable device is detected')")
-    mps, line = shared_gpu.start_mps("auto", "cuda", 4, env, echo=lambda _: None)
-    assert mps is None and "no CUDA-capable device is detected" in line and line.startswith("time-sliced")
-    assert [c.split()[0] for c in calls.read_text().splitlines()] == ["start", "quit"]
+    with shared_gpu.share_gpu("auto", "cuda", 4, env, echo=lambda _: None) as shared:
+        assert shared.env == {}  # the runs get nothing of the daemon, already quit
+        assert [c.split()[0] for c in calls.read_text().splitlines()] == ["start", "quit"]
+    assert "no CUDA-capable device is detected" in shared.line and shared.line.startswith("time-sliced")
     calls.unlink()
     assert shared_gpu.start_mps("off", "cuda", 8, env)[0] is None
     assert shared_gpu.start_mps("auto", "cuda", 1, env) == (None, "one run at a time")

@@ -89,3 +89,22 @@ def test_a_variant_with_its_own_step_count_is_done_at_its_own_last_step(tmp_path
     going, done = sweep.plan(a)
     assert going.skipped is None and going.args[-1] == "--resume"
     assert done.skipped is not None and "step-16" in done.skipped
+
+
+def test_the_variants_share_the_gpu_as_asked_and_the_line_says_how(tmp_path, monkeypatch, capsys):
+    """main hands run_jobs the environment share_gpu gives (nothing when the runs time-slice) and
+    prints how the runs share the GPU: --mps off, and runs whose device is the CPU, start no daemon."""
+    given = []
+
+    def run_jobs(jobs, seconds=None, env=None):
+        given.append(env)
+        for job in jobs:
+            job.rc = 0
+
+    monkeypatch.setattr(sweep, "run_jobs", run_jobs)
+    base = ["--from", str(tmp_path / "base"), "--variant", "a=", "--variant", "b=optim.lr=1e-6"]
+    assert sweep.main([*base, "--out", str(tmp_path / "off"), "--mps", "off"]) == 0
+    assert "the runs share the GPU: time-sliced (--mps off)" in capsys.readouterr().out
+    assert sweep.main([*base, "--out", str(tmp_path / "cpu"), "--set", "train.device=cpu"]) == 0
+    assert "the runs share the GPU: not at all (the runs are on cpu)" in capsys.readouterr().out
+    assert given == [{}, {}]
