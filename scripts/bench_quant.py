@@ -26,6 +26,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -54,7 +55,13 @@ TARGETS = {"quantize 1d rn (pass)": 0.70, "rht_t sr (pass)": 0.55}
 ROW_CONFIGS = [(8, 256, 2), (16, 256, 4), (4, 256, 1), (8, 128, 1), (8, 512, 4), (4, 512, 2), (16, 256, 2)]
 RHT_CONFIGS = [(64, 2, 2), (128, 2, 4), (32, 2, 1), (64, 4, 2), (32, 4, 1), (64, 1, 2), (128, 1, 4)]
 AMAX_CONFIGS = [(64, 256, 8, 8), (32, 256, 8, 8), (64, 256, 4, 8), (128, 256, 4, 8), (64, 512, 4, 8)]
-RHT_AMAX_CONFIGS = [(256, 8, 4), (128, 8, 2), (256, 4, 4), (64, 8, 2), (128, 16, 4)]
+RHT_AMAX_CONFIGS = [(256, 8, 4), (128, 8, 2), (256, 4, 4), (64, 8, 2), (128, 16, 4), (512, 8, 4), (512, 4, 4),
+                    (1024, 4, 8), (512, 8, 8), (256, 16, 2)]  # fmt: skip
+# What a training step runs (x: row values RN, RHT codes RN; dy: row values SR, RHT values SR), with
+# tiles that give a thread several features (wider loads) as well as the one-feature defaults first.
+TRAIN_ROW_CONFIGS = [(8, 256, 2), (16, 256, 4), (8, 512, 2), (16, 512, 4), (4, 512, 1), (32, 256, 4)]
+TRAIN_RHT_CONFIGS = [(64, 2, 2), (128, 2, 2), (256, 2, 4), (256, 2, 2), (128, 1, 1), (256, 1, 2), (512, 1, 4),
+                     (128, 4, 2), (256, 4, 4)]  # fmt: skip
 SEED = 2**40 + 12345
 
 
@@ -260,6 +267,7 @@ def sweep(report: Report, x: torch.Tensor, rep: int) -> None:
         report.check(f"rht_t rn {cfg}", *_same(codes, want_t.codes))
         report.time("rht_t sr (pass)", lambda kw=kw: quantize_rht_t_tiles(x, bits, rht_amax, seed=SEED, **kw),
                     read + out, cfg)  # fmt: skip
+    train_sweep(report, x, amax, bits, rht_amax)
     for bm, bn, steps, w in AMAX_CONFIGS:
         kw = dict(block_m=bm, block_n=bn, steps=steps, num_warps=w)
         cfg = f"m{bm} n{bn} s{steps} w{w}"
@@ -273,6 +281,37 @@ def sweep(report: Report, x: torch.Tensor, rep: int) -> None:
         kw["with_x_amax"] = True
         report.check(f"rht_t amax + x amax {cfg}", *_same(rht_t_abs_max(x, bits, **kw)[1:], amax))
         report.time("rht_t amax + x amax (one read)", lambda kw=kw: rht_t_abs_max(x, bits, **kw), read, cfg)
+
+
+def train_sweep(report: Report, x: torch.Tensor, amax, bits: int, rht_amax) -> None:
+    """The passes of a training step (BF16 block values of x and dy along rows; x's RHT codes, dy's RHT
+    values stochastic) under each tile, each checked against the first (default) tile's bits."""
+    m, n = x.shape
+    read, out = 2 * m * n, m * n // 2 + m * n // 16
+    want: dict[str, torch.Tensor] = {}
+
+    def run(name: str, cfg: str, launch, result: torch.Tensor, nbytes: int) -> None:
+        launch()
+        report.check(f"{name} {cfg}", *_same(result, want.setdefault(name, result)))
+        report.time(name, launch, nbytes, cfg)
+
+    for bm, bn, w in TRAIN_ROW_CONFIGS:
+        tile = dict(block_2d=False, codes=None, scales=None, block_m=bm, block_n=bn, num_warps=w)
+        for seed, name in ((None, "train rows values rn"), (SEED, "train rows values sr")):
+            values = torch.empty_like(x)
+            launch = functools.partial(quantize_rows, x, amax, seed=seed, values=values, **tile)
+            run(name, f"m{bm} n{bn} w{w}", launch, values, 2 * read)
+    for bn, groups, w in TRAIN_RHT_CONFIGS:
+        tile = dict(block_n=bn, groups=groups, num_warps=w)
+        codes = torch.empty(n, m // 2, dtype=torch.uint8, device=x.device)
+        scales = torch.empty(n, m // 16, dtype=torch.uint8, device=x.device)
+        values = torch.empty(n, m, dtype=torch.bfloat16, device=x.device)
+        rn = functools.partial(quantize_rht_t_tiles, x, bits, rht_amax, seed=None, codes=codes, scales=scales,
+                               values=None, **tile)  # fmt: skip
+        sr = functools.partial(quantize_rht_t_tiles, x, bits, rht_amax, seed=SEED, codes=None, scales=None,
+                               values=values, **tile)  # fmt: skip
+        run("train rht codes rn", f"n{bn} g{groups} w{w}", rn, codes, read + out)
+        run("train rht values sr", f"n{bn} g{groups} w{w}", sr, values, 2 * read)
 
 
 def main() -> int:
