@@ -60,6 +60,7 @@ from inkling_fp4.config.trainer import OptimConfig
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.fused_fp8.layers import fuse_fp8
 from inkling_fp4.model.hybrid import HybridLM
+from inkling_fp4.numerics.kernels import nvfp4_quantize, nvfp4_rht
 from inkling_fp4.precision import gemm
 from inkling_fp4.precision.config import PrecisionConfig
 from inkling_fp4.precision.graph_capture import graph_blocker
@@ -91,6 +92,30 @@ def disable_fusions(names: str) -> list[str]:
     return chosen
 
 
+TILES = {"rows": (nvfp4_quantize, "ROW_TILE"), "rht": (nvfp4_rht, "QUANTIZE_TILE"),
+         "rht_amax": (nvfp4_rht, "AMAX_TILE")}  # fmt: skip
+"""--tiles names -> the kernel module attribute each sets."""
+
+
+def set_tiles(spec: str) -> list[str]:
+    """Set the NVFP4 quantizers' tiles in this process (``name=a,b,c`` items); returns what was set."""
+    done = []
+    for item in spec.split():
+        name, _, numbers = item.partition("=")
+        if name not in TILES:
+            raise SystemExit(f"--tiles {item}: not one of {', '.join(TILES)}")
+        try:
+            tile = tuple(int(v) for v in numbers.split(","))
+        except ValueError:
+            tile = ()
+        if len(tile) != 3:
+            raise SystemExit(f"--tiles {item}: give three integers, e.g. {name}=64,2,2")
+        module, attr = TILES[name]
+        setattr(module, attr, tile)
+        done.append(f"{name}={numbers}")
+    return done
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", choices=sorted(CONFIGS), default="hybrid-350m")
@@ -109,6 +134,12 @@ def parse_args() -> argparse.Namespace:
         "--unfused-epilogue",
         action="store_true",
         help="NVFP4 GEMMs write their FP32 product and scale it in a second pass (what the fusion saves)",
+    )
+    p.add_argument(
+        "--tiles",
+        default="",
+        help="NVFP4 quantizer tiles to time the step under, e.g. 'rows=8,512,2 rht=128,2,2 rht_amax=512,8,4' "
+        "(rows: block_m,block_n,warps; rht, rht_amax: block_n,groups,warps; bench_quant.py --sweep)",
     )
     p.add_argument("--batch", type=int, default=None, help="global batch (default 16; peer158m 8)")
     p.add_argument("--micro-batch", type=int, default=None, help="per-GPU micro batch (default: all of it)")
@@ -316,6 +347,8 @@ def main() -> int:
     if args.unfused_epilogue:
         gemm.FUSED_EPILOGUE = False
         print("NVFP4 GEMM epilogue: a second pass over the FP32 product")
+    if args.tiles:
+        print(f"NVFP4 quantizer tiles: {' '.join(set_tiles(args.tiles))}")
     if not torch.cuda.is_available():
         print("bench_pretrain.py needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
-"""bench_pretrain.py --without: each named fused FP8 path is turned off (its ``applies`` answers False
-whatever it is given; the paths themselves run on the GPU only), a name it does not know is
-refused, and 'all' names every one."""
+"""bench_pretrain.py's switches. --without: each named fused FP8 path is turned off (its ``applies``
+answers False whatever it is given; the paths themselves run on the GPU only), a name it does not know
+is refused, and 'all' names every one. --tiles: the NVFP4 quantizers' tiles are set, bad items refused."""
 
 from __future__ import annotations
 
@@ -37,3 +37,18 @@ def test_without_turns_the_named_paths_off(bench):
 def test_an_unknown_fusion_is_refused(bench):
     with pytest.raises(SystemExit, match="--without mlp_fp8: not one of norm"):
         bench.disable_fusions("mlp_fp8")
+
+
+def test_tiles_set_the_quantizer_tiles_and_refuse_bad_items(bench, monkeypatch):
+    from inkling_fp4.numerics.kernels import nvfp4_quantize, nvfp4_rht
+
+    for module, attr in bench.TILES.values():  # restored after the test
+        monkeypatch.setattr(module, attr, getattr(module, attr))
+    assert bench.set_tiles("rows=4,512,1 rht=128,2,4") == ["rows=4,512,1", "rht=128,2,4"]
+    assert nvfp4_quantize.ROW_TILE == (4, 512, 1)
+    assert nvfp4_rht.QUANTIZE_TILE == (128, 2, 4)
+    assert nvfp4_rht.AMAX_TILE == (256, 8, 4)  # not named: unchanged
+    with pytest.raises(SystemExit, match="--tiles rht=1,2: give three integers"):
+        bench.set_tiles("rht=1,2")
+    with pytest.raises(SystemExit, match="--tiles cols=1,2,3: not one of rows"):
+        bench.set_tiles("cols=1,2,3")

@@ -240,6 +240,35 @@ def test_interp_rht_t_tilings(groups):
 
 
 @interpreted
+def test_interp_module_tiles_steer_the_launchers(monkeypatch):
+    """The tiles a benchmark sets (several features or rows a thread, partial tiles) give the
+    reference's bits through the launchers' defaults, stochastic rounding the default tile's draws."""
+    from inkling_fp4.numerics.kernels import nvfp4_quantize, nvfp4_rht
+
+    x = rht_exact((48, 40), torch.bfloat16, _seed())
+    xr = x[:, :32].contiguous()  # rows: blocks of 16 along the features
+    sr_default = triton_nvfp4.fake_quantize_rht_t(
+        x, stochastic=True, generator=torch.Generator().manual_seed(3)
+    )
+    rows_sr_default = triton_nvfp4.fake_quantize(
+        xr, stochastic=True, generator=torch.Generator().manual_seed(3)
+    )
+    monkeypatch.setattr(nvfp4_rht, "QUANTIZE_TILE", (128, 1, 1))
+    monkeypatch.setattr(nvfp4_rht, "AMAX_TILE", (64, 2, 1))
+    monkeypatch.setattr(nvfp4_quantize, "ROW_TILE", (4, 64, 1))
+    got = triton_nvfp4.fake_quantize_rht_t(x, keep_codes=True)
+    ref = nvfp4.quantize_rht_t_ref(x)
+    assert_same(got.quantized, ref, "rht under other tiles")
+    assert torch.equal(got.values, ref.block_values()), "rht values under other tiles"
+    rows = triton_nvfp4.fake_quantize(xr, keep_codes=True)
+    assert_same(rows.quantized, nvfp4.quantize_ref(xr), "rows under another tile")
+    sr = triton_nvfp4.fake_quantize_rht_t(x, stochastic=True, generator=torch.Generator().manual_seed(3))
+    rows_sr = triton_nvfp4.fake_quantize(xr, stochastic=True, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(sr.values, sr_default.values), "stochastic rht draws depend on the tile"
+    assert torch.equal(rows_sr.values, rows_sr_default.values), "stochastic row draws depend on the tile"
+
+
+@interpreted
 def test_interp_fake_quantize_and_block_values():
     seed = _seed()
     check_fake_quantize(normal((32, 64), torch.bfloat16, seed), "cpu")

@@ -24,6 +24,10 @@ from inkling_fp4.numerics.kernels.common import (
     tensor_scales,
 )
 
+# The tile of the 1x16 pass: (block_m, block_n, num_warps), the best of ``bench_quant.py --sweep``. A
+# module attribute, so that a benchmark can time a step under another (``bench_pretrain --tiles``).
+ROW_TILE = (8, 256, 2)
+
 
 @triton.jit(do_not_specialize=["seed"])
 def _quantize_rows_kernel(
@@ -84,18 +88,21 @@ def quantize_rows(
     decode: torch.Tensor | None = None,
     partner: torch.Tensor | None = None,
     block_m: int | None = None,
-    block_n: int = 256,
+    block_n: int | None = None,
     num_warps: int | None = None,
     row_scaled: bool = False,
 ) -> None:
     """Launch the row quantizer on x [M, N] (unit last-dim stride, N % 16 == 0) given its amax (FP32 [1];
     [M] with ``row_scaled``). Writes whichever of ``codes`` [M, N/2] with ``scales`` [M, N/16], ``values``
     [M, N] and ``decode`` (1/S_enc; with ``partner``, also ``1/S_enc · partner``) are given; ``seed`` (a
-    Philox seed or a device seed) turns on stochastic rounding."""
-    if block_m is None:
-        block_m = 16 if block_2d else 8
-    if num_warps is None:
-        num_warps = 4 if block_m >= 16 else 2
+    Philox seed or a device seed) turns on stochastic rounding. The tile: :data:`ROW_TILE` for 1x16
+    blocks, 16 rows and 4 warps for 16x16 tiles, where not given."""
+    if block_2d:
+        block_m, block_n = block_m or 16, block_n or 256
+        num_warps = num_warps or (4 if block_m >= 16 else 2)
+    else:
+        given = (block_m, block_n, num_warps)
+        block_m, block_n, num_warps = (d if g is None else g for d, g in zip(ROW_TILE, given, strict=True))
     if row_scaled and (block_2d or decode is not None or seed is not None):
         raise ValueError("quantize_rows: row_scaled takes no block_2d, decode or seed")
     if block_2d and block_m % 16:

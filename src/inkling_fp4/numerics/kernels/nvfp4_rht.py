@@ -194,6 +194,12 @@ def _rht_kernel(
             )
 
 
+# Tiles of the two launches: (block_n, groups, num_warps), the best of ``bench_quant.py --sweep``.
+# Module attributes, so that a benchmark can time a step under other tiles (``bench_pretrain --tiles``).
+AMAX_TILE = (256, 8, 4)
+QUANTIZE_TILE = (64, 2, 2)
+
+
 def sign_bits(signs: torch.Tensor) -> int:
     """RHT sign vector (16 values of ±1) -> bit mask, bit i set where ``signs[i] == -1``."""
     values = signs.tolist()
@@ -205,6 +211,10 @@ def sign_bits(signs: torch.Tensor) -> int:
 def _native_bf16() -> bool:
     """False under the interpreter, whose FP32 -> BF16 cast truncates (``common.bf16_round``)."""
     return os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _tile(default: tuple[int, int, int], *given: int | None) -> tuple[int, int, int]:
+    return tuple(d if g is None else g for d, g in zip(default, given, strict=True))
 
 
 def _token_blocked_shape(x: torch.Tensor) -> tuple[int, int]:
@@ -221,13 +231,14 @@ def rht_t_abs_max(
     signs: int,
     *,
     with_x_amax: bool = False,
-    block_n: int = 256,
-    groups: int = 8,
-    num_warps: int = 4,
+    block_n: int | None = None,
+    groups: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """``max |rht(x.t())|`` for x [M, N] (M % 16 == 0) as FP32 [1], +Inf for NaN/Inf; with
     ``with_x_amax`` FP32 [2], ``[max |rht(x.t())|, max |x|]`` from the same read. ``signs``: a
-    :func:`sign_bits` mask."""
+    :func:`sign_bits` mask; the tile is :data:`AMAX_TILE` where not given."""
+    block_n, groups, num_warps = _tile(AMAX_TILE, block_n, groups, num_warps)
     m, n = _token_blocked_shape(x)
     amax = zeroed_words(2 if with_x_amax else 1, x.device)
     grid = (triton.cdiv(m // 16, groups), triton.cdiv(n, block_n))
@@ -251,13 +262,14 @@ def quantize_rht_t_tiles(
     values: torch.Tensor | None,
     decode: torch.Tensor | None = None,
     partner: torch.Tensor | None = None,
-    block_n: int = 64,
-    groups: int = 2,
-    num_warps: int = 2,
+    block_n: int | None = None,
+    groups: int | None = None,
+    num_warps: int | None = None,
 ) -> None:
     """Quantize rht(x.t()) for x [M, N] given its amax, into whichever of ``codes`` [N, M/2], ``scales``
     [N, M/16], ``values`` [N, M] and ``decode`` (1/S_enc, and ``1/S_enc · partner``) are given, as
-    ``nvfp4_quantize.quantize_rows`` does for rows."""
+    ``nvfp4_quantize.quantize_rows`` does for rows; the tile is :data:`QUANTIZE_TILE` where not given."""
+    block_n, groups, num_warps = _tile(QUANTIZE_TILE, block_n, groups, num_warps)
     if groups not in (1, 2, 4):
         raise ValueError(f"quantize_rht_t_tiles: groups={groups} must be 1, 2 or 4")
     m, n = _token_blocked_shape(x)
