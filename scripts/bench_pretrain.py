@@ -32,6 +32,8 @@ Examples:
     python scripts/bench_pretrain.py --recipes fp8 --profile 2 --sources   # + which line launched what
     python scripts/bench_pretrain.py --recipes fp8-delayed --without mlp  # one fused FP8 path off
     python scripts/bench_pretrain.py --recipes nvfp4 --unfused-epilogue    # NVFP4 GEMM epilogue in a pass
+    python scripts/bench_pretrain.py --recipes nvfp4 --unfused-pair        # x's NVFP4 operands in two passes
+    python scripts/bench_pretrain.py --recipes nvfp4 --tiles rht=128,2,2   # the quantizers under other tiles
     torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
         --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
 """
@@ -140,6 +142,11 @@ def parse_args() -> argparse.Namespace:
         default="",
         help="NVFP4 quantizer tiles to time the step under, e.g. 'rows=8,512,2 rht=128,2,2 rht_amax=512,8,4' "
         "(rows: block_m,block_n,warps; rht, rht_amax: block_n,groups,warps; bench_quant.py --sweep)",
+    )
+    p.add_argument(
+        "--unfused-pair",
+        action="store_true",
+        help="x's two NVFP4 operands (fprop rows, wgrad RHT) in two passes over x instead of one",
     )
     p.add_argument("--batch", type=int, default=None, help="global batch (default 16; peer158m 8)")
     p.add_argument("--micro-batch", type=int, default=None, help="per-GPU micro batch (default: all of it)")
@@ -347,6 +354,9 @@ def main() -> int:
     if args.unfused_epilogue:
         gemm.FUSED_EPILOGUE = False
         print("NVFP4 GEMM epilogue: a second pass over the FP32 product")
+    if args.unfused_pair:
+        gemm.FUSED_NVFP4_PAIR = False
+        print("NVFP4 x operands: two passes over x")
     if args.tiles:
         print(f"NVFP4 quantizer tiles: {' '.join(set_tiles(args.tiles))}")
     if not torch.cuda.is_available():

@@ -154,6 +154,9 @@ def run_checks(report: Report, x: torch.Tensor) -> None:
                 nvfp4.quantize_rht_t_ref(x, rht_signs("random", 3)))  # fmt: skip
     fused = triton_nvfp4.fake_quantize_rht_t(x, keep_codes=True)
     report.check("fake_quantize_rht_t: values", *_same(fused.values, rht_ref.block_values()))
+    rows, tokens = triton_nvfp4.fake_quantize_pair(x, x_amax, rht_amax)
+    report.check("fake_quantize_pair: row values", *_same(rows.values, ref.block_values(torch.bfloat16)))
+    check_exact(report, "fake_quantize_pair: rht", tokens.quantized, rht_ref)
     y = nvfp4.rht(x.t().contiguous())
     check_stochastic(report, "rht_t sr", triton_nvfp4.quantize_rht_t(x, stochastic=True, generator=gen), y)
 
@@ -181,6 +184,19 @@ def bench_kernels(report: Report, x: torch.Tensor, rep: int) -> None:
     def rht(seed=None, **out):
         return lambda: quantize_rht_t_tiles(x, bits, rht_amax, seed=seed, **out)
 
+    pair_amax = rht_t_abs_max(x, bits, with_x_amax=True)
+    row_decode, t_decode = torch.empty(1, device="cuda"), torch.empty(1, device="cuda")
+
+    def two_passes():  # what a linear's forward ran for x before the pair pass
+        quantize_rows(x, pair_amax[1:], block_2d=False, seed=None, codes=None, scales=None, values=values,
+                      decode=row_decode)  # fmt: skip
+        quantize_rht_t_tiles(x, bits, pair_amax[:1], seed=None, codes=t_codes, scales=t_scales, values=None,
+                             decode=t_decode)  # fmt: skip
+
+    def pair():
+        quantize_rht_t_tiles(x, bits, pair_amax[:1], seed=None, codes=t_codes, scales=t_scales, values=None,
+                             decode=t_decode, rows=(values, pair_amax[1:], row_decode))  # fmt: skip
+
     def torch_amax():
         return torch.linalg.vector_norm(x, float("inf")).float().reshape(1)
 
@@ -203,6 +219,8 @@ def bench_kernels(report: Report, x: torch.Tensor, rep: int) -> None:
         ("rht_t sr (total)", lambda: triton_nvfp4.quantize_rht_t(x, stochastic=True), 2 * read + packed),
         ("rht_t sr values+codes (pass)", rht(seed=SEED, codes=t_codes, scales=t_scales, values=t_values),
          2 * read + packed),
+        ("x: row values + rht codes (2 passes)", two_passes, 3 * read + packed),
+        ("x: row values + rht codes (1 pass)", pair, 2 * read + packed),
     ]  # fmt: skip
     print("kernels:")
     for name, fn, nbytes in table:

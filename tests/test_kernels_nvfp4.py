@@ -240,6 +240,50 @@ def test_interp_rht_t_tilings(groups):
 
 
 @interpreted
+@pytest.mark.parametrize("tile", [None, (128, 1, 1), (32, 4, 1)])
+def test_interp_pair_pass_equals_the_two_quantizers(tile, monkeypatch):
+    """x's fprop row values and its saved Q(RHT(xᵀ)) from one pass: the bits of the two passes (values,
+    codes, scale bytes, decode scales), the row values also the reference's; partial tiles included."""
+    from inkling_fp4.numerics.kernels import nvfp4_rht
+
+    if tile is not None:
+        monkeypatch.setattr(nvfp4_rht, "QUANTIZE_TILE", tile)
+    seed = _seed()
+    inputs = [
+        normal((48, 64), torch.bfloat16, seed, spread=3.0),
+        rht_exact((32, 80), torch.float32, seed + 1),
+        adversarial(torch.bfloat16, seed),
+        adversarial(torch.float32, seed + 2),
+    ]
+    inputs[0][5, :16] = 0.0  # an all-zero row block
+    for x in inputs:
+        amax, amax_t = triton_nvfp4.abs_max_pair(x)
+        rows, tokens = triton_nvfp4.fake_quantize_pair(x, amax, amax_t)
+        want_rows = triton_nvfp4.fake_quantize(x, amax=amax)
+        want_t = triton_nvfp4.fake_quantize_rht_t(x, keep_codes=True, dtype=None, amax=amax_t)
+        assert torch.equal(rows.values, want_rows.values), "row values"
+        assert torch.equal(rows.values, nvfp4.quantize_ref(x).block_values(torch.bfloat16)), "reference"
+        assert torch.equal(rows.decode_scale, want_rows.decode_scale), "row decode scale"
+        assert rows.quantized is None and tokens.values is None
+        assert_same(tokens.quantized, want_t.quantized, "rht codes")
+        assert torch.equal(tokens.decode_scale, want_t.decode_scale), "rht decode scale"
+
+
+@interpreted
+def test_interp_pair_pass_edges():
+    empty = torch.zeros(0, 32, dtype=torch.bfloat16)
+    rows, tokens = triton_nvfp4.fake_quantize_pair(empty, *triton_nvfp4.abs_max_pair(empty))
+    assert rows.values.shape == (0, 32) and tokens.quantized.shape == (32, 0)
+    x = torch.ones(24, 32)
+    with pytest.raises(NumericsError, match="first dim 24"):
+        triton_nvfp4.fake_quantize_pair(x, torch.ones(()), torch.ones(()))
+    bad = torch.ones(16, 32)
+    bad[3, 4] = float("inf")
+    with pytest.raises(NumericsError):
+        triton_nvfp4.fake_quantize_pair(bad, *triton_nvfp4.abs_max_pair(bad))
+
+
+@interpreted
 def test_interp_module_tiles_steer_the_launchers(monkeypatch):
     """The tiles a benchmark sets (several features or rows a thread, partial tiles) give the
     reference's bits through the launchers' defaults, stochastic rounding the default tile's draws."""
@@ -531,6 +575,24 @@ def test_gpu_stochastic_and_dispatch():
     x[0, 0] = float("nan")
     with pytest.raises(NumericsError):
         nvfp4.quantize(x.cuda())
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("tile", [None, (128, 2, 2), (256, 1, 2)])
+def test_gpu_pair_pass_equals_the_two_quantizers(tile, monkeypatch):
+    """At a training shape on the GPU: x's pair pass gives the two passes' bits, under other tiles too."""
+    from inkling_fp4.numerics.kernels import nvfp4_rht
+
+    if tile is not None:
+        monkeypatch.setattr(nvfp4_rht, "QUANTIZE_TILE", tile)
+    x = normal((4096, 1024), torch.bfloat16, _seed(), spread=2.0).cuda()
+    amax, amax_t = triton_nvfp4.abs_max_pair(x)
+    rows, tokens = triton_nvfp4.fake_quantize_pair(x, amax, amax_t)
+    assert torch.equal(rows.values, triton_nvfp4.fake_quantize(x, amax=amax).values)
+    want = triton_nvfp4.fake_quantize_rht_t(x, keep_codes=True, dtype=None, amax=amax_t)
+    assert_same(tokens.quantized, want.quantized, "pair rht")
+    assert torch.equal(rows.values.cpu(), nvfp4.quantize_ref(x.cpu()).block_values(torch.bfloat16))
 
 
 @pytest.mark.gpu

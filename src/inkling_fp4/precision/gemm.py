@@ -20,7 +20,7 @@ import functools
 import torch
 
 from inkling_fp4.numerics import fp8
-from inkling_fp4.precision import fused_kernels
+from inkling_fp4.precision import finite_guard, fused_kernels
 from inkling_fp4.precision.operand import Operand, pad_to
 from inkling_fp4.precision.quantizers import quantize
 from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant
@@ -46,6 +46,41 @@ def shared_nvfp4_amaxes(
     if fused is None:
         return None, None
     return fused.abs_max_pair(pad_to(t, 16, 1), fused_kernels.signs_on(signs, t.device))
+
+
+FUSED_NVFP4_PAIR = True
+"""Whether x's two NVFP4 operands (fprop rows, wgrad Q(RHT(xᵀ))) come from one pass over x where
+:func:`nvfp4_operand_pair` applies; a benchmark switches it off to time the two passes."""
+
+
+def nvfp4_operand_pair(
+    t: torch.Tensor,
+    row_spec: OperandQuant | None,
+    token_spec: OperandQuant | None,
+    signs: tuple[float, ...] | None,
+    amax: torch.Tensor | None,
+    amax_t: torch.Tensor | None,
+    name: str = "",
+) -> tuple[Operand, Operand] | None:
+    """t [M, C]'s fprop operand (1x16 along C, BF16 values) and its saved wgrad operand Q(RHT(tᵀ))
+    (codes) from one read of t, the bits :func:`quantize` gives each; both amaxes from
+    :func:`shared_nvfp4_amaxes`. None unless both are round to nearest, with whole blocks (no padding)."""
+    if not FUSED_NVFP4_PAIR or amax is None or amax_t is None or t.shape[0] % 16 or t.shape[1] % 16:
+        return None
+    if row_spec.stochastic or token_spec.stochastic:
+        return None
+    fused = fused_kernels.fused_for(t)
+    eager = finite_guard.eager()
+    label = name or None
+    rows, tokens = fused.fake_quantize_pair(
+        t, amax, amax_t, fused_kernels.signs_on(signs, t.device), name=label, check_finite=eager
+    )
+    if not eager:
+        finite_guard.record(rows.amax, f"NVFP4 operand '{name or 'unnamed'}'")
+    return (
+        Operand(None, row_spec, values=rows.values, decode_scale=rows.decode_scale),
+        Operand(tokens.quantized, token_spec, decode_scale=tokens.decode_scale),
+    )
 
 
 def fp8_operand_pair(

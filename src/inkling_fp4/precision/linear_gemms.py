@@ -145,6 +145,10 @@ class LinearGEMMs:
                 )
                 if x_used is not None and not pair_x and fprop is not None and fprop.a.delayed:
                     amax_x = x_used  # x quantized for the fprop alone, from the history as well
+                if plan.saved_x == "own" and not pair_x:  # NVFP4: both of x's operands from one more read
+                    pair_x = gemm.nvfp4_operand_pair(
+                        x2d, plan.fprop_x, plan.wgrad_x, recipe.rht_signs, amax_x, amax_xt, f"{name} x"
+                    )
             # FP8: W along rows (fprop) and Wᵀ (dgrad) from one read of W, as x: no byte transpose of W
             # in the backward (a tensorwise pair of whole blocks: W is not padded; a delayed scale from
             # the history, W's amax recorded into it)

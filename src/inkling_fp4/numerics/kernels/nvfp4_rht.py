@@ -13,6 +13,9 @@ FP32 input with a wider spread may differ from the reference in the last BF16 bi
 
 Two launches: ``AMAX_ONLY`` reduces the global amax of y (and with ``X_AMAX`` also ``max |x|`` from the
 same loads, x and dy being quantized along rows too), then the same code recomputes y and quantizes it.
+With ``ROW_VALUES`` the second launch also writes x's own 1x16 row quantization (round to nearest, BF16
+block values): the fprop operand of the x whose RHT it quantizes for the wgrad, from the same read of x.
+A row block's 16 features lie in 16 threads here, so its amax is a cross-thread max.
 """
 
 import os
@@ -25,8 +28,11 @@ from inkling_fp4.numerics.kernels import seeds
 from inkling_fp4.numerics.kernels.amax import zeroed_words
 from inkling_fp4.numerics.kernels.common import (
     bf16_round,
+    block_scale,
     block_values,
+    e2m1_nearest,
     encode_blocks,
+    encode_scale,
     packed_codes,
     replay_seed,
     store_decode_scale,
@@ -89,12 +95,35 @@ def _concat(a, b, R: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
-def _encode_group(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc, decode_scale, seed,
-                  SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr,
-                  STOCHASTIC: tl.constexpr):  # fmt: skip
+def _spread(t, BLOCK_N: tl.constexpr):
+    """[BLOCK_N/16, 16] per (row block, token) -> [BLOCK_N, 16], each row block's value on its 16 features."""
+    return tl.reshape(tl.broadcast_to(t[:, None, :], [BLOCK_N // 16, 16, 16]), [BLOCK_N, 16])
+
+
+@triton.jit
+def _store_row_values(x, group, features, feature_ok, M, N, row_ptr, row_s_enc, row_decode,
+                      BLOCK_N: tl.constexpr):  # fmt: skip
+    """x [BLOCK_N features, 16 tokens] quantized along its features in 1x16 blocks (round to nearest) ->
+    BF16 block values at row_ptr [M, N]: the row quantizer's bits (``nvfp4_quantize``)."""
+    block_amax = tl.max(tl.reshape(tl.abs(x), [BLOCK_N // 16, 16, 16]), axis=1)  # [BLOCK_N/16, 16]
+    _, scale = block_scale(block_amax, row_s_enc)
+    encode = encode_scale(scale, row_decode)
+    _, value = e2m1_nearest(x, _spread(encode, BLOCK_N))
+    tokens = group * 16 + tl.arange(0, 16)[None, :]  # [1, 16]
+    ptrs = row_ptr + tokens.to(tl.int64) * N + features[:, None]
+    mask = feature_ok[:, None] & (tokens < M)
+    tl.store(ptrs, (value * _spread(scale, BLOCK_N)).to(row_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _encode_group(col_ptrs, group, features, feature_ok, M, N, stride_xm, s_enc, decode_scale, seed,
+                  row_ptr, row_s_enc, row_decode, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                  NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, ROW_VALUES: tl.constexpr):  # fmt: skip
     """One 16-token group (``group``: [1]) -> its output block column: packed codes [BLOCK_N, 8],
-    scale bytes [BLOCK_N, 1] and block values [BLOCK_N, 16]."""
-    _, y = _rht_group(col_ptrs, group, M, stride_xm, feature_ok, SIGN_BITS, BLOCK_N, NATIVE_BF16)
+    scale bytes [BLOCK_N, 1] and block values [BLOCK_N, 16]; with ``ROW_VALUES`` x's row values stored."""
+    x, y = _rht_group(col_ptrs, group, M, stride_xm, feature_ok, SIGN_BITS, BLOCK_N, NATIVE_BF16)
+    if ROW_VALUES:
+        _store_row_values(x, group, features, feature_ok, M, N, row_ptr, row_s_enc, row_decode, BLOCK_N)
     lo, hi = _halves(y, BLOCK_N)
     lo = tl.reshape(lo, [BLOCK_N, 1, 8])
     hi = tl.reshape(hi, [BLOCK_N, 1, 8])
@@ -109,17 +138,18 @@ def _encode_group(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc, de
 
 
 @triton.jit
-def _encode_pair(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc, decode_scale, seed,
-                 SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr,
-                 STOCHASTIC: tl.constexpr):  # fmt: skip
+def _encode_pair(col_ptrs, group, features, feature_ok, M, N, stride_xm, s_enc, decode_scale, seed,
+                 row_ptr, row_s_enc, row_decode, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, ROW_VALUES: tl.constexpr):  # fmt: skip
     """Groups ``group`` and ``group + 1`` side by side: codes [BLOCK_N, 16], scales [BLOCK_N, 2],
     values [BLOCK_N, 32]."""
-    codes0, scales0, values0 = _encode_group(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc,
-                                             decode_scale, seed, SIGN_BITS, BLOCK_N, NATIVE_BF16,
-                                             STOCHASTIC)  # fmt: skip
-    codes1, scales1, values1 = _encode_group(col_ptrs, group + 1, features, feature_ok, M, stride_xm, s_enc,
-                                             decode_scale, seed, SIGN_BITS, BLOCK_N, NATIVE_BF16,
-                                             STOCHASTIC)  # fmt: skip
+    codes0, scales0, values0 = _encode_group(col_ptrs, group, features, feature_ok, M, N, stride_xm, s_enc,
+                                             decode_scale, seed, row_ptr, row_s_enc, row_decode, SIGN_BITS,
+                                             BLOCK_N, NATIVE_BF16, STOCHASTIC, ROW_VALUES)  # fmt: skip
+    codes1, scales1, values1 = _encode_group(col_ptrs, group + 1, features, feature_ok, M, N, stride_xm,
+                                             s_enc, decode_scale, seed, row_ptr, row_s_enc, row_decode,
+                                             SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC,
+                                             ROW_VALUES)  # fmt: skip
     return (
         _concat(codes0, codes1, BLOCK_N, 8),
         _concat(scales0, scales1, BLOCK_N, 1),
@@ -129,11 +159,11 @@ def _encode_pair(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc, dec
 
 @triton.jit(do_not_specialize=["seed"])
 def _rht_kernel(
-    x_ptr, amax_ptr, seed, seed_ptr, codes_ptr, scales_ptr, values_ptr, decode_ptr, partner_ptr, M, N,
-    stride_xm, stride_xn, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
-    AMAX_ONLY: tl.constexpr, NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, SEED_PTR: tl.constexpr,
-    WRITE_CODES: tl.constexpr, WRITE_VALUES: tl.constexpr, WRITE_DECODE: tl.constexpr, PARTNER: tl.constexpr,
-    X_AMAX: tl.constexpr,
+    x_ptr, amax_ptr, seed, seed_ptr, codes_ptr, scales_ptr, values_ptr, decode_ptr, partner_ptr, row_ptr,
+    row_amax_ptr, row_decode_ptr, M, N, stride_xm, stride_xn, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUPS: tl.constexpr, AMAX_ONLY: tl.constexpr, NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr,
+    SEED_PTR: tl.constexpr, WRITE_CODES: tl.constexpr, WRITE_VALUES: tl.constexpr, WRITE_DECODE: tl.constexpr,
+    PARTNER: tl.constexpr, X_AMAX: tl.constexpr, ROW_VALUES: tl.constexpr,
 ):  # fmt: skip
     if SEED_PTR:  # replayed by a CUDA graph: the seed from the device word (see seeds.py)
         seed = replay_seed(seed_ptr, seed)
@@ -159,21 +189,28 @@ def _rht_kernel(
         s_enc, decode_scale = tensor_scales(tl.load(amax_ptr))
         if WRITE_DECODE:  # the tensor decode scale 1/S_enc for the GEMM output, written once
             store_decode_scale(decode_ptr, decode_scale, partner_ptr, PARTNER)
+        row_s_enc, row_decode = s_enc, decode_scale
+        if ROW_VALUES:  # x's own row quantization: its tensor scales, its decode scale written once
+            row_s_enc, row_decode = tensor_scales(tl.load(row_amax_ptr))
+            store_decode_scale(row_decode_ptr, row_decode, partner_ptr, False)
         # GROUPS (1, 2 or 4) consecutive output blocks of each feature row are gathered in the thread
         # so that each row segment is written at once.
         group = first + tl.arange(0, 1)
         if GROUPS == 1:
-            codes, scales, values = _encode_group(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc,
-                                                  decode_scale, seed, SIGN_BITS, BLOCK_N, NATIVE_BF16,
-                                                  STOCHASTIC)  # fmt: skip
+            codes, scales, values = _encode_group(col_ptrs, group, features, feature_ok, M, N, stride_xm,
+                                                  s_enc, decode_scale, seed, row_ptr, row_s_enc, row_decode,
+                                                  SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC,
+                                                  ROW_VALUES)  # fmt: skip
         else:
-            codes, scales, values = _encode_pair(col_ptrs, group, features, feature_ok, M, stride_xm, s_enc,
-                                                 decode_scale, seed, SIGN_BITS, BLOCK_N, NATIVE_BF16,
-                                                 STOCHASTIC)  # fmt: skip
+            codes, scales, values = _encode_pair(col_ptrs, group, features, feature_ok, M, N, stride_xm,
+                                                 s_enc, decode_scale, seed, row_ptr, row_s_enc, row_decode,
+                                                 SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC,
+                                                 ROW_VALUES)  # fmt: skip
             if GROUPS == 4:
-                codes2, scales2, values2 = _encode_pair(col_ptrs, group + 2, features, feature_ok, M,
-                                                        stride_xm, s_enc, decode_scale, seed, SIGN_BITS,
-                                                        BLOCK_N, NATIVE_BF16, STOCHASTIC)  # fmt: skip
+                codes2, scales2, values2 = _encode_pair(col_ptrs, group + 2, features, feature_ok, M, N,
+                                                        stride_xm, s_enc, decode_scale, seed, row_ptr,
+                                                        row_s_enc, row_decode, SIGN_BITS, BLOCK_N,
+                                                        NATIVE_BF16, STOCHASTIC, ROW_VALUES)  # fmt: skip
                 codes = _concat(codes, codes2, BLOCK_N, 16)
                 scales = _concat(scales, scales2, BLOCK_N, 2)
                 values = _concat(values, values2, BLOCK_N, 32)
@@ -243,10 +280,10 @@ def rht_t_abs_max(
     amax = zeroed_words(2 if with_x_amax else 1, x.device)
     grid = (triton.cdiv(m // 16, groups), triton.cdiv(n, block_n))
     _rht_kernel[grid](
-        x, amax, 0, amax, amax, amax, amax, amax, amax, m, n, *x.stride(),
+        x, amax, 0, amax, amax, amax, amax, amax, amax, amax, amax, amax, m, n, *x.stride(),
         SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=True, NATIVE_BF16=_native_bf16(),
         STOCHASTIC=False, SEED_PTR=False, WRITE_CODES=False, WRITE_VALUES=False, WRITE_DECODE=False,
-        PARTNER=False, X_AMAX=with_x_amax, num_warps=num_warps,
+        PARTNER=False, X_AMAX=with_x_amax, ROW_VALUES=False, num_warps=num_warps,
     )  # fmt: skip
     return amax
 
@@ -262,17 +299,22 @@ def quantize_rht_t_tiles(
     values: torch.Tensor | None,
     decode: torch.Tensor | None = None,
     partner: torch.Tensor | None = None,
+    rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     block_n: int | None = None,
     groups: int | None = None,
     num_warps: int | None = None,
 ) -> None:
     """Quantize rht(x.t()) for x [M, N] given its amax, into whichever of ``codes`` [N, M/2], ``scales``
     [N, M/16], ``values`` [N, M] and ``decode`` (1/S_enc, and ``1/S_enc · partner``) are given, as
-    ``nvfp4_quantize.quantize_rows`` does for rows; the tile is :data:`QUANTIZE_TILE` where not given."""
+    ``nvfp4_quantize.quantize_rows`` does for rows; the tile is :data:`QUANTIZE_TILE` where not given.
+    ``rows``: (values [M, N], amax, decode): also x's own 1x16 row values (round to nearest) under
+    ``max |x|`` = amax [1], and their 1/S_enc into decode [1], from the same read (N % 16 == 0)."""
     block_n, groups, num_warps = _tile(QUANTIZE_TILE, block_n, groups, num_warps)
     if groups not in (1, 2, 4):
         raise ValueError(f"quantize_rht_t_tiles: groups={groups} must be 1, 2 or 4")
     m, n = _token_blocked_shape(x)
+    if rows is not None and (n % 16 or block_n % 16):
+        raise ValueError(f"quantize_rht_t_tiles: row values need N={n} and block_n={block_n} multiples of 16")
     write_codes = codes is not None
     write_values = values is not None
     grid = (triton.cdiv(m // 16, groups), triton.cdiv(n, block_n))
@@ -284,8 +326,10 @@ def quantize_rht_t_tiles(
         values if write_values else amax,
         amax if decode is None else decode,
         amax if partner is None else partner,
+        *(rows if rows is not None else (amax, amax, amax)),
         m, n, *x.stride(),
         SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=False, NATIVE_BF16=_native_bf16(),
         STOCHASTIC=seed is not None, SEED_PTR=from_ptr, WRITE_CODES=write_codes, WRITE_VALUES=write_values,
-        WRITE_DECODE=decode is not None, PARTNER=partner is not None, X_AMAX=False, num_warps=num_warps,
+        WRITE_DECODE=decode is not None, PARTNER=partner is not None, X_AMAX=False,
+        ROW_VALUES=rows is not None, num_warps=num_warps,
     )  # fmt: skip

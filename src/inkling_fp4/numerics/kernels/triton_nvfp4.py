@@ -271,6 +271,44 @@ def fake_quantize_rht_t(
     return NVFP4BlockValues(values, decode, amax, quantized, product)
 
 
+def fake_quantize_pair(
+    x: torch.Tensor,
+    amax: torch.Tensor,
+    amax_t: torch.Tensor,
+    signs: torch.Tensor | None = None,
+    name: str | None = None,
+    check_finite: bool = True,
+) -> tuple[NVFP4BlockValues, NVFP4BlockValues]:
+    """x [M, N]'s two round-to-nearest operands from one read of x, given both amaxes
+    (:func:`abs_max_pair`): :func:`fake_quantize` (BF16 values, no codes) and :func:`fake_quantize_rht_t`
+    with its codes kept and no values (the fprop's x and the wgrad's saved xᵀ); the same bits."""
+    op = "nvfp4.fake_quantize_pair"
+    checks.check_dtype(x, op=op, name=name)
+    checks.check_block_shape(x, op=op, block=BLOCK, name=name, ndim=2)
+    checks.check_rows(x, op=op, block=BLOCK, what="the token dim, blocked after the transpose", name=name)
+    m, n = x.shape
+    if m == 0 or n == 0:
+        rows = fake_quantize(x, name=name, amax=amax, check_finite=check_finite)
+        return rows, fake_quantize_rht_t(x, signs, keep_codes=True, dtype=None, name=name, amax=amax_t,
+                                         check_finite=check_finite)  # fmt: skip
+    codes = torch.empty((n, m // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((n, m // BLOCK), dtype=torch.float8_e4m3fn, device=x.device)
+    values = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    decode, decode_t = (torch.empty(1, dtype=torch.float32, device=x.device) for _ in range(2))
+    quantize_rht_t_tiles(
+        x, _sign_bits(signs), amax_t.reshape(1), seed=None, codes=codes, scales=scales.view(torch.uint8),
+        values=None, decode=decode_t, rows=(values, amax.reshape(1), decode),
+    )  # fmt: skip
+    if check_finite:
+        checks.check_finite(x, op=op, name=name, amax=amax.reshape(()))
+    amax, amax_t = amax.reshape(()), amax_t.reshape(())
+    quantized_t = nvfp4.NVFP4Tensor(codes=codes, scales=scales, amax=amax_t, shape=torch.Size((n, m)))
+    return (
+        NVFP4BlockValues(values, decode.reshape(()), amax, None),
+        NVFP4BlockValues(None, decode_t.reshape(()), amax_t, quantized_t),
+    )
+
+
 def block_values(t: nvfp4.NVFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """``t.block_values(dtype)`` from the packed codes and scales, in one read of them."""
     n = t.shape[-1]
