@@ -47,7 +47,12 @@ from inkling_fp4.numerics.kernels import triton_nvfp4  # noqa: E402
 from inkling_fp4.numerics.kernels.amax import abs_max  # noqa: E402
 from inkling_fp4.numerics.kernels.nvfp4_block_values import block_values_from_codes  # noqa: E402
 from inkling_fp4.numerics.kernels.nvfp4_quantize import quantize_rows  # noqa: E402
-from inkling_fp4.numerics.kernels.nvfp4_rht import quantize_rht_t_tiles, rht_t_abs_max, sign_bits  # noqa: E402
+from inkling_fp4.numerics.kernels.nvfp4_rht import (  # noqa: E402
+    RowValues,
+    quantize_rht_t_tiles,
+    rht_t_abs_max,
+    sign_bits,
+)
 
 TARGETS = {"quantize 1d rn (pass)": 0.70, "rht_t sr (pass)": 0.55}
 # (block_m, block_n, num_warps) for the row quantizer; (block_n, groups, num_warps) for the RHT kernel;
@@ -195,7 +200,7 @@ def bench_kernels(report: Report, x: torch.Tensor, rep: int) -> None:
 
     def pair():
         quantize_rht_t_tiles(x, bits, pair_amax[:1], seed=None, codes=t_codes, scales=t_scales, values=None,
-                             decode=t_decode, rows=(values, pair_amax[1:], row_decode))  # fmt: skip
+                             decode=t_decode, rows=RowValues(values, pair_amax[1:], row_decode))  # fmt: skip
 
     def torch_amax():
         return torch.linalg.vector_norm(x, float("inf")).float().reshape(1)

@@ -34,7 +34,12 @@ from inkling_fp4.numerics import formats, nvfp4  # noqa: E402
 from inkling_fp4.numerics.hadamard import rht_signs  # noqa: E402
 from inkling_fp4.numerics.kernels import available, triton_nvfp4  # noqa: E402
 from inkling_fp4.numerics.kernels.nvfp4_quantize import quantize_rows  # noqa: E402
-from inkling_fp4.numerics.kernels.nvfp4_rht import quantize_rht_t_tiles, rht_t_abs_max, sign_bits  # noqa: E402
+from inkling_fp4.numerics.kernels.nvfp4_rht import (  # noqa: E402
+    RowValues,
+    quantize_rht_t_tiles,
+    rht_t_abs_max,
+    sign_bits,
+)
 
 # The interpreter evaluates with numpy, which warns where the kernels divide by zero on purpose
 # (1/0 = inf, then clamped to FLT_MAX, as in the reference).
@@ -270,6 +275,37 @@ def test_interp_pair_pass_equals_the_two_quantizers(tile, monkeypatch):
 
 
 @interpreted
+def test_interp_pair_pass_of_a_gradient_draws_as_the_two_quantizers():
+    """dy's pair (stochastic rounding both ways, values both ways, each with its GEMM partner's scale):
+    with the generator in the same state, the two calls' draws and bits, output scales included."""
+    seed = _seed()
+    dy = normal((64, 48), torch.bfloat16, seed, spread=2.0)
+    partners = (torch.tensor(0.37), torch.tensor(3.0e-3))
+    for stochastic in ((True, True), (True, False), (False, True)):
+        amax, amax_t = triton_nvfp4.abs_max_pair(dy)
+        g = torch.Generator().manual_seed(seed)
+        rows, tokens = triton_nvfp4.fake_quantize_pair(
+            dy, amax, amax_t, stochastic=stochastic, generator=g, keep_codes_t=False, scale_with=partners
+        )
+        g.manual_seed(seed)
+        want_rows = triton_nvfp4.fake_quantize(
+            dy, stochastic=stochastic[0], generator=g, amax=amax, scale_with=partners[0]
+        )
+        want_t = triton_nvfp4.fake_quantize_rht_t(
+            dy, stochastic=stochastic[1], generator=g, amax=amax_t, scale_with=partners[1]
+        )
+        for got, want in ((rows, want_rows), (tokens, want_t)):
+            assert torch.equal(got.values, want.values), stochastic
+            assert torch.equal(got.decode_scale, want.decode_scale)
+            assert torch.equal(got.output_scale, want.output_scale)
+        assert tokens.quantized is None
+    g.manual_seed(seed)  # a draw differs: another stream
+    other = triton_nvfp4.fake_quantize_pair(dy, amax, amax_t, stochastic=(True, True), generator=g,
+                                            keep_codes_t=False)  # fmt: skip
+    assert not torch.equal(other[0].values, rows.values) or not torch.equal(other[1].values, tokens.values)
+
+
+@interpreted
 def test_interp_pair_pass_edges():
     empty = torch.zeros(0, 32, dtype=torch.bfloat16)
     rows, tokens = triton_nvfp4.fake_quantize_pair(empty, *triton_nvfp4.abs_max_pair(empty))
@@ -472,7 +508,10 @@ def test_interp_device_seed_equals_the_host_seed():
                 torch.empty(32, 2, dtype=torch.uint8),
             )
             mxfp4_quantize.quantize_rows(x, mx_codes, mx_scales, seed=seed)
-            outs.append((codes, t_codes, mx_codes))
+            row_values = torch.empty(32, 64, dtype=torch.bfloat16)  # the pair pass's row seed
+            rows = RowValues(row_values, amax, torch.empty(1), seed=seed)
+            quantize_rht_t_tiles(x, bits, amax_t, seed=None, codes=None, scales=None, values=None, rows=rows)
+            outs.append((codes, t_codes, mx_codes, row_values))
         for a, b in zip(*outs, strict=True):
             assert torch.equal(a, b), (initial, first, draw)
     with pytest.raises(RuntimeError, match="CUDA generator"):
@@ -593,6 +632,18 @@ def test_gpu_pair_pass_equals_the_two_quantizers(tile, monkeypatch):
     want = triton_nvfp4.fake_quantize_rht_t(x, keep_codes=True, dtype=None, amax=amax_t)
     assert_same(tokens.quantized, want.quantized, "pair rht")
     assert torch.equal(rows.values.cpu(), nvfp4.quantize_ref(x.cpu()).block_values(torch.bfloat16))
+    partners = (torch.tensor(0.5, device="cuda"), torch.tensor(2.0e-3, device="cuda"))
+    g = torch.Generator(device="cuda").manual_seed(7)
+    rows, tokens = triton_nvfp4.fake_quantize_pair(
+        x, amax, amax_t, stochastic=(True, True), generator=g, keep_codes_t=False, scale_with=partners
+    )
+    g.manual_seed(7)
+    want_rows = triton_nvfp4.fake_quantize(x, stochastic=True, generator=g, amax=amax, scale_with=partners[0])
+    want_t = triton_nvfp4.fake_quantize_rht_t(
+        x, stochastic=True, generator=g, amax=amax_t, scale_with=partners[1]
+    )
+    assert torch.equal(rows.values, want_rows.values) and torch.equal(tokens.values, want_t.values)
+    assert torch.equal(rows.output_scale, want_rows.output_scale)
 
 
 @pytest.mark.gpu

@@ -393,11 +393,11 @@ def run(dtype):  # BF16 x: BF16 y and dx through the GEMM epilogue kernel (scale
     return y, x.grad, m.weight.grad
 
 assert fused_kernels.fused_for(torch.zeros(1)) is not None
-pairs = []  # x's two operands from one pass (gemm.nvfp4_operand_pair), once per forward
+pairs = []  # x's and dy's two operands from one pass each (gemm.nvfp4_operand_pair)
 one_pass = gemm.nvfp4_operand_pair
 gemm.nvfp4_operand_pair = lambda *a, **k: pairs.append(one_pass(*a, **k)) or pairs[-1]
 fused = run(torch.float32) + run(torch.bfloat16)
-assert len(pairs) == 2 and all(p is not None for p in pairs), pairs
+assert len(pairs) == 4 and all(p is not None for p in pairs), pairs
 finite_guard.raise_if_non_finite()
 # NaN on the fused path: no error (and no sync) while quantizing, a named one at the check.
 m = QuantLinear(64, 48, layer_idx=3, name="probe")

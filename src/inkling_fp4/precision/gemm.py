@@ -49,8 +49,9 @@ def shared_nvfp4_amaxes(
 
 
 FUSED_NVFP4_PAIR = True
-"""Whether x's two NVFP4 operands (fprop rows, wgrad Q(RHT(xᵀ))) come from one pass over x where
-:func:`nvfp4_operand_pair` applies; a benchmark switches it off to time the two passes."""
+"""Whether a tensor's two NVFP4 operands (x: fprop rows and the saved wgrad Q(RHT(xᵀ)); dy: dgrad rows and
+wgrad Q(RHT(dyᵀ))) come from one pass over it where :func:`nvfp4_operand_pair` applies; a benchmark
+switches it off to time the two passes."""
 
 
 def nvfp4_operand_pair(
@@ -61,26 +62,32 @@ def nvfp4_operand_pair(
     amax: torch.Tensor | None,
     amax_t: torch.Tensor | None,
     name: str = "",
+    *,
+    keep_codes_t: bool = True,
+    generator: torch.Generator | None = None,
+    scale_with: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
 ) -> tuple[Operand, Operand] | None:
-    """t [M, C]'s fprop operand (1x16 along C, BF16 values) and its saved wgrad operand Q(RHT(tᵀ))
-    (codes) from one read of t, the bits :func:`quantize` gives each; both amaxes from
-    :func:`shared_nvfp4_amaxes`. None unless both are round to nearest, with whole blocks (no padding)."""
+    """t [M, C]'s operand along its rows (1x16 along C, BF16 values) and Q(RHT(tᵀ)) (its codes with
+    ``keep_codes_t``, to save; else its values) from one read of t: the bits :func:`quantize` gives each,
+    stochastic rounding's draws included. Both amaxes from :func:`shared_nvfp4_amaxes`; ``scale_with``:
+    each operand's GEMM partner's decode scale. None without whole blocks (no padding)."""
     if not FUSED_NVFP4_PAIR or amax is None or amax_t is None or t.shape[0] % 16 or t.shape[1] % 16:
         return None
-    if row_spec.stochastic or token_spec.stochastic:
-        return None
-    fused = fused_kernels.fused_for(t)
+    scale_with = tuple(None if s is not None and s.dim() else s for s in scale_with)  # row-scaled: none
     eager = finite_guard.eager()
-    label = name or None
-    rows, tokens = fused.fake_quantize_pair(
-        t, amax, amax_t, fused_kernels.signs_on(signs, t.device), name=label, check_finite=eager
-    )
+    rows, tokens = fused_kernels.fused_for(t).fake_quantize_pair(
+        t, amax, amax_t, fused_kernels.signs_on(signs, t.device),
+        stochastic=(row_spec.stochastic, token_spec.stochastic), generator=generator,
+        keep_codes_t=keep_codes_t, scale_with=scale_with, name=name or None, check_finite=eager,
+    )  # fmt: skip
     if not eager:
         finite_guard.record(rows.amax, f"NVFP4 operand '{name or 'unnamed'}'")
-    return (
-        Operand(None, row_spec, values=rows.values, decode_scale=rows.decode_scale),
-        Operand(tokens.quantized, token_spec, decode_scale=tokens.decode_scale),
-    )
+    pair = []
+    for bv, spec, partner in ((rows, row_spec, scale_with[0]), (tokens, token_spec, scale_with[1])):
+        output_scale = None if partner is None else (partner, bv.output_scale)
+        pair.append(Operand(bv.quantized, spec, values=bv.values, decode_scale=bv.decode_scale,
+                            output_scale=output_scale))  # fmt: skip
+    return pair[0], pair[1]
 
 
 def fp8_operand_pair(

@@ -227,6 +227,13 @@ class LinearGEMMs:
                 )
                 if delayed is not None and not pair_dy:  # dy quantized for one GEMM only
                     amax_dy = amax_dyt = dy_used
+                if not pair_dy and amax_dyt is not None and "w" in saved and "x" in saved:
+                    # NVFP4: both of dy's operands from one more read of dy (the seeds drawn as for two)
+                    pair_dy = gemm.nvfp4_operand_pair(
+                        dy, plan.dgrad_dy, plan.wgrad_dy, recipe.rht_signs, amax_dy, amax_dyt, f"{name} dy",
+                        keep_codes_t=False, generator=generator,
+                        scale_with=(saved["w"].decode_scale, saved["x"].decode_scale),
+                    )  # fmt: skip
             if "w" in saved:
                 if recipe.dgrad is None:
                     dx = gemm.bf16_matmul(dy, saved["w"].t()).to(x_dtype)  # dx: [M, K] = dy · W

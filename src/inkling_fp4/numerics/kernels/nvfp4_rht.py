@@ -13,12 +13,14 @@ FP32 input with a wider spread may differ from the reference in the last BF16 bi
 
 Two launches: ``AMAX_ONLY`` reduces the global amax of y (and with ``X_AMAX`` also ``max |x|`` from the
 same loads, x and dy being quantized along rows too), then the same code recomputes y and quantizes it.
-With ``ROW_VALUES`` the second launch also writes x's own 1x16 row quantization (round to nearest, BF16
-block values): the fprop operand of the x whose RHT it quantizes for the wgrad, from the same read of x.
-A row block's 16 features lie in 16 threads here, so its amax is a cross-thread max.
+With ``ROW_VALUES`` the second launch also writes x's own 1x16 row quantization (BF16 block values):
+the fprop operand of the x whose RHT it quantizes for the wgrad (or dy's dgrad operand beside its
+wgrad one), from the same read. A row block's 16 features lie in 16 threads here, so its amax is a
+cross-thread max; its stochastic-rounding bytes come from one Philox call per block, as the row kernel's.
 """
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -27,10 +29,12 @@ import triton.language as tl
 from inkling_fp4.numerics.kernels import seeds
 from inkling_fp4.numerics.kernels.amax import zeroed_words
 from inkling_fp4.numerics.kernels.common import (
+    PHILOX_ROUNDS,
     bf16_round,
     block_scale,
     block_values,
     e2m1_nearest,
+    e2m1_stochastic,
     encode_blocks,
     encode_scale,
     packed_codes,
@@ -101,14 +105,30 @@ def _spread(t, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _store_row_values(x, group, features, feature_ok, M, N, row_ptr, row_s_enc, row_decode,
-                      BLOCK_N: tl.constexpr):  # fmt: skip
-    """x [BLOCK_N features, 16 tokens] quantized along its features in 1x16 blocks (round to nearest) ->
-    BF16 block values at row_ptr [M, N]: the row quantizer's bits (``nvfp4_quantize``)."""
+def _row_random_bytes(group, N, row_seed, BLOCK_N: tl.constexpr):
+    """The row kernel's stochastic-rounding bytes, as [BLOCK_N features, 16 tokens]: a row block's 16
+    bytes from one Philox call on its index (token · N/16 + block), feature j taking byte j."""
+    tokens = group * 16 + tl.arange(0, 16)[None, :]  # [1, 16]
+    blocks = (tl.program_id(1) * BLOCK_N) // 16 + tl.arange(0, BLOCK_N // 16)[:, None]  # [BLOCK_N/16, 1]
+    r0, r1, r2, r3 = tl.randint4x(row_seed, tokens * (N // 16) + blocks, PHILOX_ROUNDS)  # [BLOCK_N/16, 16]
+    j = tl.arange(0, 16)[None, :, None]  # a feature's place in its block
+    word = tl.where(j < 8, tl.where(j < 4, r0[:, None, :], r1[:, None, :]),
+                    tl.where(j < 12, r2[:, None, :], r3[:, None, :]))  # fmt: skip
+    return tl.reshape((word >> ((j & 3) * 8)) & 0xFF, [BLOCK_N, 16]).to(tl.int32)
+
+
+@triton.jit
+def _store_row_values(x, group, features, feature_ok, M, N, row_ptr, row_s_enc, row_decode, row_seed,
+                      BLOCK_N: tl.constexpr, ROW_STOCHASTIC: tl.constexpr):  # fmt: skip
+    """x [BLOCK_N features, 16 tokens] quantized along its features in 1x16 blocks -> BF16 block values
+    at row_ptr [M, N]: the row quantizer's bits (``nvfp4_quantize``), its draws for stochastic rounding."""
     block_amax = tl.max(tl.reshape(tl.abs(x), [BLOCK_N // 16, 16, 16]), axis=1)  # [BLOCK_N/16, 16]
     _, scale = block_scale(block_amax, row_s_enc)
-    encode = encode_scale(scale, row_decode)
-    _, value = e2m1_nearest(x, _spread(encode, BLOCK_N))
+    encode = _spread(encode_scale(scale, row_decode), BLOCK_N)
+    if ROW_STOCHASTIC:
+        _, value = e2m1_stochastic(x, encode, _row_random_bytes(group, N, row_seed, BLOCK_N))
+    else:
+        _, value = e2m1_nearest(x, encode)
     tokens = group * 16 + tl.arange(0, 16)[None, :]  # [1, 16]
     ptrs = row_ptr + tokens.to(tl.int64) * N + features[:, None]
     mask = feature_ok[:, None] & (tokens < M)
@@ -117,13 +137,15 @@ def _store_row_values(x, group, features, feature_ok, M, N, row_ptr, row_s_enc, 
 
 @triton.jit
 def _encode_group(col_ptrs, group, features, feature_ok, M, N, stride_xm, s_enc, decode_scale, seed,
-                  row_ptr, row_s_enc, row_decode, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                  NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, ROW_VALUES: tl.constexpr):  # fmt: skip
+                  row_ptr, row_s_enc, row_decode, row_seed, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                  NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, ROW_VALUES: tl.constexpr,
+                  ROW_STOCHASTIC: tl.constexpr):  # fmt: skip
     """One 16-token group (``group``: [1]) -> its output block column: packed codes [BLOCK_N, 8],
     scale bytes [BLOCK_N, 1] and block values [BLOCK_N, 16]; with ``ROW_VALUES`` x's row values stored."""
     x, y = _rht_group(col_ptrs, group, M, stride_xm, feature_ok, SIGN_BITS, BLOCK_N, NATIVE_BF16)
     if ROW_VALUES:
-        _store_row_values(x, group, features, feature_ok, M, N, row_ptr, row_s_enc, row_decode, BLOCK_N)
+        _store_row_values(x, group, features, feature_ok, M, N, row_ptr, row_s_enc, row_decode, row_seed,
+                          BLOCK_N, ROW_STOCHASTIC)  # fmt: skip
     lo, hi = _halves(y, BLOCK_N)
     lo = tl.reshape(lo, [BLOCK_N, 1, 8])
     hi = tl.reshape(hi, [BLOCK_N, 1, 8])
@@ -139,17 +161,19 @@ def _encode_group(col_ptrs, group, features, feature_ok, M, N, stride_xm, s_enc,
 
 @triton.jit
 def _encode_pair(col_ptrs, group, features, feature_ok, M, N, stride_xm, s_enc, decode_scale, seed,
-                 row_ptr, row_s_enc, row_decode, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, ROW_VALUES: tl.constexpr):  # fmt: skip
+                 row_ptr, row_s_enc, row_decode, row_seed, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, ROW_VALUES: tl.constexpr,
+                 ROW_STOCHASTIC: tl.constexpr):  # fmt: skip
     """Groups ``group`` and ``group + 1`` side by side: codes [BLOCK_N, 16], scales [BLOCK_N, 2],
     values [BLOCK_N, 32]."""
     codes0, scales0, values0 = _encode_group(col_ptrs, group, features, feature_ok, M, N, stride_xm, s_enc,
-                                             decode_scale, seed, row_ptr, row_s_enc, row_decode, SIGN_BITS,
-                                             BLOCK_N, NATIVE_BF16, STOCHASTIC, ROW_VALUES)  # fmt: skip
+                                             decode_scale, seed, row_ptr, row_s_enc, row_decode, row_seed,
+                                             SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC, ROW_VALUES,
+                                             ROW_STOCHASTIC)  # fmt: skip
     codes1, scales1, values1 = _encode_group(col_ptrs, group + 1, features, feature_ok, M, N, stride_xm,
                                              s_enc, decode_scale, seed, row_ptr, row_s_enc, row_decode,
-                                             SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC,
-                                             ROW_VALUES)  # fmt: skip
+                                             row_seed, SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC,
+                                             ROW_VALUES, ROW_STOCHASTIC)  # fmt: skip
     return (
         _concat(codes0, codes1, BLOCK_N, 8),
         _concat(scales0, scales1, BLOCK_N, 1),
@@ -157,16 +181,20 @@ def _encode_pair(col_ptrs, group, features, feature_ok, M, N, stride_xm, s_enc, 
     )
 
 
-@triton.jit(do_not_specialize=["seed"])
+@triton.jit(do_not_specialize=["seed", "row_seed"])
 def _rht_kernel(
     x_ptr, amax_ptr, seed, seed_ptr, codes_ptr, scales_ptr, values_ptr, decode_ptr, partner_ptr, row_ptr,
-    row_amax_ptr, row_decode_ptr, M, N, stride_xm, stride_xn, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr,
-    GROUPS: tl.constexpr, AMAX_ONLY: tl.constexpr, NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr,
-    SEED_PTR: tl.constexpr, WRITE_CODES: tl.constexpr, WRITE_VALUES: tl.constexpr, WRITE_DECODE: tl.constexpr,
-    PARTNER: tl.constexpr, X_AMAX: tl.constexpr, ROW_VALUES: tl.constexpr,
+    row_amax_ptr, row_decode_ptr, row_partner_ptr, row_seed, row_seed_ptr, M, N, stride_xm, stride_xn,
+    SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, AMAX_ONLY: tl.constexpr,
+    NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, SEED_PTR: tl.constexpr, WRITE_CODES: tl.constexpr,
+    WRITE_VALUES: tl.constexpr, WRITE_DECODE: tl.constexpr, PARTNER: tl.constexpr, X_AMAX: tl.constexpr,
+    ROW_VALUES: tl.constexpr, ROW_STOCHASTIC: tl.constexpr, ROW_SEED_PTR: tl.constexpr,
+    ROW_PARTNER: tl.constexpr,
 ):  # fmt: skip
     if SEED_PTR:  # replayed by a CUDA graph: the seed from the device word (see seeds.py)
         seed = replay_seed(seed_ptr, seed)
+    if ROW_SEED_PTR:
+        row_seed = replay_seed(row_seed_ptr, row_seed)
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     feature_ok = features < N
     col_ptrs = x_ptr + features.to(tl.int64) * stride_xn
@@ -192,25 +220,26 @@ def _rht_kernel(
         row_s_enc, row_decode = s_enc, decode_scale
         if ROW_VALUES:  # x's own row quantization: its tensor scales, its decode scale written once
             row_s_enc, row_decode = tensor_scales(tl.load(row_amax_ptr))
-            store_decode_scale(row_decode_ptr, row_decode, partner_ptr, False)
+            store_decode_scale(row_decode_ptr, row_decode, row_partner_ptr, ROW_PARTNER)
         # GROUPS (1, 2 or 4) consecutive output blocks of each feature row are gathered in the thread
         # so that each row segment is written at once.
         group = first + tl.arange(0, 1)
         if GROUPS == 1:
             codes, scales, values = _encode_group(col_ptrs, group, features, feature_ok, M, N, stride_xm,
                                                   s_enc, decode_scale, seed, row_ptr, row_s_enc, row_decode,
-                                                  SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC,
-                                                  ROW_VALUES)  # fmt: skip
+                                                  row_seed, SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC,
+                                                  ROW_VALUES, ROW_STOCHASTIC)  # fmt: skip
         else:
             codes, scales, values = _encode_pair(col_ptrs, group, features, feature_ok, M, N, stride_xm,
                                                  s_enc, decode_scale, seed, row_ptr, row_s_enc, row_decode,
-                                                 SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC,
-                                                 ROW_VALUES)  # fmt: skip
+                                                 row_seed, SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC,
+                                                 ROW_VALUES, ROW_STOCHASTIC)  # fmt: skip
             if GROUPS == 4:
                 codes2, scales2, values2 = _encode_pair(col_ptrs, group + 2, features, feature_ok, M, N,
                                                         stride_xm, s_enc, decode_scale, seed, row_ptr,
-                                                        row_s_enc, row_decode, SIGN_BITS, BLOCK_N,
-                                                        NATIVE_BF16, STOCHASTIC, ROW_VALUES)  # fmt: skip
+                                                        row_s_enc, row_decode, row_seed, SIGN_BITS, BLOCK_N,
+                                                        NATIVE_BF16, STOCHASTIC, ROW_VALUES,
+                                                        ROW_STOCHASTIC)  # fmt: skip
                 codes = _concat(codes, codes2, BLOCK_N, 16)
                 scales = _concat(scales, scales2, BLOCK_N, 2)
                 values = _concat(values, values2, BLOCK_N, 32)
@@ -250,6 +279,16 @@ def _native_bf16() -> bool:
     return os.environ.get("TRITON_INTERPRET") != "1"
 
 
+class RowValues(NamedTuple):
+    """x's own 1x16 row quantization written by the RHT pass (``quantize_rht_t_tiles(rows=...)``)."""
+
+    values: torch.Tensor  # [M, N] BF16 block values
+    amax: torch.Tensor  # FP32 [1]: max |x|
+    decode: torch.Tensor  # FP32 [1] for 1/S_enc, [2] with ``partner`` (and 1/S_enc · partner)
+    seed: int | seeds.DeviceSeed | None = None  # stochastic rounding (the row kernel's draws)
+    partner: torch.Tensor | None = None  # the other GEMM operand's decode scale
+
+
 def _tile(default: tuple[int, int, int], *given: int | None) -> tuple[int, int, int]:
     return tuple(d if g is None else g for d, g in zip(default, given, strict=True))
 
@@ -280,10 +319,11 @@ def rht_t_abs_max(
     amax = zeroed_words(2 if with_x_amax else 1, x.device)
     grid = (triton.cdiv(m // 16, groups), triton.cdiv(n, block_n))
     _rht_kernel[grid](
-        x, amax, 0, amax, amax, amax, amax, amax, amax, amax, amax, amax, m, n, *x.stride(),
+        x, amax, 0, amax, amax, amax, amax, amax, amax, amax, amax, amax, amax, 0, amax, m, n, *x.stride(),
         SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=True, NATIVE_BF16=_native_bf16(),
         STOCHASTIC=False, SEED_PTR=False, WRITE_CODES=False, WRITE_VALUES=False, WRITE_DECODE=False,
-        PARTNER=False, X_AMAX=with_x_amax, ROW_VALUES=False, num_warps=num_warps,
+        PARTNER=False, X_AMAX=with_x_amax, ROW_VALUES=False, ROW_STOCHASTIC=False, ROW_SEED_PTR=False,
+        ROW_PARTNER=False, num_warps=num_warps,
     )  # fmt: skip
     return amax
 
@@ -299,7 +339,7 @@ def quantize_rht_t_tiles(
     values: torch.Tensor | None,
     decode: torch.Tensor | None = None,
     partner: torch.Tensor | None = None,
-    rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    rows: RowValues | None = None,
     block_n: int | None = None,
     groups: int | None = None,
     num_warps: int | None = None,
@@ -307,8 +347,7 @@ def quantize_rht_t_tiles(
     """Quantize rht(x.t()) for x [M, N] given its amax, into whichever of ``codes`` [N, M/2], ``scales``
     [N, M/16], ``values`` [N, M] and ``decode`` (1/S_enc, and ``1/S_enc · partner``) are given, as
     ``nvfp4_quantize.quantize_rows`` does for rows; the tile is :data:`QUANTIZE_TILE` where not given.
-    ``rows``: (values [M, N], amax, decode): also x's own 1x16 row values (round to nearest) under
-    ``max |x|`` = amax [1], and their 1/S_enc into decode [1], from the same read (N % 16 == 0)."""
+    ``rows``: also x's own 1x16 row values, from the same read (N % 16 == 0)."""
     block_n, groups, num_warps = _tile(QUANTIZE_TILE, block_n, groups, num_warps)
     if groups not in (1, 2, 4):
         raise ValueError(f"quantize_rht_t_tiles: groups={groups} must be 1, 2 or 4")
@@ -319,6 +358,9 @@ def quantize_rht_t_tiles(
     write_values = values is not None
     grid = (triton.cdiv(m // 16, groups), triton.cdiv(n, block_n))
     seed_arg, seed_ptr, from_ptr = seeds.launch_args(seed, amax)
+    write_rows = rows is not None
+    rows = rows or RowValues(amax, amax, amax)  # placeholders where no row values are written
+    row_seed, row_seed_ptr, row_from_ptr = seeds.launch_args(rows.seed, amax)
     _rht_kernel[grid](
         x, amax, seed_arg, seed_ptr,
         codes if write_codes else amax,
@@ -326,10 +368,11 @@ def quantize_rht_t_tiles(
         values if write_values else amax,
         amax if decode is None else decode,
         amax if partner is None else partner,
-        *(rows if rows is not None else (amax, amax, amax)),
-        m, n, *x.stride(),
+        rows.values, rows.amax, rows.decode, amax if rows.partner is None else rows.partner, row_seed,
+        row_seed_ptr, m, n, *x.stride(),
         SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=False, NATIVE_BF16=_native_bf16(),
         STOCHASTIC=seed is not None, SEED_PTR=from_ptr, WRITE_CODES=write_codes, WRITE_VALUES=write_values,
         WRITE_DECODE=decode is not None, PARTNER=partner is not None, X_AMAX=False,
-        ROW_VALUES=rows is not None, num_warps=num_warps,
+        ROW_VALUES=write_rows, ROW_STOCHASTIC=rows.seed is not None, ROW_SEED_PTR=row_from_ptr,
+        ROW_PARTNER=rows.partner is not None, num_warps=num_warps,
     )  # fmt: skip

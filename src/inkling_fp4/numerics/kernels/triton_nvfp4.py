@@ -22,7 +22,7 @@ from inkling_fp4.numerics.hadamard import RHT_SIZE, rht_signs
 from inkling_fp4.numerics.kernels.amax import abs_max
 from inkling_fp4.numerics.kernels.nvfp4_block_values import block_values_from_codes
 from inkling_fp4.numerics.kernels.nvfp4_quantize import quantize_rows
-from inkling_fp4.numerics.kernels.nvfp4_rht import quantize_rht_t_tiles, rht_t_abs_max, sign_bits
+from inkling_fp4.numerics.kernels.nvfp4_rht import RowValues, quantize_rht_t_tiles, rht_t_abs_max, sign_bits
 from inkling_fp4.numerics.kernels.seeds import draw_seed
 
 BLOCK = 16
@@ -276,36 +276,60 @@ def fake_quantize_pair(
     amax: torch.Tensor,
     amax_t: torch.Tensor,
     signs: torch.Tensor | None = None,
+    *,
+    stochastic: tuple[bool, bool] = (False, False),
+    generator: torch.Generator | None = None,
+    keep_codes_t: bool = True,
+    scale_with: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
     name: str | None = None,
     check_finite: bool = True,
 ) -> tuple[NVFP4BlockValues, NVFP4BlockValues]:
-    """x [M, N]'s two round-to-nearest operands from one read of x, given both amaxes
-    (:func:`abs_max_pair`): :func:`fake_quantize` (BF16 values, no codes) and :func:`fake_quantize_rht_t`
-    with its codes kept and no values (the fprop's x and the wgrad's saved xᵀ); the same bits."""
+    """x [M, N]'s two operands from one read of x, given both amaxes (:func:`abs_max_pair`): the BF16
+    values of :func:`fake_quantize` and :func:`fake_quantize_rht_t` with its codes (``keep_codes_t``:
+    a forward's x, the rows for the fprop and xᵀ saved for the wgrad) or its values (a backward's dy, for
+    the dgrad and the wgrad). ``stochastic`` and ``scale_with`` are (rows, RHT); the seeds are drawn in that
+    order, as the two calls draw them: the same bits."""
     op = "nvfp4.fake_quantize_pair"
     checks.check_dtype(x, op=op, name=name)
     checks.check_block_shape(x, op=op, block=BLOCK, name=name, ndim=2)
     checks.check_rows(x, op=op, block=BLOCK, what="the token dim, blocked after the transpose", name=name)
     m, n = x.shape
     if m == 0 or n == 0:
-        rows = fake_quantize(x, name=name, amax=amax, check_finite=check_finite)
-        return rows, fake_quantize_rht_t(x, signs, keep_codes=True, dtype=None, name=name, amax=amax_t,
-                                         check_finite=check_finite)  # fmt: skip
-    codes = torch.empty((n, m // 2), dtype=torch.uint8, device=x.device)
-    scales = torch.empty((n, m // BLOCK), dtype=torch.float8_e4m3fn, device=x.device)
+        rows = fake_quantize(x, stochastic=stochastic[0], generator=generator, name=name, amax=amax,
+                             check_finite=check_finite, scale_with=scale_with[0])  # fmt: skip
+        tokens = fake_quantize_rht_t(
+            x, signs, stochastic[1], generator, keep_codes=keep_codes_t,
+            dtype=None if keep_codes_t else torch.bfloat16, name=name, amax=amax_t, check_finite=check_finite,
+            scale_with=scale_with[1],
+        )  # fmt: skip
+        return rows, tokens
+    row_seed = draw_seed(generator) if stochastic[0] else None
+    seed_t = draw_seed(generator) if stochastic[1] else None
+    codes = torch.empty((n, m // 2), dtype=torch.uint8, device=x.device) if keep_codes_t else None
+    scales = (
+        torch.empty((n, m // BLOCK), dtype=torch.float8_e4m3fn, device=x.device) if keep_codes_t else None
+    )
+    values_t = None if keep_codes_t else torch.empty((n, m), dtype=torch.bfloat16, device=x.device)
     values = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
-    decode, decode_t = (torch.empty(1, dtype=torch.float32, device=x.device) for _ in range(2))
+    decode = _decode_buffer(True, scale_with[0], x.device)
+    decode_t = _decode_buffer(True, scale_with[1], x.device)
+    rows = RowValues(values, amax.reshape(1), decode, row_seed, scale_with[0])
     quantize_rht_t_tiles(
-        x, _sign_bits(signs), amax_t.reshape(1), seed=None, codes=codes, scales=scales.view(torch.uint8),
-        values=None, decode=decode_t, rows=(values, amax.reshape(1), decode),
+        x, _sign_bits(signs), amax_t.reshape(1), seed=seed_t, codes=codes,
+        scales=scales.view(torch.uint8) if keep_codes_t else None, values=values_t, decode=decode_t,
+        partner=scale_with[1], rows=rows,
     )  # fmt: skip
     if check_finite:
         checks.check_finite(x, op=op, name=name, amax=amax.reshape(()))
     amax, amax_t = amax.reshape(()), amax_t.reshape(())
-    quantized_t = nvfp4.NVFP4Tensor(codes=codes, scales=scales, amax=amax_t, shape=torch.Size((n, m)))
+    quantized_t = None
+    if keep_codes_t:
+        quantized_t = nvfp4.NVFP4Tensor(codes=codes, scales=scales, amax=amax_t, shape=torch.Size((n, m)))
+    row_scales = _decode_scales(decode, scale_with[0], True, amax)
+    t_scales = _decode_scales(decode_t, scale_with[1], True, amax_t)
     return (
-        NVFP4BlockValues(values, decode.reshape(()), amax, None),
-        NVFP4BlockValues(None, decode_t.reshape(()), amax_t, quantized_t),
+        NVFP4BlockValues(values, row_scales[0], amax, None, row_scales[1]),
+        NVFP4BlockValues(values_t, t_scales[0], amax_t, quantized_t, t_scales[1]),
     )
 
 
