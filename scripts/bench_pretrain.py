@@ -32,7 +32,7 @@ Examples:
     python scripts/bench_pretrain.py --recipes fp8 --profile 2 --sources   # + which line launched what
     python scripts/bench_pretrain.py --recipes fp8-delayed --without mlp  # one fused FP8 path off
     python scripts/bench_pretrain.py --recipes nvfp4 --unfused-epilogue    # NVFP4 GEMM epilogue in a pass
-    python scripts/bench_pretrain.py --recipes nvfp4 --unfused-pair        # x's NVFP4 operands in two passes
+    python scripts/bench_pretrain.py --recipes nvfp4 --nvfp4-pair off      # x's, dy's operands in two passes
     python scripts/bench_pretrain.py --recipes nvfp4 --tiles rht=128,2,2   # the quantizers under other tiles
     torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
         --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
@@ -144,9 +144,10 @@ def parse_args() -> argparse.Namespace:
         "(rows: block_m,block_n,warps; rht, rht_amax: block_n,groups,warps; bench_quant.py --sweep)",
     )
     p.add_argument(
-        "--unfused-pair",
-        action="store_true",
-        help="x's two NVFP4 operands (fprop rows, wgrad RHT) in two passes over x instead of one",
+        "--nvfp4-pair",
+        choices=("on", "off"),
+        help="a tensor's two NVFP4 operands (rows, RHT) from one pass over it (on) or two (off); "
+        "default: the trainer's (gemm.FUSED_NVFP4_PAIR)",
     )
     p.add_argument("--batch", type=int, default=None, help="global batch (default 16; peer158m 8)")
     p.add_argument("--micro-batch", type=int, default=None, help="per-GPU micro batch (default: all of it)")
@@ -354,9 +355,9 @@ def main() -> int:
     if args.unfused_epilogue:
         gemm.FUSED_EPILOGUE = False
         print("NVFP4 GEMM epilogue: a second pass over the FP32 product")
-    if args.unfused_pair:
-        gemm.FUSED_NVFP4_PAIR = False
-        print("NVFP4 x operands: two passes over x")
+    if args.nvfp4_pair:
+        gemm.FUSED_NVFP4_PAIR = args.nvfp4_pair == "on"
+    print(f"NVFP4 operand pairs: {'one pass' if gemm.FUSED_NVFP4_PAIR else 'two passes'} over x and dy")
     if args.tiles:
         print(f"NVFP4 quantizer tiles: {' '.join(set_tiles(args.tiles))}")
     if not torch.cuda.is_available():
