@@ -396,8 +396,14 @@ assert fused_kernels.fused_for(torch.zeros(1)) is not None
 pairs = []  # x's and dy's two operands from one pass each (gemm.nvfp4_operand_pair)
 one_pass = gemm.nvfp4_operand_pair
 gemm.nvfp4_operand_pair = lambda *a, **k: pairs.append(one_pass(*a, **k)) or pairs[-1]
+gemm.FUSED_NVFP4_PAIR = True
 fused = run(torch.float32) + run(torch.bfloat16)
 assert len(pairs) == 4 and all(p is not None for p in pairs), pairs
+gemm.FUSED_NVFP4_PAIR = False  # each operand in its own pass
+two_passes = run(torch.float32) + run(torch.bfloat16)
+assert len(pairs) == 8 and all(p is None for p in pairs[4:]), pairs
+for a, b in zip(fused, two_passes, strict=True):
+    assert torch.equal(a, b), float((a.float() - b.float()).abs().max())
 finite_guard.raise_if_non_finite()
 # NaN on the fused path: no error (and no sync) while quantizing, a named one at the check.
 m = QuantLinear(64, 48, layer_idx=3, name="probe")

@@ -48,10 +48,10 @@ def shared_nvfp4_amaxes(
     return fused.abs_max_pair(pad_to(t, 16, 1), fused_kernels.signs_on(signs, t.device))
 
 
-FUSED_NVFP4_PAIR = True
+FUSED_NVFP4_PAIR = False
 """Whether a tensor's two NVFP4 operands (x: fprop rows and the saved wgrad Q(RHT(xᵀ)); dy: dgrad rows and
-wgrad Q(RHT(dyᵀ))) come from one pass over it where :func:`nvfp4_operand_pair` applies; a benchmark
-switches it off to time the two passes."""
+wgrad Q(RHT(dyᵀ))) come from one pass over it where :func:`nvfp4_operand_pair` applies, or each from its
+own pass (the same bits). Off until a GPU step shows it faster: ``bench_pretrain.py --nvfp4-pair on``."""
 
 
 def nvfp4_operand_pair(
