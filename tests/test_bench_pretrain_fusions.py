@@ -1,6 +1,7 @@
 """bench_pretrain.py's switches. --without: each named fused FP8 path is turned off (its ``applies``
 answers False whatever it is given; the paths themselves run on the GPU only), a name it does not know
-is refused, and 'all' names every one. --tiles: the NVFP4 quantizers' tiles are set, bad items refused."""
+is refused, and 'all' names every one. --tiles: the NVFP4 quantizers' tiles are set, bad items refused.
+--nvfp4-pair: the trainer's one-pass switch is set."""
 
 from __future__ import annotations
 
@@ -52,3 +53,15 @@ def test_tiles_set_the_quantizer_tiles_and_refuse_bad_items(bench, monkeypatch):
         bench.set_tiles("rht=1,2")
     with pytest.raises(SystemExit, match="--tiles cols=1,2,3: not one of rows"):
         bench.set_tiles("cols=1,2,3")
+
+
+@pytest.mark.parametrize("choice, fused", [("on", True), ("off", False)])
+def test_nvfp4_pair_sets_the_trainer_switch(bench, monkeypatch, capsys, choice, fused):
+    from inkling_fp4.precision import gemm
+
+    monkeypatch.setattr(gemm, "FUSED_NVFP4_PAIR", not fused)
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)  # stops after the switches
+    monkeypatch.setattr("sys.argv", ["bench_pretrain.py", "--nvfp4-pair", choice])
+    assert bench.main() == 2
+    assert gemm.FUSED_NVFP4_PAIR is fused
+    assert ("one pass" if fused else "two passes") in capsys.readouterr().out

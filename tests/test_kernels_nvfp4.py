@@ -336,11 +336,33 @@ def test_interp_module_tiles_steer_the_launchers(monkeypatch):
     monkeypatch.setattr(nvfp4_rht, "QUANTIZE_TILE", (128, 1, 1))
     monkeypatch.setattr(nvfp4_rht, "AMAX_TILE", (64, 2, 1))
     monkeypatch.setattr(nvfp4_quantize, "ROW_TILE", (4, 64, 1))
+    launched = []  # (kernel, tile) of each launch: the attributes reach the launches
+
+    class Spy:
+        def __init__(self, kernel, keys):
+            self.kernel, self.keys = kernel, keys
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launched.append((self.kernel.fn.__name__, kw.get("AMAX_ONLY"), *(kw[k] for k in self.keys)))
+                return self.kernel[grid](*args, **kw)
+
+            return launch
+
+    monkeypatch.setattr(
+        nvfp4_rht, "_rht_kernel", Spy(nvfp4_rht._rht_kernel, ("BLOCK_N", "GROUPS", "num_warps"))
+    )
+    rows_kernel = nvfp4_quantize._quantize_rows_kernel
+    monkeypatch.setattr(
+        nvfp4_quantize, "_quantize_rows_kernel", Spy(rows_kernel, ("BLOCK_M", "BLOCK_N", "num_warps"))
+    )
     got = triton_nvfp4.fake_quantize_rht_t(x, keep_codes=True)
+    assert launched == [("_rht_kernel", True, 64, 2, 1), ("_rht_kernel", False, 128, 1, 1)], launched
     ref = nvfp4.quantize_rht_t_ref(x)
     assert_same(got.quantized, ref, "rht under other tiles")
     assert torch.equal(got.values, ref.block_values()), "rht values under other tiles"
     rows = triton_nvfp4.fake_quantize(xr, keep_codes=True)
+    assert launched[-1] == ("_quantize_rows_kernel", None, 4, 64, 1), launched
     assert_same(rows.quantized, nvfp4.quantize_ref(xr), "rows under another tile")
     sr = triton_nvfp4.fake_quantize_rht_t(x, stochastic=True, generator=torch.Generator().manual_seed(3))
     rows_sr = triton_nvfp4.fake_quantize(xr, stochastic=True, generator=torch.Generator().manual_seed(3))

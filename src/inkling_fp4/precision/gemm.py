@@ -22,7 +22,7 @@ import torch
 from inkling_fp4.numerics import fp8
 from inkling_fp4.precision import finite_guard, fused_kernels
 from inkling_fp4.precision.operand import Operand, pad_to
-from inkling_fp4.precision.quantizers import quantize
+from inkling_fp4.precision.quantizers import fused_operand, quantize
 from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant
 
 __all__ = ["Operand", "pad_to", "quantize"]  # re-exported: the GEMMs' callers take operands from here
@@ -74,20 +74,16 @@ def nvfp4_operand_pair(
     if not FUSED_NVFP4_PAIR or amax is None or amax_t is None or t.shape[0] % 16 or t.shape[1] % 16:
         return None
     scale_with = tuple(None if s is not None and s.dim() else s for s in scale_with)  # row-scaled: none
-    eager = finite_guard.eager()
     rows, tokens = fused_kernels.fused_for(t).fake_quantize_pair(
         t, amax, amax_t, fused_kernels.signs_on(signs, t.device),
         stochastic=(row_spec.stochastic, token_spec.stochastic), generator=generator,
-        keep_codes_t=keep_codes_t, scale_with=scale_with, name=name or None, check_finite=eager,
+        keep_codes_t=keep_codes_t, scale_with=scale_with, name=name or None,
+        check_finite=finite_guard.eager(),
     )  # fmt: skip
-    if not eager:
-        finite_guard.record(rows.amax, f"NVFP4 operand '{name or 'unnamed'}'")
-    pair = []
-    for bv, spec, partner in ((rows, row_spec, scale_with[0]), (tokens, token_spec, scale_with[1])):
-        output_scale = None if partner is None else (partner, bv.output_scale)
-        pair.append(Operand(bv.quantized, spec, values=bv.values, decode_scale=bv.decode_scale,
-                            output_scale=output_scale))  # fmt: skip
-    return pair[0], pair[1]
+    return (
+        fused_operand(rows, row_spec, name, scale_with[0]),
+        fused_operand(tokens, token_spec, name, scale_with[1]),
+    )
 
 
 def fp8_operand_pair(

@@ -91,7 +91,7 @@ def nvfp4_blocks(
     )  # fmt: skip
     if transpose and spec.rht:
         if fused is not None:
-            return _fused_operand(fused.fake_quantize_rht_t(t, sign_t, **fused_kw), spec, name, scale_with)
+            return fused_operand(fused.fake_quantize_rht_t(t, sign_t, **fused_kw), spec, name, scale_with)
         return Operand(nvfp4.quantize_rht_t(t, sign_t, **kw), spec)
     src = t.t().contiguous() if transpose else t
     if spec.rht:
@@ -99,7 +99,7 @@ def nvfp4_blocks(
     block_2d = spec.block == (16, 16)
     if fused is not None:
         bv = fused.fake_quantize(src, block_2d=block_2d, **fused_kw)
-        return _fused_operand(bv, spec, name, scale_with)
+        return fused_operand(bv, spec, name, scale_with)
     return Operand(nvfp4.quantize(src, block_2d=block_2d, **kw), spec)
 
 
@@ -134,7 +134,7 @@ def fp8_scaled(t, spec: OperandQuant, *, transpose, name, amax, record, **_) -> 
     return Operand(fp8.quantize_blockwise(src, block=spec.block, dtype=dtype, name=name, check=check), spec)
 
 
-def _fused_operand(bv, spec: OperandQuant, name: str, scale_with: torch.Tensor | None) -> Operand:
+def fused_operand(bv, spec: OperandQuant, name: str, scale_with: torch.Tensor | None) -> Operand:
     """An Operand from a fused NVFP4 kernel's result; its amax goes to the deferred NaN/Inf check."""
     if not finite_guard.eager():
         finite_guard.record(bv.amax, f"NVFP4 operand '{name or 'unnamed'}'")
