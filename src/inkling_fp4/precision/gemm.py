@@ -22,7 +22,7 @@ import torch
 from inkling_fp4.numerics import fp8
 from inkling_fp4.precision import finite_guard, fused_kernels
 from inkling_fp4.precision.operand import Operand, pad_to
-from inkling_fp4.precision.quantizers import fused_operand, quantize
+from inkling_fp4.precision.quantizers import foldable_partner, fused_operand, quantize
 from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant
 
 __all__ = ["Operand", "pad_to", "quantize"]  # re-exported: the GEMMs' callers take operands from here
@@ -73,7 +73,7 @@ def nvfp4_operand_pair(
     each operand's GEMM partner's decode scale. None without whole blocks (no padding)."""
     if not FUSED_NVFP4_PAIR or amax is None or amax_t is None or t.shape[0] % 16 or t.shape[1] % 16:
         return None
-    scale_with = tuple(None if s is not None and s.dim() else s for s in scale_with)  # row-scaled: none
+    scale_with = tuple(foldable_partner(s) for s in scale_with)
     rows, tokens = fused_kernels.fused_for(t).fake_quantize_pair(
         t, amax, amax_t, fused_kernels.signs_on(signs, t.device),
         stochastic=(row_spec.stochastic, token_spec.stochastic), generator=generator,

@@ -41,8 +41,7 @@ def quantize(
 ) -> Operand:
     """``t`` [rows, contraction] (or ``tᵀ`` of t [contraction, rows]) quantized as ``spec`` says, zero-padded
     to whole blocks; the other arguments are the module docstring's."""
-    if scale_with is not None and scale_with.dim():  # a row-scaled partner: no one output scale to fold
-        scale_with = None
+    scale_with = foldable_partner(scale_with)
     mr, mc = spec.multiple
     along = max(mc, 16 if spec.rht else 1)
     t = pad_to(t, along, mr) if transpose else pad_to(t, mr, along)
@@ -50,6 +49,12 @@ def quantize(
         t, spec, transpose=transpose, signs=signs, generator=generator, codes=codes, values=values,
         name=name, amax=amax, scale_with=scale_with, record=record,
     )  # fmt: skip
+
+
+def foldable_partner(scale_with: torch.Tensor | None) -> torch.Tensor | None:
+    """The partner operand's decode scale where it is one number; a row-scaled partner (a vector of
+    scales) has no single output scale to fold into this operand's kernel: None."""
+    return None if scale_with is not None and scale_with.dim() else scale_with
 
 
 @functools.lru_cache(maxsize=64)
