@@ -34,6 +34,7 @@ Examples:
     python scripts/bench_pretrain.py --recipes nvfp4 --unfused-epilogue    # NVFP4 GEMM epilogue in a pass
     python scripts/bench_pretrain.py --recipes nvfp4 --nvfp4-pair off      # x's, dy's operands in two passes
     python scripts/bench_pretrain.py --recipes nvfp4 --tiles rht=128,2,2   # the quantizers under other tiles
+    python scripts/bench_pretrain.py --recipes nvfp4 --producer-amaxes on  # norm, squared ReLU give x's amaxes
     torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
         --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
 """
@@ -148,6 +149,12 @@ def parse_args() -> argparse.Namespace:
         choices=("on", "off"),
         help="a tensor's two NVFP4 operands (rows, RHT) from one pass over it (on) or two (off); "
         "default: the trainer's (gemm.FUSED_NVFP4_PAIR)",
+    )
+    p.add_argument(
+        "--producer-amaxes",
+        choices=("on", "off"),
+        help="x's two NVFP4 tensor amaxes reduced by its producer (the pre-norm, the squared ReLU) as it "
+        "writes x (on), or by the linear's own pass over x (off); default: gemm.PRODUCER_NVFP4_AMAXES",
     )
     p.add_argument("--batch", type=int, default=None, help="global batch (default 16; peer158m 8)")
     p.add_argument("--micro-batch", type=int, default=None, help="per-GPU micro batch (default: all of it)")
@@ -358,6 +365,11 @@ def main() -> int:
     if args.nvfp4_pair:
         gemm.FUSED_NVFP4_PAIR = args.nvfp4_pair == "on"
     print(f"NVFP4 operand pairs: {'one pass' if gemm.FUSED_NVFP4_PAIR else 'two passes'} over x and dy")
+    if args.producer_amaxes:
+        gemm.PRODUCER_NVFP4_AMAXES = args.producer_amaxes == "on"
+    print(
+        f"NVFP4 amaxes of x: {'from its producer' if gemm.PRODUCER_NVFP4_AMAXES else 'a pass of their own'}"
+    )
     if args.tiles:
         print(f"NVFP4 quantizer tiles: {' '.join(set_tiles(args.tiles))}")
     if not torch.cuda.is_available():

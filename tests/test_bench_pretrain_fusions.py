@@ -1,7 +1,7 @@
 """bench_pretrain.py's switches. --without: each named fused FP8 path is turned off (its ``applies``
 answers False whatever it is given; the paths themselves run on the GPU only), a name it does not know
 is refused, and 'all' names every one. --tiles: the NVFP4 quantizers' tiles are set, bad items refused.
---nvfp4-pair: the trainer's one-pass switch is set."""
+--nvfp4-pair, --producer-amaxes: the trainer's switches are set."""
 
 from __future__ import annotations
 
@@ -65,3 +65,15 @@ def test_nvfp4_pair_sets_the_trainer_switch(bench, monkeypatch, capsys, choice, 
     assert bench.main() == 2
     assert gemm.FUSED_NVFP4_PAIR is fused
     assert ("one pass" if fused else "two passes") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("choice, fused", [("on", True), ("off", False)])
+def test_producer_amaxes_sets_the_trainer_switch(bench, monkeypatch, capsys, choice, fused):
+    from inkling_fp4.precision import gemm
+
+    monkeypatch.setattr(gemm, "PRODUCER_NVFP4_AMAXES", not fused)
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)  # stops after the switches
+    monkeypatch.setattr("sys.argv", ["bench_pretrain.py", "--producer-amaxes", choice])
+    assert bench.main() == 2
+    assert gemm.PRODUCER_NVFP4_AMAXES is fused
+    assert ("from its producer" if fused else "a pass of their own") in capsys.readouterr().out

@@ -28,24 +28,40 @@ from inkling_fp4.precision.recipes import TENSORWISE, OperandQuant
 __all__ = ["Operand", "pad_to", "quantize"]  # re-exported: the GEMMs' callers take operands from here
 
 
+def nvfp4_amax_pair_specs(row_spec: OperandQuant | None, token_spec: OperandQuant | None) -> bool:
+    """Whether a tensor quantized as ``row_spec`` (NVFP4 1x16 along C under one tensor scale) and as
+    ``token_spec`` (NVFP4 after the RHT, along M) takes both tensor amaxes from one read."""
+    return (
+        row_spec is not None and token_spec is not None
+        and row_spec.format == "nvfp4" and token_spec.format == "nvfp4"
+        and row_spec.block != (16, 16) and not row_spec.rht and token_spec.rht and not row_spec.row_scaled
+    )  # fmt: skip
+
+
 def shared_nvfp4_amaxes(
     t: torch.Tensor,
     row_spec: OperandQuant | None,
     token_spec: OperandQuant | None,
     signs: tuple[float, ...] | None,
+    given: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Both NVFP4 tensor amaxes of t [M, C] from one read: ``max |t|`` for ``row_spec`` (1x16 along C)
     and ``max |rht(tᵀ)|`` for ``token_spec`` (RHT, 1x16 along M), as ``amax=`` for :func:`quantize`.
-    (None, None) where the fused kernels do not run or the specs are not that pair."""
-    pair = (
-        row_spec is not None and token_spec is not None
-        and row_spec.format == "nvfp4" and token_spec.format == "nvfp4"
-        and row_spec.block != (16, 16) and not row_spec.rht and token_spec.rht and not row_spec.row_scaled
-    )  # fmt: skip
-    fused = fused_kernels.fused_for(t) if pair else None
+    ``given``: the words [2] ``[max |rht(tᵀ)|, max |t|]`` that t's producer reduced
+    (:data:`PRODUCER_NVFP4_AMAXES`), taken instead of the read. (None, None) where the fused kernels do
+    not run or the specs are not that pair."""
+    fused = fused_kernels.fused_for(t) if nvfp4_amax_pair_specs(row_spec, token_spec) else None
     if fused is None:
         return None, None
+    if given is not None:
+        return given[1], given[0]
     return fused.abs_max_pair(pad_to(t, 16, 1), fused_kernels.signs_on(signs, t.device))
+
+
+PRODUCER_NVFP4_AMAXES = False
+"""Whether x's producer (the block pre-norm, the MLP's squared ReLU: ``model/fused_nvfp4_train.py``)
+reduces x's two NVFP4 tensor amaxes while it writes x, so the linear skips its amax pass over x (the same
+bits). Off until a GPU step shows it faster: ``bench_pretrain.py --producer-amaxes on``."""
 
 
 FUSED_NVFP4_PAIR = False

@@ -93,17 +93,20 @@ class _QuantLinearFn(torch.autograd.Function):
     """The autograd function of a quantized linear layer (see the module docstring for the GEMMs)."""
 
     @staticmethod
-    def forward(ctx, x2d, weight, layer: LinearGEMMs, pair_x, dy_fp8):
+    def forward(ctx, x2d, weight, layer: LinearGEMMs, pair_x, dy_fp8, amaxes_x=None, dy_amaxes=None):
         need_dx, need_dw = ctx.needs_input_grad[:2]
-        y, saved = layer.forward(x2d, weight, need_dx=need_dx, need_dw=need_dw, pair_x=pair_x)
+        y, saved = layer.forward(
+            x2d, weight, need_dx=need_dx, need_dw=need_dw, pair_x=pair_x, amaxes_x=amaxes_x
+        )
         save_operands(ctx, saved)
-        ctx.layer, ctx.x_dtype, ctx.dy_fp8 = layer, x2d.dtype, dy_fp8
+        ctx.layer, ctx.x_dtype, ctx.dy_fp8, ctx.dy_amaxes = layer, x2d.dtype, dy_fp8, dy_amaxes
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        dx, dw = ctx.layer.backward(saved_operands(ctx), dy, ctx.x_dtype, dy_fp8=ctx.dy_fp8)
-        return dx, dw, None, None, None
+        given = ctx.dy_amaxes.pop() if ctx.dy_amaxes else None  # from the output's consumer, if it ran
+        dx, dw = ctx.layer.backward(saved_operands(ctx), dy, ctx.x_dtype, dy_fp8=ctx.dy_fp8, amaxes_dy=given)
+        return dx, dw, None, None, None, None, None
 
 
 @dataclasses.dataclass
@@ -123,10 +126,11 @@ class LinearGEMMs:
     """(M tokens, K in_features, N out_features)."""
 
     def forward(
-        self, x2d, weight, *, need_dx: bool, need_dw: bool, pair_x: tuple | None = None
+        self, x2d, weight, *, need_dx: bool, need_dw: bool, pair_x: tuple | None = None, amaxes_x=None
     ) -> tuple[torch.Tensor, dict]:
         """(y [M, N] BF16, the operands to save for :meth:`backward`). ``pair_x``: x already quantized
-        as its fprop and wgrad operands (x2d is then not read and may be None)."""
+        as its fprop and wgrad operands (x2d is then not read and may be None). ``amaxes_x``: x's NVFP4
+        tensor amaxes from its producer (``QuantLinear.hand_over_amaxes``)."""
         recipe, generator, name, delayed = self.recipe, self.generator, self.name, self.delayed
         fprop, dgrad, wgrad = recipe.fprop, recipe.dgrad, recipe.wgrad
         plan = operand_plan(recipe, need_dx, need_dw)
@@ -137,7 +141,9 @@ class LinearGEMMs:
             if pair_x is None:
                 # x is quantized along rows (fprop) and after the RHT along tokens (wgrad): one read of x
                 # gives both tensor amaxes where the fused kernels run.
-                amax_x, amax_xt = gemm.shared_nvfp4_amaxes(x2d, plan.fprop_x, plan.wgrad_x, recipe.rht_signs)
+                amax_x, amax_xt = gemm.shared_nvfp4_amaxes(
+                    x2d, plan.fprop_x, plan.wgrad_x, recipe.rht_signs, amaxes_x
+                )
                 # FP8: x along rows (fprop) and xᵀ along tokens (wgrad) from one read of x; a delayed
                 # tensorwise scale comes from the history and x's amax goes into it.
                 pair_x = gemm.fp8_operand_pair(
@@ -194,11 +200,13 @@ class LinearGEMMs:
         return y, saved
 
     def backward(
-        self, saved: dict, dy, x_dtype: torch.dtype, *, pair_dy: tuple | None = None, dy_fp8=None
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        self, saved: dict, dy, x_dtype: torch.dtype, *, pair_dy: tuple | None = None, dy_fp8=None,
+        amaxes_dy: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
         """(dx [M, K] in ``x_dtype``, dW [N, K] FP32), each None where ``saved`` has no operand for it.
         ``pair_dy``: dy already quantized (dy is then not read). ``dy_fp8``: the FP8 gradient slab
-        (``model/fused_fp8/residual.py``): dy is a placeholder where the consumer wrote the bytes."""
+        (``model/fused_fp8/residual.py``): dy is a placeholder where the consumer wrote the bytes.
+        ``amaxes_dy``: dy's NVFP4 tensor amaxes from the consumer that wrote dy (``QuantLinear.forward``)."""
         recipe, generator, name = self.recipe, self.generator, self.name
         if pair_dy is None and dy_fp8 is not None:
             pair_dy = dy_fp8.fp8_operands((dy,), recipe.dgrad.a, recipe.wgrad.a)
@@ -218,7 +226,7 @@ class LinearGEMMs:
                 # dy is quantized along rows (dgrad) and after the RHT along tokens (wgrad): both amaxes
                 # from one read of dy where the fused kernels run.
                 amax_dy, amax_dyt = gemm.shared_nvfp4_amaxes(
-                    dy, plan.dgrad_dy, plan.wgrad_dy, recipe.rht_signs
+                    dy, plan.dgrad_dy, plan.wgrad_dy, recipe.rht_signs, amaxes_dy
                 )
                 # FP8: dy along rows (dgrad) and dyᵀ along tokens (wgrad) from one read of dy (delayed
                 # tensorwise scaling as for x in the forward).

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inkling_fp4.precision import gemm
+from inkling_fp4.precision import fused_kernels, gemm
 from inkling_fp4.precision.held_operand import refresh_in_place
 from inkling_fp4.precision.linear_gemms import DelayedWords, LinearGEMMs, _QuantLinearFn, quantized_forward
 from inkling_fp4.precision.recipes import Recipe
@@ -57,13 +57,20 @@ class QuantLinear(nn.Module):
         """W's fprop operand held quantized for forwards without autograd (:meth:`freeze_weights`)."""
         self._producer_rows: tuple | None = None
         """(x, x's quantized operand) from x's producer, for the next no-grad forward (:meth:`hand_over`)."""
+        self._producer_amaxes: tuple | None = None
+        """(x, x's two NVFP4 tensor amaxes) from x's producer, for the next training forward
+        (:meth:`hand_over_amaxes`)."""
         nn.init.normal_(self.weight, std=1.0 / math.sqrt(in_features))
 
-    def forward(self, x: torch.Tensor, pair_x: tuple | None = None, dy_fp8=None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, pair_x: tuple | None = None, dy_fp8=None, dy_amaxes: list | None = None
+    ) -> torch.Tensor:
         """x [..., K] -> [..., N]. ``pair_x``: x's fprop and wgrad operands already quantized by x's
         producer (``model/fused_fp8/norm.py``; x is then not read, only its gradient flows). ``dy_fp8``: the
         FP8 slab the output's consumer writes the output's gradient into (``model/fused_fp8/residual.py``).
-        Both only for training forwards of delayed FP8 pairs (:meth:`delayed_fp8_pairs`)."""
+        Both only for training forwards of delayed FP8 pairs (:meth:`delayed_fp8_pairs`). ``dy_amaxes``: a
+        list that the output's one consumer fills in its backward with the output gradient's two NVFP4
+        tensor amaxes (:meth:`producer_amax_signs` with ``grad``), which the backward then takes."""
         recipe = self.recipe
         handed = pair_x is not None or dy_fp8 is not None
         if handed and not (torch.is_grad_enabled() and self.delayed_fp8_pairs()):
@@ -79,7 +86,10 @@ class QuantLinear(nn.Module):
         lead = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features)  # x2d: [M, K]
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            y = _QuantLinearFn.apply(x2d, self.weight, self.gemms(x2d.shape[0], x2d.device), pair_x, dy_fp8)
+            given, self._producer_amaxes = self._producer_amaxes, None
+            amaxes = given[1] if given is not None and given[0] is x else None
+            gemms = self.gemms(x2d.shape[0], x2d.device)
+            y = _QuantLinearFn.apply(x2d, self.weight, gemms, pair_x, dy_fp8, amaxes, dy_amaxes)
         else:
             wq = self.frozen_weight()  # W quantized once per policy version, or None
             given, self._producer_rows = self._producer_rows, None
@@ -93,6 +103,30 @@ class QuantLinear(nn.Module):
         """x's fprop operand as x's producer quantized it (:class:`decode_fprop.QuantizedRows`), taken by
         this layer's next forward if it is a no-grad forward of this very tensor."""
         self._producer_rows = (x, rows)
+
+    def producer_amax_signs(self, x: torch.Tensor, grad: bool = False) -> int | None:
+        """The RHT sign mask for x's producer to reduce x's two NVFP4 tensor amaxes with while it writes
+        x (:meth:`hand_over_amaxes`), where this layer's next training forward of x would read x for
+        them (``gemm.shared_nvfp4_amaxes``); with ``grad`` the same for the output's gradient dy, which
+        the output's consumer writes (``dy_amaxes``). Else None. x: tokens a multiple of 16; the producer
+        writes BF16."""
+        r = self.recipe
+        if not gemm.PRODUCER_NVFP4_AMAXES or r is None or r.backend == "te" or None in (r.fprop, r.wgrad):
+            return None
+        if not (torch.is_grad_enabled() and self.weight.requires_grad):  # no wgrad: no RHT amax
+            return None
+        if grad and not (x.requires_grad and r.dgrad is not None):  # dy's two operands need a dgrad
+            return None
+        specs = (r.dgrad.a, r.wgrad.a) if grad else (r.fprop.a, r.wgrad.b)
+        if not gemm.nvfp4_amax_pair_specs(*specs) or x.numel() == 0 or (x.numel() // x.shape[-1]) % 16:
+            return None
+        fused = fused_kernels.fused_for(x)
+        return None if fused is None else fused.rht_sign_bits(r.rht_signs)
+
+    def hand_over_amaxes(self, x: torch.Tensor, words: torch.Tensor) -> None:
+        """x's NVFP4 tensor amaxes ``[max |rht(xᵀ)|, max |x|]`` as x's producer reduced them, taken by this
+        layer's next training forward if it is of this very tensor (:meth:`producer_amax_signs`)."""
+        self._producer_amaxes = (x, words)
 
     def freeze_weights(self, version: int) -> bool:
         """Quantize W's fprop operand once for policy ``version`` and hold it for no-grad forwards;

@@ -31,6 +31,7 @@ from inkling_fp4.config import RunConfig, to_dict
 from inkling_fp4.data.batch import Batch
 from inkling_fp4.errors import ConfigError, NumericsError, UserError
 from inkling_fp4.model.fused_fp8.layers import fuse_fp8
+from inkling_fp4.model.fused_nvfp4_train import fuse_nvfp4_train
 from inkling_fp4.precision import finite_guard
 from inkling_fp4.precision.autocast import autocast_for
 from inkling_fp4.precision.graph_capture import graph_blocker
@@ -98,6 +99,8 @@ class Trainer:
         self.sharded = cfg.train.parallel == "fsdp" and dist.active
         if cfg.precision.recipe != "bf16" and cfg.precision.fp8_scaling == "delayed":
             fuse_fp8(model)  # the fused FP8 training paths, before any wrapper subclasses the classes
+        elif cfg.precision.recipe == "nvfp4":
+            fuse_nvfp4_train(model)  # the producers' NVFP4 amaxes, before any wrapper subclasses the classes
         check_memory(model, dist, self.sharded)
         if self.sharded:
             shard_model(model, dist)  # before the optimizer: it must hold the shards

@@ -31,8 +31,10 @@ from inkling_fp4.model.glue_kernels.common import (
     round_to,
     rsqrt,
     to_f32,
+    token_group_tile,
 )
 from inkling_fp4.model.grad_slab import FP8Scaling
+from inkling_fp4.numerics.kernels.amax import zeroed_words
 from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
 from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
 from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import (
@@ -43,6 +45,7 @@ from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import (
     row_warps,
     rows_fit_in_registers,
 )
+from inkling_fp4.numerics.kernels.nvfp4_rht import native_bf16, store_amax_pair
 
 
 @triton.jit
@@ -50,11 +53,14 @@ def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
               ADD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
               amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr,
               w_decode_ptr, values_ptr, out_scale_ptr, max_ptr, NVFP4_ROWS: tl.constexpr,
-              NV_BLOCK_K: tl.constexpr, NV_IN_REGISTERS: tl.constexpr):  # fmt: skip
+              NV_BLOCK_K: tl.constexpr, NV_IN_REGISTERS: tl.constexpr, pair_ptr, AMAX_PAIR: tl.constexpr,
+              SIGN_BITS: tl.constexpr, NATIVE_BF16: tl.constexpr, PAIR_BLOCK_N: tl.constexpr):  # fmt: skip
     """rms_norm of BLOCK_R rows: out = (h r) w, h = x, or with ADD h = x + y (also stored). ``FP8``: out
     as delayed-scaled FP8 bytes. ``NVFP4_ROWS``: also the NVFP4 block values of the stored BF16 out, one
     scale per row, from the tile held with ``NV_IN_REGISTERS`` (``quantize_rows_in_registers``), else
-    read back (``quantize_whole_rows``; both ``nvfp4_decode_gemm``): the same bits."""
+    read back (``quantize_whole_rows``; both ``nvfp4_decode_gemm``): the same bits. ``AMAX_PAIR``: also
+    the NVFP4 tensor amaxes of the stored out, ``max |rht(outᵀ)|`` and ``max |out|``, into ``pair_ptr``
+    [2] (BLOCK_R a multiple of 16, read back in feature chunks of PAIR_BLOCK_N)."""
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < R)[:, None] & (cols < D)[None, :]
@@ -85,6 +91,10 @@ def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
                 tl.debug_barrier()
                 quantize_whole_rows(out_ptr, D, rows, R, D, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
                                     BLOCK_R, NV_BLOCK_K)  # fmt: skip
+        if AMAX_PAIR:
+            tl.debug_barrier()  # NOTE the rows are read back in another layout: all stores first
+            store_amax_pair(out_ptr, tl.program_id(0) * BLOCK_R, 0, D, R, D, pair_ptr, SIGN_BITS, BLOCK_R,
+                            PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
     tl.store(rstd_ptr + rows, rstd, mask=rows < R)
 
 
@@ -130,11 +140,14 @@ def _norm_bwd(h_ptr, w_ptr, rstd_ptr, dout_ptr, dh_ptr, dx_ptr, dy_ptr, dw_ptr, 
         record_amax(record_ptr, seen)
 
 
-def norm_forward(x, y, weight, eps, out_dtype, h, fp8_out: FP8Scaling | None = None, nvfp4_rows=None):
+def norm_forward(
+    x, y, weight, eps, out_dtype, h, fp8_out: FP8Scaling | None = None, nvfp4_rows=None, amax_pair=None
+):
     """Launch the (add +) rms_norm forward (h: the buffer for x + y, or None) -> (normed, rstd [R]).
     ``fp8_out``: normed as FP8 bytes of the BF16 values under its delayed amax (out_dtype must be BF16).
     ``nvfp4_rows``: (w_decode [1], and the ``row_operand`` buffers) to write the NVFP4 row-scaled operand
-    of normed into (out_dtype BF16)."""
+    of normed into (out_dtype BF16). ``amax_pair``: (RHT sign bits, FP32 words [2] at zero) to reduce
+    normed's two NVFP4 tensor amaxes into (``store_amax_pair``; out_dtype BF16, 16 | R)."""
     D = x.shape[-1]
     x2 = as_rows(x, D)
     y2 = x2 if y is None else as_rows(y, D)
@@ -145,6 +158,11 @@ def norm_forward(x, y, weight, eps, out_dtype, h, fp8_out: FP8Scaling | None = N
     rstd = torch.empty(R, device=x.device, dtype=torch.float32)
     block_d, block_r, warps = forward_tile(D)
     in_registers = nvfp4_rows is not None and rows_fit_in_registers(D)
+    if amax_pair is not None:
+        assert out_dtype == torch.bfloat16 and R % 16 == 0, "the amaxes are of a BF16 output, 16 | R"
+        assert fp8_out is None and nvfp4_rows is None, "the amaxes are of the BF16 output alone"
+        block_d, block_r, warps = token_group_tile(D)
+    sign_bits, pair = amax_pair or (0, rstd)
     if in_registers:
         # NOTE one row a program, as the squared ReLU's rows: regrouping a several-row tile into 16-value
         # blocks shuffles it across 16 warps (7.4 us a launch at D = 768 and 64 rows, against 2.5 us
@@ -157,7 +175,8 @@ def norm_forward(x, y, weight, eps, out_dtype, h, fp8_out: FP8Scaling | None = N
             ADD=y is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, enable_fp_fusion=False,
             **fp8_epilogue_kwargs(fp8_out, out), w_decode_ptr=w_decode, values_ptr=values,
             out_scale_ptr=out_scale, max_ptr=largest, NVFP4_ROWS=nvfp4_rows is not None, NV_BLOCK_K=256,
-            NV_IN_REGISTERS=in_registers,
+            NV_IN_REGISTERS=in_registers, pair_ptr=pair, AMAX_PAIR=amax_pair is not None,
+            SIGN_BITS=sign_bits, NATIVE_BF16=native_bf16(), PAIR_BLOCK_N=min(block_d, 32 * warps),
         )  # fmt: skip
     return out, rstd
 
@@ -193,8 +212,8 @@ def norm_backward(h, weight, rstd, dout, dh, dx_dtype, dy_dtype, dy_into=None):
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps, out_dtype):
-        out, rstd = norm_forward(x, None, weight, eps, out_dtype, None)
+    def forward(ctx, x, weight, eps, out_dtype, amax_pair=None):
+        out, rstd = norm_forward(x, None, weight, eps, out_dtype, None, amax_pair=amax_pair)
         ctx.save_for_backward(x, weight, rstd)
         return out
 
@@ -202,15 +221,15 @@ class _RMSNorm(torch.autograd.Function):
     def backward(ctx, dout):
         x, weight, rstd = ctx.saved_tensors
         dx, _, dweight = norm_backward(x, weight, rstd, dout, None, x.dtype, None)
-        return dx, dweight, None, None
+        return dx, dweight, None, None, None
 
 
 class _AddRMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, y, weight, eps, out_dtype, dy_into):
+    def forward(ctx, x, y, weight, eps, out_dtype, dy_into, amax_pair=None):
         ctx.set_materialize_grads(False)  # h is often dropped (the final norm): no zeros to add
         h = torch.empty(x.shape, device=x.device, dtype=torch.promote_types(x.dtype, y.dtype))
-        out, rstd = norm_forward(x, y, weight, eps, out_dtype, h)
+        out, rstd = norm_forward(x, y, weight, eps, out_dtype, h, amax_pair=amax_pair)
         ctx.save_for_backward(h, weight, rstd)
         ctx.dtypes, ctx.dy_into = (x.dtype, y.dtype), dy_into
         return h, out
@@ -220,9 +239,9 @@ class _AddRMSNorm(torch.autograd.Function):
         h, weight, rstd = ctx.saved_tensors
         x_dtype, y_dtype = ctx.dtypes
         if dnormed is None:  # only h was used: its gradient passes straight through the add
-            return (None,) * 6 if dh is None else (dh.to(x_dtype), dh.to(y_dtype), None, None, None, None)
+            return (None,) * 7 if dh is None else (dh.to(x_dtype), dh.to(y_dtype), *(None,) * 5)
         dx, dy, dweight = norm_backward(h, weight, rstd, dnormed, dh, x_dtype, y_dtype, ctx.dy_into)
-        return dx, dy, dweight, None, None, None
+        return dx, dy, dweight, None, None, None, None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None):
@@ -241,6 +260,20 @@ def add_rms_norm(
             f"add_rms_norm takes x and y of one shape (no broadcasting), got {x.shape} and {y.shape}"
         )
     return _AddRMSNorm.apply(x, y, weight, eps, out_dtype, dy_into)
+
+
+def norm_amax_pair(x, y, weight, eps: float, sign_bits: int):
+    """The training pre-norm of a BF16 output that also reduces its two NVFP4 tensor amaxes (the wgrad's
+    RHT by ``sign_bits``): x [..., D] (y or None; tokens a multiple of 16) -> (h = x + y or None,
+    normed [..., D] BF16, FP32 [2] ``[max |rht(normedᵀ)|, max |normed|]``, as ``rht_t_abs_max`` gives them
+    for the 2-D normed). Differentiable as :func:`rms_norm` / :func:`add_rms_norm`."""
+    pair = zeroed_words(2, x.device)
+    if y is None:
+        check_inputs(x, weight)
+        return None, _RMSNorm.apply(x, weight, eps, torch.bfloat16, (sign_bits, pair)), pair
+    check_inputs(x, y, weight)
+    h, normed = _AddRMSNorm.apply(x, y, weight, eps, torch.bfloat16, None, (sign_bits, pair))
+    return h, normed, pair
 
 
 @torch.no_grad()

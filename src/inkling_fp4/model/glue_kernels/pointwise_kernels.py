@@ -32,6 +32,7 @@ from inkling_fp4.model.glue_kernels.common import (
     round_to,
     to_f32,
 )
+from inkling_fp4.numerics.kernels.amax import zeroed_words
 from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
 from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
 from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import (
@@ -45,6 +46,7 @@ from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import (
     row_warps,
     rows_fit_in_registers,
 )
+from inkling_fp4.numerics.kernels.nvfp4_rht import native_bf16, store_amax_pair
 
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # F.softplus's default: above it softplus(v) = v
 SQUARED_RELU_BLOCK = 4096  # elements per program of the flat squared ReLU
@@ -108,17 +110,73 @@ def _squared_relu_pass(h: torch.Tensor, dout: torch.Tensor | None) -> torch.Tens
     return out
 
 
+@triton.jit
+def _squared_relu_amax_pair(h_ptr, dout_ptr, out_ptr, pair_ptr, R, F, GRAD: tl.constexpr,
+                            SIGN_BITS: tl.constexpr, BLOCK_F: tl.constexpr, NATIVE_BF16: tl.constexpr,
+                            PAIR_BLOCK_N: tl.constexpr):  # fmt: skip
+    """:func:`_squared_relu` (or with GRAD its gradient) of a 16-token group's BLOCK_F features of h [R, F],
+    then from the stored tile its part of the two NVFP4 tensor amaxes (``nvfp4_rht.store_amax_pair``)."""
+    rows = (tl.program_id(0) * 16 + tl.arange(0, 16)).to(tl.int64)
+    f0 = tl.program_id(1) * BLOCK_F
+    cols = f0 + tl.arange(0, BLOCK_F)
+    mask = (rows < R)[:, None] & (cols < F)[None, :]
+    offs = rows[:, None] * F + cols[None, :]
+    h = load_f32(h_ptr + offs, mask)
+    if GRAD:
+        out = tl.where(h <= 0.0, 0.0, (load_f32(dout_ptr + offs, mask) * h) * 2.0)
+    else:
+        r = tl.where(h < 0.0, 0.0, h)  # NOTE not tl.maximum: it drops NaN, relu keeps it
+        out = r * r
+    tl.store(out_ptr + offs, round_to(out, out_ptr.dtype.element_ty), mask=mask)
+    tl.debug_barrier()  # NOTE the tile is read back in another layout: all stores first
+    store_amax_pair(out_ptr, tl.program_id(0) * 16, f0, f0 + BLOCK_F, R, F, pair_ptr, SIGN_BITS, 16,
+                    PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
+
+
+SQUARED_RELU_PAIR_TILE = (256, 4)
+"""(features, warps) of a :func:`_squared_relu_amax_pair` program's 16-token tile."""
+
+
+def _squared_relu_amax_pass(h: torch.Tensor, dout: torch.Tensor | None, sign_bits: int):
+    """(:func:`_squared_relu_pass`'s output, its two NVFP4 tensor amaxes [2])."""
+    F = h.shape[-1]
+    R = h.numel() // F
+    assert h.dtype == torch.bfloat16 and R % 16 == 0, "the amaxes are of a BF16 output, 16 | tokens"
+    pair = zeroed_words(2, h.device)
+    out = torch.empty_like(h)
+    block_f, warps = SQUARED_RELU_PAIR_TILE
+    with on_device(h):
+        _squared_relu_amax_pair[(R // 16, cdiv(F, block_f))](
+            h, h if dout is None else dout, out, pair, R, F, GRAD=dout is not None, SIGN_BITS=sign_bits,
+            BLOCK_F=block_f, NATIVE_BF16=native_bf16(), PAIR_BLOCK_N=min(block_f, 32 * warps),
+            num_warps=warps, enable_fp_fusion=dout is not None,
+        )  # fmt: skip
+    return out, pair
+
+
 class _SquaredReLU(torch.autograd.Function):
+    """``amax_pair``: (sign bits, a list to append the output's two NVFP4 amaxes to); ``grad_pair``: the
+    same for the input's gradient, in the backward."""
+
     @staticmethod
-    def forward(ctx, h):
+    def forward(ctx, h, amax_pair=None, grad_pair=None):
         h = h.contiguous()
         ctx.save_for_backward(h)
-        return _squared_relu_pass(h, None)
+        ctx.grad_pair = grad_pair
+        if amax_pair is None:
+            return _squared_relu_pass(h, None)
+        out, words = _squared_relu_amax_pass(h, None, amax_pair[0])
+        amax_pair[1].append(words)
+        return out
 
     @staticmethod
     def backward(ctx, dout):
         (h,) = ctx.saved_tensors
-        return _squared_relu_pass(h, dout.contiguous())
+        if ctx.grad_pair is None:
+            return _squared_relu_pass(h, dout.contiguous()), None, None
+        dh, words = _squared_relu_amax_pass(h, dout.contiguous(), ctx.grad_pair[0])
+        ctx.grad_pair[1].append(words)
+        return dh, None, None
 
 
 class _DtSoftplus(torch.autograd.Function):
@@ -164,6 +222,21 @@ def squared_relu(h: torch.Tensor) -> torch.Tensor:
     """relu(h)^2 elementwise in h's dtype (any shape; a non-contiguous h is copied)."""
     check_inputs(h)
     return _SquaredReLU.apply(h)
+
+
+def squared_relu_amax_pair(
+    h: torch.Tensor, sign_bits: int | None, grad_sign_bits: int | None = None, grad_words: list | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """relu(h)^2 of a BF16 h [..., F] (tokens a multiple of 16), differentiable as :func:`squared_relu`,
+    and with ``sign_bits`` its two NVFP4 tensor amaxes from the producing pass: FP32 [2]
+    ``[max |rht(outᵀ)|, max |out|]``, as ``rht_t_abs_max`` gives them for the 2-D out (the wgrad's RHT).
+    With ``grad_sign_bits`` the backward appends the same words of h's gradient to ``grad_words``."""
+    check_inputs(h)
+    words: list = []
+    amax_pair = None if sign_bits is None else (sign_bits, words)
+    grad_pair = None if grad_sign_bits is None else (grad_sign_bits, grad_words)
+    out = _SquaredReLU.apply(h, amax_pair, grad_pair)
+    return out, (words[0] if words else None)
 
 
 def dt_softplus(dt_raw: torch.Tensor, dt_bias: torch.Tensor, ddt_into=None) -> torch.Tensor:

@@ -93,6 +93,46 @@ def _rht_group(col_ptrs, group, M, stride_xm, feature_ok,
 
 
 @triton.jit
+def stored_rows_abs_max(x_ptr, first_row, first_feature, M, N, stride_xm, SIGN_BITS: tl.constexpr,
+                        ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr):  # fmt: skip
+    """(``max |rht(xᵀ)|``, ``max |x|``) over rows ``first_row`` .. + ROWS (a multiple of 16, from a
+    16-token boundary) and features ``first_feature`` .. + BLOCK_N of x [M, N]: the words
+    :func:`rht_t_abs_max` reduces, from a producer's own output tile (the amax pass it saves). The
+    butterfly is :func:`_rht_group`'s, so the values are the same bits; NaN/Inf counts as +Inf. A producer
+    calls it after ``tl.debug_barrier()``: its threads read what the others stored."""
+    features = first_feature + tl.arange(0, BLOCK_N)
+    feature_ok = features < N
+    col_ptrs = x_ptr + features.to(tl.int64)
+    running = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+    running_x = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
+    for g in tl.static_range(ROWS // 16):
+        group = first_row // 16 + g + tl.arange(0, 1)
+        x, y = _rht_group(col_ptrs, group, M, stride_xm, feature_ok, SIGN_BITS, BLOCK_N, NATIVE_BF16)
+        y = tl.abs(y)
+        x = tl.abs(x)
+        running = tl.maximum(running, tl.where(y == y, y, float("inf")))
+        running_x = tl.maximum(running_x, tl.where(x == x, x, float("inf")))
+    return tl.max(tl.max(running, axis=1), axis=0), tl.max(tl.max(running_x, axis=1), axis=0)
+
+
+@triton.jit
+def store_amax_pair(x_ptr, first_row, first_feature, end_feature, M, N, pair_ptr, SIGN_BITS: tl.constexpr,
+                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr):  # fmt: skip
+    """:func:`stored_rows_abs_max` over features ``first_feature`` .. ``end_feature`` (a multiple of
+    BLOCK_N apart, or to N) of a contiguous x [M, N], maxed into ``pair_ptr`` [2] as
+    :func:`rht_t_abs_max` lays them out: [rht amax, x amax]."""
+    rht_max = tl.zeros([1], dtype=tl.float32)
+    x_max = tl.zeros([1], dtype=tl.float32)
+    for feature in range(first_feature, end_feature, BLOCK_N):
+        a, b = stored_rows_abs_max(x_ptr, first_row, feature, M, N, N, SIGN_BITS, ROWS, BLOCK_N, NATIVE_BF16)
+        rht_max = tl.maximum(rht_max, a)
+        x_max = tl.maximum(x_max, b)
+    word = tl.arange(0, 1)
+    tl.atomic_max(pair_ptr + word, rht_max)
+    tl.atomic_max(pair_ptr + 1 + word, x_max)
+
+
+@triton.jit
 def _concat(a, b, R: tl.constexpr, K: tl.constexpr):
     """[R, K] and [R, K] -> [R, 2K] (a first), without leaving the thread."""
     return tl.reshape(tl.permute(tl.join(a, b), [0, 2, 1]), [R, 2 * K])
@@ -274,7 +314,7 @@ def sign_bits(signs: torch.Tensor) -> int:
     return sum(1 << i for i, v in enumerate(values) if v < 0)
 
 
-def _native_bf16() -> bool:
+def native_bf16() -> bool:
     """False under the interpreter, whose FP32 -> BF16 cast truncates (``common.bf16_round``)."""
     return os.environ.get("TRITON_INTERPRET") != "1"
 
@@ -320,7 +360,7 @@ def rht_t_abs_max(
     grid = (triton.cdiv(m // 16, groups), triton.cdiv(n, block_n))
     _rht_kernel[grid](
         x, amax, 0, amax, amax, amax, amax, amax, amax, amax, amax, amax, amax, 0, amax, m, n, *x.stride(),
-        SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=True, NATIVE_BF16=_native_bf16(),
+        SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=True, NATIVE_BF16=native_bf16(),
         STOCHASTIC=False, SEED_PTR=False, WRITE_CODES=False, WRITE_VALUES=False, WRITE_DECODE=False,
         PARTNER=False, X_AMAX=with_x_amax, ROW_VALUES=False, ROW_STOCHASTIC=False, ROW_SEED_PTR=False,
         ROW_PARTNER=False, num_warps=num_warps,
@@ -370,7 +410,7 @@ def quantize_rht_t_tiles(
         amax if partner is None else partner,
         rows.values, rows.amax, rows.decode, amax if rows.partner is None else rows.partner, row_seed,
         row_seed_ptr, m, n, *x.stride(),
-        SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=False, NATIVE_BF16=_native_bf16(),
+        SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=False, NATIVE_BF16=native_bf16(),
         STOCHASTIC=seed is not None, SEED_PTR=from_ptr, WRITE_CODES=write_codes, WRITE_VALUES=write_values,
         WRITE_DECODE=decode is not None, PARTNER=partner is not None, X_AMAX=False,
         ROW_VALUES=write_rows, ROW_STOCHASTIC=rows.seed is not None, ROW_SEED_PTR=row_from_ptr,

@@ -12,6 +12,7 @@ do themselves unless ``check_finite=False``. ``fake_quantize*`` write BF16 block
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 
@@ -172,6 +173,12 @@ def quantize_rht_t(
     """The wgrad operand ``quantize(rht(x.t(), signs))`` for x [M, N] (M % 16 == 0) -> shape [N, M]."""
     quantized, _, _, _ = _run_rht_t(x, signs, stochastic, generator, write_codes=True, values_dtype=None)
     return quantized
+
+
+@functools.lru_cache(maxsize=16)
+def rht_sign_bits(signs: tuple[float, ...] | None) -> int:
+    """The RHT sign mask the kernels take for a recipe's ``rht_signs`` (None: the fixed signs)."""
+    return _FIXED_SIGN_BITS if signs is None else sign_bits(torch.tensor(signs))
 
 
 def abs_max_pair(x: torch.Tensor, signs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

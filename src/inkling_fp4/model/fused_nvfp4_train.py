@@ -1,0 +1,89 @@
+"""The training forward's producers reducing the NVFP4 tensor amaxes of the linear after them.
+
+Under the NVFP4 recipe a linear's x becomes two operands (fprop rows, wgrad Q(RHT(xᵀ))), each under a
+tensor scale from its own amax, so the linear reads x once just for the two amaxes. The block's
+pre-norm and the MLP's squared ReLU hold x as they write it: they reduce both amaxes from the tile
+they just stored (with the RHT's own butterfly, so the same bits: ``nvfp4_rht.store_amax_pair``) and
+hand them to the one linear that reads x (in_proj, qkv_proj or up_proj; down_proj), which then skips
+that read. In the backward the squared ReLU does the same for its input's gradient, up_proj's dy. The
+gated norm before out_proj, attention's output and the other gradients still leave it to the linear.
+
+:func:`fuse_nvfp4_train` swaps the classes in once. Where the path does not apply (another recipe, no
+weight gradient, tokens not a multiple of 16, no Triton, ``gemm.PRODUCER_NVFP4_AMAXES`` off) they run
+the plain forward. They extend the decode step's classes, so a model the sampler also converts keeps
+both fusions.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inkling_fp4.model.compiled import glue_enabled
+from inkling_fp4.model.fused_nvfp4_decode import NVFP4DecodeBlock, NVFP4DecodeMLP, first_linear
+from inkling_fp4.model.hybrid import Block
+from inkling_fp4.model.mlp import MLP, squared_relu
+from inkling_fp4.model.norm import output_dtype
+from inkling_fp4.model.packing import Packing
+from inkling_fp4.precision.quant_linear import QuantLinear
+
+
+def amax_signs(
+    linear: QuantLinear | None, x: torch.Tensor, out_dtype: torch.dtype, grad: bool = False
+) -> int | None:
+    """The RHT sign mask for a producer writing ``linear``'s x (``out_dtype``, x's shape; with ``grad``
+    the consumer writing its output's gradient) on the glue kernels, or None where the linear reads that
+    tensor for its amaxes itself."""
+    if linear is None or out_dtype != torch.bfloat16 or not glue_enabled() or torch.compiler.is_compiling():
+        return None
+    return linear.producer_amax_signs(x, grad)
+
+
+class NVFP4TrainBlock(NVFP4DecodeBlock):
+    def forward(
+        self, x: torch.Tensor, packing: Packing | None = None, pending: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`Block.forward`; the norm also reduces its output's amaxes for the first linear."""
+        linear = first_linear(self.mixer)
+        h_dtype = x.dtype if pending is None else torch.promote_types(x.dtype, pending.dtype)
+        signs = amax_signs(linear, x, output_dtype(h_dtype, x.device))
+        if signs is None:
+            return super().forward(x, packing, pending)
+        from inkling_fp4.model.glue_kernels.norm_kernels import norm_amax_pair  # needs triton
+
+        h, normed, words = norm_amax_pair(x, pending, self.norm.weight, self.norm.eps, signs)
+        linear.hand_over_amaxes(normed, words)
+        return (x if h is None else h), self.mixer(normed, packing)
+
+
+class NVFP4TrainMLP(NVFP4DecodeMLP):
+    def forward(self, x: torch.Tensor, packing=None) -> torch.Tensor:
+        """As :meth:`MLP.forward`; the squared ReLU also reduces its output's amaxes for down_proj, and in
+        the backward those of its input's gradient (up_proj's dy, u's one consumer) for up_proj."""
+        grad_signs = amax_signs(self.up_proj, x, torch.bfloat16, grad=True)
+        dy_amaxes = None if grad_signs is None else []
+        u = self.up_proj(x, dy_amaxes=dy_amaxes)  # [..., F]
+        signs = amax_signs(self.down_proj, u, u.dtype)
+        if signs is None and grad_signs is None:
+            return self.down_proj(squared_relu(u))
+        from inkling_fp4.model.glue_kernels.pointwise_kernels import squared_relu_amax_pair  # needs triton
+
+        h, words = squared_relu_amax_pair(u, signs, grad_signs, dy_amaxes)
+        if words is not None:
+            self.down_proj.hand_over_amaxes(h, words)
+        return self.down_proj(h)  # [..., D]
+
+
+FUSED = {Block: NVFP4TrainBlock, NVFP4DecodeBlock: NVFP4TrainBlock, MLP: NVFP4TrainMLP,
+         NVFP4DecodeMLP: NVFP4TrainMLP}  # fmt: skip
+"""Each plain (or decode) class -> its training variant (same parameters; ``forward`` differs)."""
+
+
+def fuse_nvfp4_train(model: nn.Module) -> nn.Module:
+    """Give ``model``'s blocks and MLPs the classes above, in place (idempotent). Call it before wrapping
+    the model: FSDP subclasses the class it finds."""
+    for module in model.modules():
+        fused = FUSED.get(type(module))
+        if fused is not None:
+            module.__class__ = fused
+    return model
