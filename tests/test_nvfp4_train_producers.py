@@ -24,6 +24,7 @@ from inkling_fp4.distributed import DistInfo  # noqa: E402
 from inkling_fp4.model import fused_nvfp4_decode, fused_nvfp4_train  # noqa: E402
 from inkling_fp4.model.config import ModelConfig  # noqa: E402
 from inkling_fp4.model.hybrid import Block, HybridLM  # noqa: E402
+from inkling_fp4.model.mamba2 import Mamba2Mixer  # noqa: E402
 from inkling_fp4.model.mlp import MLP  # noqa: E402
 from inkling_fp4.precision import gemm  # noqa: E402
 from inkling_fp4.precision.config import PrecisionConfig  # noqa: E402
@@ -64,9 +65,13 @@ def _own_pass(out: torch.Tensor) -> torch.Tensor:
 @kernel_test
 @pytest.mark.parametrize("add", [False, True])
 @pytest.mark.parametrize("r, d, special", [(32, 48, False), (48, 96, True), (16, 40, False), (32, 600, True)])
-def test_the_norms_amaxes_are_the_linears_own_pass(add, r, d, special):
+def test_the_norms_amaxes_are_the_linears_own_pass(add, r, d, special, monkeypatch):
+    """The output is the plain kernel's under the producer's tile (16 rows a program: its row sums may
+    round apart from the plain tile's; both are held to the torch reference in test_glue_kernels.py)."""
+    from inkling_fp4.model.glue_kernels import norm_kernels
     from inkling_fp4.model.glue_kernels.norm_kernels import add_rms_norm, norm_amax_pair, rms_norm
 
+    monkeypatch.setattr(norm_kernels, "forward_tile", norm_kernels.token_group_tile)  # for the plain launch
     dev, seed = _device(), random.randrange(2**31)
     g = torch.Generator().manual_seed(seed)
     x = _rows(r, d, g, special).to(dev).requires_grad_(True)  # FP32 residual stream
@@ -114,6 +119,36 @@ def test_the_squared_relus_amaxes_are_the_linears_own_pass(lead, f, special):
     assert torch.equal(_bits(du_alone), _bits(du_ref)) and torch.equal(grad_words[1], grad_words[0]), seed
 
 
+@kernel_test
+@pytest.mark.parametrize(
+    "r, h, p, g, special", [(32, 4, 16, 2, False), (48, 8, 32, 4, True), (16, 2, 8, 1, False)]
+)
+def test_the_gated_norms_amaxes_are_the_linears_own_pass(r, h, p, g, special, monkeypatch):
+    """As for the pre-norm: Mamba-2's skip + gated group norm, out_proj's x."""
+    from inkling_fp4.model.glue_kernels import gated_norm_kernels as kernels
+
+    monkeypatch.setattr(kernels, "forward_tile", kernels.token_group_tile)  # for the plain launch
+    dev, seed = _device(), random.randrange(2**31)
+    gen = torch.Generator().manual_seed(seed)
+    y = _rows(r, h * p, gen, special).reshape(r, h, p).to(dev).requires_grad_(True)
+    x = (torch.randn(r, h, p, generator=gen) * 2).to(dev).requires_grad_(True)
+    z = (torch.randn(r, h * p, generator=gen) * 3).to(dev).requires_grad_(True)
+    D = torch.randn(h, generator=gen).to(dev).requires_grad_(True)
+    w = (torch.rand(h * p, generator=gen) + 0.5).to(dev).requires_grad_(True)
+    with torch.autocast(dev, dtype=torch.bfloat16):
+        out, words = kernels.skip_gated_norm_amax_pair(y, x, D, z, w, g, 1e-5, SIGNS)
+        ref = kernels.skip_gated_rms_norm(y, x, D, z, w, g, 1e-5, torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and torch.equal(_bits(out), _bits(ref)), seed
+    assert torch.equal(words, _own_pass(out)), (seed, words)
+    assert torch.isinf(words).all() == special, seed
+    if not special:
+        dout = torch.randn(r, h * p, generator=gen).bfloat16().to(dev)
+        leaves = [y, x, D, z, w]
+        grads = torch.autograd.grad(out, leaves, dout)
+        ref_grads = torch.autograd.grad(ref, leaves, dout)
+        assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True)), seed
+
+
 def _nvfp4_model(cfg: ModelConfig, dev: str) -> tuple[HybridLM, PrecisionPolicy]:
     model = HybridLM(cfg).to(dev)
     policy = PrecisionPolicy(PrecisionConfig(recipe="nvfp4", bf16_first_layers=0, bf16_last_layers=0),
@@ -149,6 +184,7 @@ def test_a_model_whose_producers_hand_over_the_amaxes_trains_the_same(monkeypatc
     cfg = ModelConfig(preset="tiny", pattern="M*-")  # each kind of block once, the last two with a residual
     model, policy = _nvfp4_model(cfg, dev)
     assert [type(b) for b in model.layers] == [fused_nvfp4_train.NVFP4TrainBlock] * 3
+    assert type(model.layers[0].mixer) is fused_nvfp4_train.NVFP4TrainMamba
     ids = torch.randint(0, cfg.vocab_size, (2, 17), device=dev)  # 32 tokens: two 16-token groups
     calls = _amax_passes(monkeypatch)
     handed = _step(model, policy, ids)
@@ -159,8 +195,9 @@ def test_a_model_whose_producers_hand_over_the_amaxes_trains_the_same(monkeypatc
     )
     plain = _step(model, policy, ids)
     mlps = cfg.pattern.count("-")
-    # one fewer per block, two per MLP (down_proj's x, up_proj's dy)
-    assert len(calls) - passes_handed == passes_handed + cfg.n_layers + 2 * mlps
+    mambas = cfg.pattern.count("M")
+    # one fewer per block and per Mamba layer (out_proj's x), two per MLP (down_proj's x, up_proj's dy)
+    assert len(calls) - passes_handed == passes_handed + cfg.n_layers + 2 * mlps + mambas
     for a, b in zip(handed, plain, strict=True):
         assert torch.equal(a, b)
 
@@ -208,7 +245,9 @@ def test_the_conversion_keeps_the_decode_classes_and_the_trainer_converts_under_
     assert fused_nvfp4_train.fuse_nvfp4_train(model) is model
     blocks = {type(b) for b in model.layers}
     mlps = {type(b.mixer) for b in model.layers if isinstance(b.mixer, MLP)}
+    mambas = {type(b.mixer) for b in model.layers if isinstance(b.mixer, Mamba2Mixer)}
     assert blocks == {fused_nvfp4_train.NVFP4TrainBlock} and mlps == {fused_nvfp4_train.NVFP4TrainMLP}
+    assert mambas == {fused_nvfp4_train.NVFP4TrainMamba}
     fused_nvfp4_decode.fuse_nvfp4_decode(model)  # the trainer first, then the sampler: both kept
     assert {type(b) for b in model.layers} == blocks
     assert all(isinstance(b, fused_nvfp4_decode.NVFP4DecodeBlock) for b in model.layers)

@@ -2,11 +2,12 @@
 
 Under the NVFP4 recipe a linear's x becomes two operands (fprop rows, wgrad Q(RHT(xᵀ))), each under a
 tensor scale from its own amax, so the linear reads x once just for the two amaxes. The block's
-pre-norm and the MLP's squared ReLU hold x as they write it: they reduce both amaxes from the tile
-they just stored (with the RHT's own butterfly, so the same bits: ``nvfp4_rht.store_amax_pair``) and
-hand them to the one linear that reads x (in_proj, qkv_proj or up_proj; down_proj), which then skips
-that read. In the backward the squared ReLU does the same for its input's gradient, up_proj's dy. The
-gated norm before out_proj, attention's output and the other gradients still leave it to the linear.
+pre-norm, the MLP's squared ReLU and Mamba-2's gated norm hold x as they write it: they reduce both
+amaxes from the tile they just stored (with the RHT's own butterfly, so the same bits:
+``nvfp4_rht.store_amax_pair``) and hand them to the one linear that reads x (in_proj, qkv_proj or
+up_proj; down_proj; out_proj), which then skips that read. In the backward the squared ReLU does the
+same for its input's gradient, up_proj's dy. Attention's output and the other gradients still leave it
+to the linear.
 
 :func:`fuse_nvfp4_train` swaps the classes in once. Where the path does not apply (another recipe, no
 weight gradient, tokens not a multiple of 16, no Triton, ``gemm.PRODUCER_NVFP4_AMAXES`` off) they run
@@ -20,8 +21,14 @@ import torch
 from torch import nn
 
 from inkling_fp4.model.compiled import glue_enabled
-from inkling_fp4.model.fused_nvfp4_decode import NVFP4DecodeBlock, NVFP4DecodeMLP, first_linear
+from inkling_fp4.model.fused_nvfp4_decode import (
+    NVFP4DecodeBlock,
+    NVFP4DecodeMamba,
+    NVFP4DecodeMLP,
+    first_linear,
+)
 from inkling_fp4.model.hybrid import Block
+from inkling_fp4.model.mamba2 import Mamba2Mixer
 from inkling_fp4.model.mlp import MLP, squared_relu
 from inkling_fp4.model.norm import output_dtype
 from inkling_fp4.model.packing import Packing
@@ -74,14 +81,32 @@ class NVFP4TrainMLP(NVFP4DecodeMLP):
         return self.down_proj(h)  # [..., D]
 
 
+class NVFP4TrainMamba(NVFP4DecodeMamba):
+    def _output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dz_into=None) -> torch.Tensor:
+        """As :meth:`Mamba2Mixer._output`; the gated norm also reduces its output's amaxes for out_proj."""
+        summed = torch.promote_types(torch.promote_types(y.dtype, x.dtype), self.D.dtype)
+        signs = amax_signs(self.out_proj, z, output_dtype(summed, y.device))  # h has z's shape [..., E]
+        if signs is None:
+            return super()._output(y, x, z, dz_into)
+        from inkling_fp4.model.glue_kernels.gated_norm_kernels import (
+            skip_gated_norm_amax_pair,  # needs triton
+        )
+
+        norm = self.norm
+        h, words = skip_gated_norm_amax_pair(y, x, self.D, z, norm.weight, self.G, norm.eps, signs, dz_into)
+        self.out_proj.hand_over_amaxes(h, words)
+        return self.out_proj(h)  # [..., D]
+
+
 FUSED = {Block: NVFP4TrainBlock, NVFP4DecodeBlock: NVFP4TrainBlock, MLP: NVFP4TrainMLP,
-         NVFP4DecodeMLP: NVFP4TrainMLP}  # fmt: skip
+         NVFP4DecodeMLP: NVFP4TrainMLP, Mamba2Mixer: NVFP4TrainMamba,
+         NVFP4DecodeMamba: NVFP4TrainMamba}  # fmt: skip
 """Each plain (or decode) class -> its training variant (same parameters; ``forward`` differs)."""
 
 
 def fuse_nvfp4_train(model: nn.Module) -> nn.Module:
-    """Give ``model``'s blocks and MLPs the classes above, in place (idempotent). Call it before wrapping
-    the model: FSDP subclasses the class it finds."""
+    """Give ``model``'s blocks, MLPs and Mamba-2 mixers the classes above, in place (idempotent). Call it
+    before wrapping the model: FSDP subclasses the class it finds."""
     for module in model.modules():
         fused = FUSED.get(type(module))
         if fused is not None:

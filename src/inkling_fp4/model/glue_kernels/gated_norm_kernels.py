@@ -35,11 +35,14 @@ from inkling_fp4.model.glue_kernels.common import (
     round_to,
     rsqrt,
     to_f32,
+    token_group_tile,
 )
 from inkling_fp4.model.grad_slab import FP8Scaling
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
+from inkling_fp4.numerics.kernels.amax import zeroed_words
 from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
 from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
+from inkling_fp4.numerics.kernels.nvfp4_rht import native_bf16, store_amax_pair
 
 # The backward's tile: 8 elements per thread (a group row of 256 is then one warp's, so its sums stay in
 # the warp) and 128 rows per program; faster than the shared defaults on an H200.
@@ -67,8 +70,12 @@ _skip_gate = _skip_gate_math if INTERPRET else triton.jit(_skip_gate_math)
 @triton.jit
 def _gated_fwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, out_ptr, rstd_ptr, R, E, GW, sy, sx, sz, eps,
                P: tl.constexpr, S_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-               amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr):  # fmt: skip
-    """Group program_id(1) of BLOCK_R rows: out = (u r) w. ``FP8``: out as delayed-scaled FP8 bytes."""
+               amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr, pair_ptr,
+               AMAX_PAIR: tl.constexpr, SIGN_BITS: tl.constexpr, NATIVE_BF16: tl.constexpr,
+               PAIR_BLOCK_N: tl.constexpr):  # fmt: skip
+    """Group program_id(1) of BLOCK_R rows: out = (u r) w. ``FP8``: out as delayed-scaled FP8 bytes.
+    ``AMAX_PAIR``: also the stored tile's part of out's two NVFP4 tensor amaxes, ``max |rht(outᵀ)|`` and
+    ``max |out|``, into ``pair_ptr`` [2] (BLOCK_R a multiple of 16; ``nvfp4_rht.store_amax_pair``)."""
     grp = tl.program_id(1)
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     lane = tl.arange(0, BLOCK_C)
@@ -88,6 +95,10 @@ def _gated_fwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, out_ptr, rstd_ptr, R, E, GW, s
         tl.store(
             out_ptr + rows[:, None] * E + cols[None, :], round_to(out, out_ptr.dtype.element_ty), mask=mask
         )
+        if AMAX_PAIR:
+            tl.debug_barrier()  # NOTE the tile is read back in another layout: all stores first
+            store_amax_pair(out_ptr, tl.program_id(0) * BLOCK_R, grp * GW, grp * GW + GW, R, E, pair_ptr,
+                            SIGN_BITS, BLOCK_R, PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
     tl.store(rstd_ptr + rows * tl.num_programs(1) + grp, rstd, mask=rows < R)
 
 
@@ -146,9 +157,20 @@ def _gated_bwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, rstd_ptr, dout_ptr, dy_ptr, dx
 
 
 def gated_forward(
-    y, x, D, z, weight, n_groups: int, eps: float, out_dtype, fp8_out: FP8Scaling | None = None
+    y,
+    x,
+    D,
+    z,
+    weight,
+    n_groups: int,
+    eps: float,
+    out_dtype,
+    fp8_out: FP8Scaling | None = None,
+    amax_pair=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [..., E], rstd [R, G]); ``fp8_out``: out as FP8 bytes of the BF16 values (out_dtype BF16)."""
+    """(out [..., E], rstd [R, G]); ``fp8_out``: out as FP8 bytes of the BF16 values (out_dtype BF16).
+    ``amax_pair``: (RHT sign bits, FP32 words [2] at zero) to reduce out's two NVFP4 tensor amaxes into
+    (out_dtype BF16, 16 | R)."""
     H, P = y.shape[-2:]
     E = H * P
     s_dtype = skip_dtype(y, x, D)
@@ -160,11 +182,16 @@ def gated_forward(
     fp8_kw = fp8_epilogue_kwargs(fp8_out, out)
     rstd = torch.empty(R, n_groups, device=z.device, dtype=torch.float32)
     block_c, block_r, warps = forward_tile(GW)
+    if amax_pair is not None:
+        assert out_dtype == torch.bfloat16 and R % 16 == 0, "the amaxes are of a BF16 output, 16 | R"
+        block_c, block_r, warps = token_group_tile(GW)
+    sign_bits, pair = amax_pair or (0, rstd)
     with on_device(z):
         _gated_fwd[(max(1, cdiv(R, block_r)), n_groups)](
             y2, x2, D, z2, weight, out, rstd, R, E, GW, y2.stride(0), x2.stride(0), z2.stride(0), eps,
             P=P, S_DTYPE=TL_DTYPES[s_dtype], BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
-            enable_fp_fusion=False, **fp8_kw,
+            enable_fp_fusion=False, **fp8_kw, pair_ptr=pair, AMAX_PAIR=amax_pair is not None,
+            SIGN_BITS=sign_bits, NATIVE_BF16=native_bf16(), PAIR_BLOCK_N=min(block_c, 32 * warps),
         )  # fmt: skip
     return out, rstd
 
@@ -205,8 +232,8 @@ def skip_dtype(y: torch.Tensor, x: torch.Tensor, D: torch.Tensor) -> torch.dtype
 
 class _SkipGatedRMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, y, x, D, z, weight, n_groups, eps, out_dtype, dz_into):
-        out, rstd = gated_forward(y, x, D, z, weight, n_groups, eps, out_dtype)
+    def forward(ctx, y, x, D, z, weight, n_groups, eps, out_dtype, dz_into, amax_pair=None):
+        out, rstd = gated_forward(y, x, D, z, weight, n_groups, eps, out_dtype, amax_pair=amax_pair)
         ctx.save_for_backward(y, x, D, z, weight, rstd)
         ctx.dz_into = dz_into
         return out
@@ -214,7 +241,7 @@ class _SkipGatedRMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         grads = gated_backward(*ctx.saved_tensors, dout, ctx.dz_into)
-        return *grads, None, None, None, None
+        return *grads, None, None, None, None, None
 
 
 def skip_gated_rms_norm(
@@ -231,6 +258,11 @@ def skip_gated_rms_norm(
     """Mamba-2's output ``gated_rms_norm(y + D x, z)``: y, x [..., H, P] (x may have strided rows), D [H],
     z [..., H P], weight [H P] -> [..., H P]. ``dz_into``: None, or a function returning the tensor the
     backward writes dz into (``model/grad_slab.py``)."""
+    _check(y, x, D, z, weight, n_groups)
+    return _SkipGatedRMSNorm.apply(y, x, D, z, weight, n_groups, eps, out_dtype, dz_into)
+
+
+def _check(y, x, D, z, weight, n_groups: int) -> None:
     check_inputs(y, x, D, z, weight)
     H, P = y.shape[-2:]
     if x.shape != y.shape or z.shape != y.shape[:-2] + (H * P,) or D.shape != (H,) or (H * P) % n_groups:
@@ -239,4 +271,15 @@ def skip_gated_rms_norm(
             f"n_groups; got y {tuple(y.shape)}, x {tuple(x.shape)}, D {tuple(D.shape)}, z {tuple(z.shape)}, "
             f"n_groups {n_groups}"
         )
-    return _SkipGatedRMSNorm.apply(y, x, D, z, weight, n_groups, eps, out_dtype, dz_into)
+
+
+def skip_gated_norm_amax_pair(y, x, D, z, weight, n_groups: int, eps: float, sign_bits: int, dz_into=None):
+    """:func:`skip_gated_rms_norm` to BF16 (tokens a multiple of 16) that also reduces its output's two
+    NVFP4 tensor amaxes (out_proj's x; the wgrad's RHT by ``sign_bits``) -> (out [..., E], FP32 [2]
+    ``[max |rht(outᵀ)|, max |out|]``, as ``rht_t_abs_max`` gives them for the 2-D out)."""
+    _check(y, x, D, z, weight, n_groups)
+    pair = zeroed_words(2, z.device)
+    out = _SkipGatedRMSNorm.apply(
+        y, x, D, z, weight, n_groups, eps, torch.bfloat16, dz_into, (sign_bits, pair)
+    )
+    return out, pair

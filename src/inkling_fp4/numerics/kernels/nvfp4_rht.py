@@ -93,15 +93,16 @@ def _rht_group(col_ptrs, group, M, stride_xm, feature_ok,
 
 
 @triton.jit
-def stored_rows_abs_max(x_ptr, first_row, first_feature, M, N, stride_xm, SIGN_BITS: tl.constexpr,
+def stored_rows_abs_max(x_ptr, first_row, first_feature, end_feature, M, stride_xm, SIGN_BITS: tl.constexpr,
                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr):  # fmt: skip
     """(``max |rht(xᵀ)|``, ``max |x|``) over rows ``first_row`` .. + ROWS (a multiple of 16, from a
-    16-token boundary) and features ``first_feature`` .. + BLOCK_N of x [M, N]: the words
-    :func:`rht_t_abs_max` reduces, from a producer's own output tile (the amax pass it saves). The
-    butterfly is :func:`_rht_group`'s, so the values are the same bits; NaN/Inf counts as +Inf. A producer
-    calls it after ``tl.debug_barrier()``: its threads read what the others stored."""
+    16-token boundary) and features ``first_feature`` .. + BLOCK_N below ``end_feature`` of x [M, N]
+    (row stride ``stride_xm``): the words :func:`rht_t_abs_max` reduces, from a producer's own output
+    tile (the amax pass it saves). The butterfly is :func:`_rht_group`'s, so the values are the same
+    bits; NaN/Inf counts as +Inf. A producer calls it after ``tl.debug_barrier()``: its threads read
+    what the others stored."""
     features = first_feature + tl.arange(0, BLOCK_N)
-    feature_ok = features < N
+    feature_ok = features < end_feature
     col_ptrs = x_ptr + features.to(tl.int64)
     running = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
     running_x = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
@@ -118,13 +119,16 @@ def stored_rows_abs_max(x_ptr, first_row, first_feature, M, N, stride_xm, SIGN_B
 @triton.jit
 def store_amax_pair(x_ptr, first_row, first_feature, end_feature, M, N, pair_ptr, SIGN_BITS: tl.constexpr,
                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr):  # fmt: skip
-    """:func:`stored_rows_abs_max` over features ``first_feature`` .. ``end_feature`` (a multiple of
-    BLOCK_N apart, or to N) of a contiguous x [M, N], maxed into ``pair_ptr`` [2] as
-    :func:`rht_t_abs_max` lays them out: [rht amax, x amax]."""
+    """:func:`stored_rows_abs_max` over features ``first_feature`` .. ``end_feature`` (the program's own
+    columns: no other program's stores are read) of a contiguous x [M, N], maxed into ``pair_ptr`` [2]
+    as :func:`rht_t_abs_max` lays them out: [rht amax, x amax]."""
     rht_max = tl.zeros([1], dtype=tl.float32)
     x_max = tl.zeros([1], dtype=tl.float32)
-    for feature in range(first_feature, end_feature, BLOCK_N):
-        a, b = stored_rows_abs_max(x_ptr, first_row, feature, M, N, N, SIGN_BITS, ROWS, BLOCK_N, NATIVE_BF16)
+    end = tl.minimum(end_feature, N)
+    for feature in range(first_feature, end, BLOCK_N):
+        a, b = stored_rows_abs_max(
+            x_ptr, first_row, feature, end, M, N, SIGN_BITS, ROWS, BLOCK_N, NATIVE_BF16
+        )
         rht_max = tl.maximum(rht_max, a)
         x_max = tl.maximum(x_max, b)
     word = tl.arange(0, 1)
