@@ -55,25 +55,21 @@ def test_tiles_set_the_quantizer_tiles_and_refuse_bad_items(bench, monkeypatch):
         bench.set_tiles("cols=1,2,3")
 
 
+SWITCHES = {  # flag -> (the gemm attribute it sets, what the run prints when on, when off)
+    "--nvfp4-pair": ("FUSED_NVFP4_PAIR", "one pass", "two passes"),
+    "--producer-amaxes": ("PRODUCER_NVFP4_AMAXES", "from its producer", "a pass of their own"),
+}
+
+
+@pytest.mark.parametrize("flag", sorted(SWITCHES))
 @pytest.mark.parametrize("choice, fused", [("on", True), ("off", False)])
-def test_nvfp4_pair_sets_the_trainer_switch(bench, monkeypatch, capsys, choice, fused):
+def test_the_nvfp4_switches_set_the_trainers(bench, monkeypatch, capsys, flag, choice, fused):
     from inkling_fp4.precision import gemm
 
-    monkeypatch.setattr(gemm, "FUSED_NVFP4_PAIR", not fused)
+    attr, said_on, said_off = SWITCHES[flag]
+    monkeypatch.setattr(gemm, attr, not fused)
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)  # stops after the switches
-    monkeypatch.setattr("sys.argv", ["bench_pretrain.py", "--nvfp4-pair", choice])
+    monkeypatch.setattr("sys.argv", ["bench_pretrain.py", flag, choice])
     assert bench.main() == 2
-    assert gemm.FUSED_NVFP4_PAIR is fused
-    assert ("one pass" if fused else "two passes") in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("choice, fused", [("on", True), ("off", False)])
-def test_producer_amaxes_sets_the_trainer_switch(bench, monkeypatch, capsys, choice, fused):
-    from inkling_fp4.precision import gemm
-
-    monkeypatch.setattr(gemm, "PRODUCER_NVFP4_AMAXES", not fused)
-    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)  # stops after the switches
-    monkeypatch.setattr("sys.argv", ["bench_pretrain.py", "--producer-amaxes", choice])
-    assert bench.main() == 2
-    assert gemm.PRODUCER_NVFP4_AMAXES is fused
-    assert ("from its producer" if fused else "a pass of their own") in capsys.readouterr().out
+    assert getattr(gemm, attr) is fused
+    assert (said_on if fused else said_off) in capsys.readouterr().out
