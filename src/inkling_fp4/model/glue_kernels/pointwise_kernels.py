@@ -114,27 +114,28 @@ def _squared_relu_pass(h: torch.Tensor, dout: torch.Tensor | None) -> torch.Tens
 def _squared_relu_amax_pair(h_ptr, dout_ptr, out_ptr, pair_ptr, R, F, GRAD: tl.constexpr,
                             SIGN_BITS: tl.constexpr, BLOCK_F: tl.constexpr, NATIVE_BF16: tl.constexpr,
                             PAIR_BLOCK_N: tl.constexpr):  # fmt: skip
-    """:func:`_squared_relu` (or with GRAD its gradient) of a 16-token group's BLOCK_F features of h [R, F],
-    then from the stored tile its part of the two NVFP4 tensor amaxes (``nvfp4_rht.store_amax_pair``)."""
+    """:func:`_squared_relu` (or with GRAD its gradient) of a 16-token group of h [R, F], BLOCK_F features
+    at a time, then from the stored rows their part of the two NVFP4 tensor amaxes
+    (``nvfp4_rht.store_amax_pair``). One program per group: two atomics per 16 rows."""
     rows = (tl.program_id(0) * 16 + tl.arange(0, 16)).to(tl.int64)
-    f0 = tl.program_id(1) * BLOCK_F
-    cols = f0 + tl.arange(0, BLOCK_F)
-    mask = (rows < R)[:, None] & (cols < F)[None, :]
-    offs = rows[:, None] * F + cols[None, :]
-    h = load_f32(h_ptr + offs, mask)
-    if GRAD:
-        out = tl.where(h <= 0.0, 0.0, (load_f32(dout_ptr + offs, mask) * h) * 2.0)
-    else:
-        r = tl.where(h < 0.0, 0.0, h)  # NOTE not tl.maximum: it drops NaN, relu keeps it
-        out = r * r
-    tl.store(out_ptr + offs, round_to(out, out_ptr.dtype.element_ty), mask=mask)
-    tl.debug_barrier()  # NOTE the tile is read back in another layout: all stores first
-    store_amax_pair(out_ptr, tl.program_id(0) * 16, f0, f0 + BLOCK_F, R, F, pair_ptr, SIGN_BITS, 16,
-                    PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
+    for f0 in range(0, F, BLOCK_F):
+        cols = f0 + tl.arange(0, BLOCK_F)
+        mask = (rows < R)[:, None] & (cols < F)[None, :]
+        offs = rows[:, None] * F + cols[None, :]
+        h = load_f32(h_ptr + offs, mask)
+        if GRAD:
+            out = tl.where(h <= 0.0, 0.0, (load_f32(dout_ptr + offs, mask) * h) * 2.0)
+        else:
+            r = tl.where(h < 0.0, 0.0, h)  # NOTE not tl.maximum: it drops NaN, relu keeps it
+            out = r * r
+        tl.store(out_ptr + offs, round_to(out, out_ptr.dtype.element_ty), mask=mask)
+    tl.debug_barrier()  # NOTE the rows are read back in another layout: all stores first
+    store_amax_pair(out_ptr, tl.program_id(0) * 16, 0, F, R, F, pair_ptr, SIGN_BITS, 16, PAIR_BLOCK_N,
+                    NATIVE_BF16)  # fmt: skip
 
 
-SQUARED_RELU_PAIR_TILE = (256, 4)
-"""(features, warps) of a :func:`_squared_relu_amax_pair` program's 16-token tile."""
+SQUARED_RELU_PAIR_TILE = (512, 4)
+"""(features a step, warps) of a :func:`_squared_relu_amax_pair` program."""
 
 
 def _squared_relu_amax_pass(h: torch.Tensor, dout: torch.Tensor | None, sign_bits: int):
@@ -146,10 +147,10 @@ def _squared_relu_amax_pass(h: torch.Tensor, dout: torch.Tensor | None, sign_bit
     out = torch.empty_like(h)
     block_f, warps = SQUARED_RELU_PAIR_TILE
     with on_device(h):
-        _squared_relu_amax_pair[(R // 16, cdiv(F, block_f))](
+        _squared_relu_amax_pair[(R // 16,)](
             h, h if dout is None else dout, out, pair, R, F, GRAD=dout is not None, SIGN_BITS=sign_bits,
-            BLOCK_F=block_f, NATIVE_BF16=native_bf16(), PAIR_BLOCK_N=min(block_f, 32 * warps),
-            num_warps=warps, enable_fp_fusion=dout is not None,
+            BLOCK_F=block_f, NATIVE_BF16=native_bf16(), PAIR_BLOCK_N=32 * warps, num_warps=warps,
+            enable_fp_fusion=dout is not None,
         )  # fmt: skip
     return out, pair
 
