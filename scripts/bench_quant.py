@@ -18,7 +18,7 @@ reads x (2 B/elem for BF16) and writes codes (0.5 B) and scales (1/16 B); the am
 
 Usage:
     python scripts/bench_quant.py                  # checks, the kernel table, torch.compile baseline
-    python scripts/bench_quant.py --quick          # checks and the kernel table only
+    python scripts/bench_quant.py --quick          # checks, the kernel and producer tables only
     python scripts/bench_quant.py --sweep          # also every tile / warp configuration listed below
     python scripts/bench_quant.py --out bench.json # also write the results as JSON
 """
@@ -232,6 +232,46 @@ def bench_kernels(report: Report, x: torch.Tensor, rep: int) -> None:
         report.time(name, fn, nbytes, rep=rep)
 
 
+def bench_producers(report: Report, x: torch.Tensor, rep: int) -> None:
+    """The training producers that also reduce their output's two NVFP4 tensor amaxes (the pre-norm, the
+    squared ReLU; ``model/fused_nvfp4_train.py``) against the producer followed by the linear's own amax
+    pass; their words checked against that pass first."""
+    from inkling_fp4.model.glue_kernels import norm_kernels, pointwise_kernels
+    from inkling_fp4.numerics.kernels.amax import zeroed_words
+
+    m, n = x.shape
+    read = 2 * m * n
+    bits = sign_bits(rht_signs("fixed"))
+    w = torch.rand(n, device=x.device) + 0.5
+
+    def norm(pair: bool):  # -> (out, its words or None)
+        words = zeroed_words(2, x.device) if pair else None
+        amax_pair = (bits, words) if pair else None
+        return norm_kernels.norm_forward(x, None, w, 1e-5, torch.bfloat16, None, amax_pair=amax_pair)[
+            0
+        ], words
+
+    def squared_relu(pair: bool):
+        if pair:
+            return pointwise_kernels._squared_relu_amax_pass(x, None, bits)
+        return pointwise_kernels._squared_relu_pass(x, None), None
+
+    def with_amax_pass(produce):
+        return rht_t_abs_max(produce(False)[0], bits, with_x_amax=True)
+
+    producers = (("norm", norm), ("squared relu", squared_relu))
+    for name, produce in producers:
+        out, words = produce(True)
+        report.check(f"{name} + amaxes: words", *_same(words, rht_t_abs_max(out, bits, with_x_amax=True)))
+        if name == "squared relu":  # the norm's 16-row tile may round its row sums apart from the plain one's
+            report.check(f"{name} + amaxes: output", *_same(out, produce(False)[0]))
+    print("producers (x in, its BF16 output out; the amaxes by a pass after it, or from the same pass):")
+    for name, produce in producers:
+        report.time(f"{name} (pass)", lambda p=produce: p(False), 2 * read, rep=rep)
+        report.time(f"{name} + amax pass (2 passes)", lambda p=produce: with_amax_pass(p), 3 * read, rep=rep)
+        report.time(f"{name} + amaxes (1 pass)", lambda p=produce: p(True), 2 * read, rep=rep)
+
+
 def naive_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference math, written plainly (for torch.compile): packed codes and scales."""
     xf = x.float().reshape(x.shape[0], -1, 16)
@@ -359,6 +399,7 @@ def main() -> int:
     report = Report(copy_gbps)
     run_checks(report, x)
     bench_kernels(report, x, rep)
+    bench_producers(report, x, rep)
     if not args.quick:
         bench_compiled(report, x, rep)
     if args.sweep:
