@@ -64,14 +64,15 @@ def _own_pass(out: torch.Tensor) -> torch.Tensor:
 
 @kernel_test
 @pytest.mark.parametrize("add", [False, True])
-@pytest.mark.parametrize("r, d, special", [(32, 48, False), (48, 96, True), (16, 40, False), (32, 600, True)])
-def test_the_norms_amaxes_are_the_linears_own_pass(add, r, d, special, monkeypatch):
-    """The output is the plain kernel's under the producer's tile (16 rows a program: its row sums may
-    round apart from the plain tile's; both are held to the torch reference in test_glue_kernels.py)."""
-    from inkling_fp4.model.glue_kernels import norm_kernels
+@pytest.mark.parametrize(  # rows a program: 64, 32, 64, 4 x 4, 16, 8 x 2
+    "r, d, special",
+    [(32, 48, False), (48, 96, True), (16, 40, False), (32, 600, True), (32, 256, False), (32, 2048, False)],
+)
+def test_the_norms_amaxes_are_the_linears_own_pass(add, r, d, special):
+    """The output is the plain kernel's bit for bit: a program runs the plain launch's tiles (its row
+    sums) until it holds whole 16-token groups."""
     from inkling_fp4.model.glue_kernels.norm_kernels import add_rms_norm, norm_amax_pair, rms_norm
 
-    monkeypatch.setattr(norm_kernels, "forward_tile", norm_kernels.token_group_tile)  # for the plain launch
     dev, seed = _device(), random.randrange(2**31)
     g = torch.Generator().manual_seed(seed)
     x = _rows(r, d, g, special).to(dev).requires_grad_(True)  # FP32 residual stream
@@ -121,13 +122,19 @@ def test_the_squared_relus_amaxes_are_the_linears_own_pass(lead, f, special):
 
 @kernel_test
 @pytest.mark.parametrize(
-    "r, h, p, g, special", [(32, 4, 16, 2, False), (48, 8, 32, 4, True), (16, 2, 8, 1, False)]
+    "r, h, p, g, special",  # rows a program: 128, 64, 256, 2 x 8, 4 x 4
+    [
+        (32, 4, 16, 2, False),
+        (48, 8, 32, 4, True),
+        (16, 2, 8, 1, False),
+        (32, 8, 64, 1, False),
+        (48, 16, 64, 1, True),
+    ],  # fmt: skip
 )
-def test_the_gated_norms_amaxes_are_the_linears_own_pass(r, h, p, g, special, monkeypatch):
+def test_the_gated_norms_amaxes_are_the_linears_own_pass(r, h, p, g, special):
     """As for the pre-norm: Mamba-2's skip + gated group norm, out_proj's x."""
     from inkling_fp4.model.glue_kernels import gated_norm_kernels as kernels
 
-    monkeypatch.setattr(kernels, "forward_tile", kernels.token_group_tile)  # for the plain launch
     dev, seed = _device(), random.randrange(2**31)
     gen = torch.Generator().manual_seed(seed)
     y = _rows(r, h * p, gen, special).reshape(r, h, p).to(dev).requires_grad_(True)

@@ -180,12 +180,6 @@ def forward_tile(width: int) -> tuple[int, int, int]:
     return _tile(width, TILE_FWD, PER_THREAD)
 
 
-def token_group_tile(width: int) -> tuple[int, int, int]:
-    """A forward tile of 16 whole rows: one 16-token group, as the wgrad's RHT reads it back."""
-    block_w = 1 << (width - 1).bit_length()
-    return _tile(width, 16 * block_w, PER_THREAD)
-
-
 def backward_tile(width: int, per_thread: int | None = None, chunk_rows: int | None = None):
     """(BLOCK_W, BLOCK_R, num_warps, CHUNK) of a backward program walking CHUNK rows tile by tile."""
     block_w, block_r, warps = _tile(width, TILE_BWD, per_thread or PER_THREAD)

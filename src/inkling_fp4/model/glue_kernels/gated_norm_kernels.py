@@ -35,7 +35,6 @@ from inkling_fp4.model.glue_kernels.common import (
     round_to,
     rsqrt,
     to_f32,
-    token_group_tile,
 )
 from inkling_fp4.model.grad_slab import FP8Scaling
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
@@ -72,34 +71,40 @@ def _gated_fwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, out_ptr, rstd_ptr, R, E, GW, s
                P: tl.constexpr, S_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
                amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr, pair_ptr,
                AMAX_PAIR: tl.constexpr, SIGN_BITS: tl.constexpr, NATIVE_BF16: tl.constexpr,
-               PAIR_BLOCK_N: tl.constexpr):  # fmt: skip
-    """Group program_id(1) of BLOCK_R rows: out = (u r) w. ``FP8``: out as delayed-scaled FP8 bytes.
-    ``AMAX_PAIR``: also the stored tile's part of out's two NVFP4 tensor amaxes, ``max |rht(outᵀ)|`` and
-    ``max |out|``, into ``pair_ptr`` [2] (BLOCK_R a multiple of 16; ``nvfp4_rht.store_amax_pair``)."""
+               PAIR_BLOCK_N: tl.constexpr, SUBTILES: tl.constexpr):  # fmt: skip
+    """Group program_id(1) of SUBTILES tiles of BLOCK_R rows: out = (u r) w. ``FP8``: out as
+    delayed-scaled FP8 bytes. ``AMAX_PAIR``: also the stored tile's part of out's two NVFP4 tensor amaxes,
+    ``max |rht(outᵀ)|`` and ``max |out|``, into ``pair_ptr`` [2] (SUBTILES · BLOCK_R a multiple of 16;
+    ``nvfp4_rht.store_amax_pair``); the tiles are the plain launch's, so the row sums and the output are
+    its bits."""
     grp = tl.program_id(1)
-    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    lane = tl.arange(0, BLOCK_C)
-    cols = grp * GW + lane
-    mask = (rows < R)[:, None] & (lane < GW)[None, :]
-    d = load_f32(D_ptr + cols // P, lane < GW)  # D_h of channel h P + p
-    s, z, x = _skip_gate(y_ptr, x_ptr, d, z_ptr, rows, cols, mask, sy, sx, sz, S_DTYPE)
-    u = s * (z * tl.sigmoid(z))
-    rstd = rsqrt(tl.div_rn(tl.sum(u * u, 1), (GW * 1.0)) + eps)  # [BLOCK_R]
-    w = load_f32(w_ptr + cols, lane < GW)
-    out = (u * rstd[:, None]) * w[None, :]
-    if FP8:
-        q, r = bf16_fp8_bytes(out, fp8_scale(amax_ptr, E5M2), E5M2, HW)
-        tl.store(out_ptr + rows[:, None] * E + cols[None, :], q, mask=mask)
-        record_amax(record_ptr, running_amax(tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32), r, mask))
-    else:
-        tl.store(
-            out_ptr + rows[:, None] * E + cols[None, :], round_to(out, out_ptr.dtype.element_ty), mask=mask
-        )
-        if AMAX_PAIR:
-            tl.debug_barrier()  # NOTE the tile is read back in another layout: all stores first
-            store_amax_pair(out_ptr, tl.program_id(0) * BLOCK_R, grp * GW, grp * GW + GW, R, E, pair_ptr,
-                            SIGN_BITS, BLOCK_R, PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
-    tl.store(rstd_ptr + rows * tl.num_programs(1) + grp, rstd, mask=rows < R)
+    for sub in tl.static_range(SUBTILES):  # SUBTILES tiles of BLOCK_R rows, each as a plain launch's
+        rows = ((tl.program_id(0) * SUBTILES + sub) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        lane = tl.arange(0, BLOCK_C)
+        cols = grp * GW + lane
+        mask = (rows < R)[:, None] & (lane < GW)[None, :]
+        d = load_f32(D_ptr + cols // P, lane < GW)  # D_h of channel h P + p
+        s, z, x = _skip_gate(y_ptr, x_ptr, d, z_ptr, rows, cols, mask, sy, sx, sz, S_DTYPE)
+        u = s * (z * tl.sigmoid(z))
+        rstd = rsqrt(tl.div_rn(tl.sum(u * u, 1), (GW * 1.0)) + eps)  # [BLOCK_R]
+        w = load_f32(w_ptr + cols, lane < GW)
+        out = (u * rstd[:, None]) * w[None, :]
+        if FP8:
+            q, r = bf16_fp8_bytes(out, fp8_scale(amax_ptr, E5M2), E5M2, HW)
+            tl.store(out_ptr + rows[:, None] * E + cols[None, :], q, mask=mask)
+            record_amax(record_ptr, running_amax(tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32), r, mask))
+        else:
+            tl.store(
+                out_ptr + rows[:, None] * E + cols[None, :],
+                round_to(out, out_ptr.dtype.element_ty),
+                mask=mask,
+            )
+        tl.store(rstd_ptr + rows * tl.num_programs(1) + grp, rstd, mask=rows < R)
+    if AMAX_PAIR:
+        tl.debug_barrier()  # NOTE the tile is read back in another layout: all stores first
+        rows_each = SUBTILES * BLOCK_R
+        store_amax_pair(out_ptr, tl.program_id(0) * rows_each, grp * GW, grp * GW + GW, R, E, pair_ptr,
+                        SIGN_BITS, rows_each, PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
 
 
 @triton.jit
@@ -182,16 +187,18 @@ def gated_forward(
     fp8_kw = fp8_epilogue_kwargs(fp8_out, out)
     rstd = torch.empty(R, n_groups, device=z.device, dtype=torch.float32)
     block_c, block_r, warps = forward_tile(GW)
+    subtiles = 1
     if amax_pair is not None:
         assert out_dtype == torch.bfloat16 and R % 16 == 0, "the amaxes are of a BF16 output, 16 | R"
-        block_c, block_r, warps = token_group_tile(GW)
+        subtiles = max(1, 16 // block_r)  # a program's rows: whole 16-token groups
     sign_bits, pair = amax_pair or (0, rstd)
     with on_device(z):
-        _gated_fwd[(max(1, cdiv(R, block_r)), n_groups)](
+        _gated_fwd[(max(1, cdiv(R, block_r * subtiles)), n_groups)](
             y2, x2, D, z2, weight, out, rstd, R, E, GW, y2.stride(0), x2.stride(0), z2.stride(0), eps,
             P=P, S_DTYPE=TL_DTYPES[s_dtype], BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
             enable_fp_fusion=False, **fp8_kw, pair_ptr=pair, AMAX_PAIR=amax_pair is not None,
             SIGN_BITS=sign_bits, NATIVE_BF16=native_bf16(), PAIR_BLOCK_N=min(block_c, 32 * warps),
+            SUBTILES=subtiles,
         )  # fmt: skip
     return out, rstd
 

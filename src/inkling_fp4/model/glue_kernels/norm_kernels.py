@@ -31,7 +31,6 @@ from inkling_fp4.model.glue_kernels.common import (
     round_to,
     rsqrt,
     to_f32,
-    token_group_tile,
 )
 from inkling_fp4.model.grad_slab import FP8Scaling
 from inkling_fp4.numerics.kernels.amax import zeroed_words
@@ -54,48 +53,53 @@ def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
               amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr,
               w_decode_ptr, values_ptr, out_scale_ptr, max_ptr, NVFP4_ROWS: tl.constexpr,
               NV_BLOCK_K: tl.constexpr, NV_IN_REGISTERS: tl.constexpr, pair_ptr, AMAX_PAIR: tl.constexpr,
-              SIGN_BITS: tl.constexpr, NATIVE_BF16: tl.constexpr, PAIR_BLOCK_N: tl.constexpr):  # fmt: skip
-    """rms_norm of BLOCK_R rows: out = (h r) w, h = x, or with ADD h = x + y (also stored). ``FP8``: out
-    as delayed-scaled FP8 bytes. ``NVFP4_ROWS``: also the NVFP4 block values of the stored BF16 out, one
-    scale per row, from the tile held with ``NV_IN_REGISTERS`` (``quantize_rows_in_registers``), else
-    read back (``quantize_whole_rows``; both ``nvfp4_decode_gemm``): the same bits. ``AMAX_PAIR``: also
-    the NVFP4 tensor amaxes of the stored out, ``max |rht(outᵀ)|`` and ``max |out|``, into ``pair_ptr``
-    [2] (BLOCK_R a multiple of 16, read back in feature chunks of PAIR_BLOCK_N)."""
-    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_D)
-    mask = (rows < R)[:, None] & (cols < D)[None, :]
-    h = load_f32(x_ptr + rows[:, None] * sx + cols[None, :], mask)
-    if ADD:
-        h += load_f32(y_ptr + rows[:, None] * sy + cols[None, :], mask)
-        h = round_to(h, h_ptr.dtype.element_ty)  # the norm reads h as stored
-        tl.store(h_ptr + rows[:, None] * D + cols[None, :], h, mask=mask)
-        h = to_f32(h)
-    rstd = rsqrt(tl.div_rn(tl.sum(h * h, 1), (D * 1.0)) + eps)  # [BLOCK_R]
-    w = load_f32(w_ptr + cols, cols < D)
-    out = (h * rstd[:, None]) * w[None, :]
-    if FP8:
-        q, r = bf16_fp8_bytes(out, fp8_scale(amax_ptr, E5M2), E5M2, HW)
-        tl.store(out_ptr + rows[:, None] * D + cols[None, :], q, mask=mask)
-        record_amax(record_ptr, running_amax(tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32), r, mask))
-    else:
-        stored = round_to(out, out_ptr.dtype.element_ty)
-        tl.store(out_ptr + rows[:, None] * D + cols[None, :], stored, mask=mask)
-        if NVFP4_ROWS:
-            if NV_IN_REGISTERS:
-                # the operand is of the rows as stored; [BLOCK_R, BLOCK_D] -> halves [BLOCK_R, G, 8]
-                lo, hi = row_halves(to_f32(stored), BLOCK_R, BLOCK_D // 16)
-                quantize_rows_in_registers(lo, hi, rows, R, D, w_decode_ptr, values_ptr, out_scale_ptr,
-                                           max_ptr, BLOCK_R, BLOCK_D // 16)  # fmt: skip
-            else:
-                # NOTE every thread's part of the rows is stored before any thread reads the rows back
-                tl.debug_barrier()
-                quantize_whole_rows(out_ptr, D, rows, R, D, w_decode_ptr, values_ptr, out_scale_ptr, max_ptr,
-                                    BLOCK_R, NV_BLOCK_K)  # fmt: skip
-        if AMAX_PAIR:
-            tl.debug_barrier()  # NOTE the rows are read back in another layout: all stores first
-            store_amax_pair(out_ptr, tl.program_id(0) * BLOCK_R, 0, D, R, D, pair_ptr, SIGN_BITS, BLOCK_R,
-                            PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
-    tl.store(rstd_ptr + rows, rstd, mask=rows < R)
+              SIGN_BITS: tl.constexpr, NATIVE_BF16: tl.constexpr, PAIR_BLOCK_N: tl.constexpr,
+              SUBTILES: tl.constexpr):  # fmt: skip
+    """rms_norm of SUBTILES tiles of BLOCK_R rows: out = (h r) w, h = x, or with ADD h = x + y (also
+    stored). ``FP8``: out as delayed-scaled FP8 bytes. ``NVFP4_ROWS``: also the NVFP4 block values of the
+    stored BF16 out, one scale per row, from the tile held with ``NV_IN_REGISTERS``
+    (``quantize_rows_in_registers``), else read back (``quantize_whole_rows``; both
+    ``nvfp4_decode_gemm``): the same bits. ``AMAX_PAIR``: also the NVFP4 tensor amaxes of the stored
+    out, ``max |rht(outᵀ)|`` and ``max |out|``, into ``pair_ptr`` [2] (SUBTILES · BLOCK_R a multiple of
+    16, read back in feature chunks of PAIR_BLOCK_N); the tiles are the plain launch's, so the row sums
+    and the output are its bits."""
+    for sub in tl.static_range(SUBTILES):  # SUBTILES tiles of BLOCK_R rows, each as a plain launch's
+        rows = ((tl.program_id(0) * SUBTILES + sub) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+        cols = tl.arange(0, BLOCK_D)
+        mask = (rows < R)[:, None] & (cols < D)[None, :]
+        h = load_f32(x_ptr + rows[:, None] * sx + cols[None, :], mask)
+        if ADD:
+            h += load_f32(y_ptr + rows[:, None] * sy + cols[None, :], mask)
+            h = round_to(h, h_ptr.dtype.element_ty)  # the norm reads h as stored
+            tl.store(h_ptr + rows[:, None] * D + cols[None, :], h, mask=mask)
+            h = to_f32(h)
+        rstd = rsqrt(tl.div_rn(tl.sum(h * h, 1), (D * 1.0)) + eps)  # [BLOCK_R]
+        w = load_f32(w_ptr + cols, cols < D)
+        out = (h * rstd[:, None]) * w[None, :]
+        if FP8:
+            q, r = bf16_fp8_bytes(out, fp8_scale(amax_ptr, E5M2), E5M2, HW)
+            tl.store(out_ptr + rows[:, None] * D + cols[None, :], q, mask=mask)
+            record_amax(record_ptr, running_amax(tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32), r, mask))
+        else:
+            stored = round_to(out, out_ptr.dtype.element_ty)
+            tl.store(out_ptr + rows[:, None] * D + cols[None, :], stored, mask=mask)
+            if NVFP4_ROWS:
+                if NV_IN_REGISTERS:
+                    # the operand is of the rows as stored; [BLOCK_R, BLOCK_D] -> halves [BLOCK_R, G, 8]
+                    lo, hi = row_halves(to_f32(stored), BLOCK_R, BLOCK_D // 16)
+                    quantize_rows_in_registers(lo, hi, rows, R, D, w_decode_ptr, values_ptr, out_scale_ptr,
+                                               max_ptr, BLOCK_R, BLOCK_D // 16)  # fmt: skip
+                else:
+                    # NOTE every thread's part of the rows is stored before any thread reads the rows back
+                    tl.debug_barrier()
+                    quantize_whole_rows(out_ptr, D, rows, R, D, w_decode_ptr, values_ptr, out_scale_ptr,
+                                        max_ptr, BLOCK_R, NV_BLOCK_K)  # fmt: skip
+        tl.store(rstd_ptr + rows, rstd, mask=rows < R)
+    if AMAX_PAIR:
+        tl.debug_barrier()  # NOTE the rows are read back in another layout: all stores first
+        rows_each = SUBTILES * BLOCK_R
+        store_amax_pair(out_ptr, tl.program_id(0) * rows_each, 0, D, R, D, pair_ptr, SIGN_BITS, rows_each,
+                        PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
 
 
 @triton.jit
@@ -158,10 +162,11 @@ def norm_forward(
     rstd = torch.empty(R, device=x.device, dtype=torch.float32)
     block_d, block_r, warps = forward_tile(D)
     in_registers = nvfp4_rows is not None and rows_fit_in_registers(D)
+    subtiles = 1
     if amax_pair is not None:
         assert out_dtype == torch.bfloat16 and R % 16 == 0, "the amaxes are of a BF16 output, 16 | R"
         assert fp8_out is None and nvfp4_rows is None, "the amaxes are of the BF16 output alone"
-        block_d, block_r, warps = token_group_tile(D)
+        subtiles = max(1, 16 // block_r)  # a program's rows: whole 16-token groups
     sign_bits, pair = amax_pair or (0, rstd)
     if in_registers:
         # NOTE one row a program, as the squared ReLU's rows: regrouping a several-row tile into 16-value
@@ -170,13 +175,14 @@ def norm_forward(
         block_r, warps = 1, row_warps(D)
     w_decode, values, out_scale, largest = nvfp4_rows or (out, out, out, out)
     with on_device(x):
-        _norm_fwd[(max(1, cdiv(R, block_r)),)](
+        _norm_fwd[(max(1, cdiv(R, block_r * subtiles)),)](
             x2, y2, weight, out if h is None else h, out, rstd, R, D, x2.stride(0), y2.stride(0), eps,
             ADD=y is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, enable_fp_fusion=False,
             **fp8_epilogue_kwargs(fp8_out, out), w_decode_ptr=w_decode, values_ptr=values,
             out_scale_ptr=out_scale, max_ptr=largest, NVFP4_ROWS=nvfp4_rows is not None, NV_BLOCK_K=256,
             NV_IN_REGISTERS=in_registers, pair_ptr=pair, AMAX_PAIR=amax_pair is not None,
             SIGN_BITS=sign_bits, NATIVE_BF16=native_bf16(), PAIR_BLOCK_N=min(block_d, 32 * warps),
+            SUBTILES=subtiles,
         )  # fmt: skip
     return out, rstd
 
