@@ -34,7 +34,7 @@ Examples:
     python scripts/bench_pretrain.py --recipes nvfp4 --unfused-epilogue    # NVFP4 GEMM epilogue in a pass
     python scripts/bench_pretrain.py --recipes nvfp4 --nvfp4-pair off      # x's, dy's operands in two passes
     python scripts/bench_pretrain.py --recipes nvfp4 --tiles rht=128,2,2   # the quantizers under other tiles
-    python scripts/bench_pretrain.py --recipes nvfp4 --producer-amaxes on  # norm, squared ReLU give x's amaxes
+    python scripts/bench_pretrain.py --recipes nvfp4 --producer-amaxes on  # the producers give the amaxes
     torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
         --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
 """

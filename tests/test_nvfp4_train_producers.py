@@ -156,6 +156,56 @@ def test_the_gated_norms_amaxes_are_the_linears_own_pass(r, h, p, g, special):
         assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True)), seed
 
 
+@kernel_test
+@pytest.mark.parametrize("seq, reduced", [(48, True), (40, False)])
+@pytest.mark.parametrize("loud", [0, 1, 2])
+def test_the_in_proj_slabs_writers_reduce_its_amaxes(seq, reduced, loud):
+    """Mamba-2's in_proj gradient as its three consumers write it into one slab (gated norm: dz, conv:
+    dxBC, dt softplus: d dt): the same gradient as without the amaxes, and the words the linear's own
+    pass over it reduces, handed on by the split; with a sequence length that is not a multiple of 16
+    the conv's 16-token groups would cross sequences, so it does not reduce and nothing is handed on.
+    ``loud``: the consumer whose gradient holds both amaxes (its upstream gradient 1000x the others')."""
+    from inkling_fp4.model.conv_triton import conv_silu_triton
+    from inkling_fp4.model.glue_kernels.gated_norm_kernels import skip_gated_rms_norm
+    from inkling_fp4.model.glue_kernels.pointwise_kernels import dt_softplus
+    from inkling_fp4.model.grad_slab import SlabAmaxes, split_with_grad_slab
+
+    dev, seed = _device(), random.randrange(2**31)
+    g = torch.Generator().manual_seed(seed)
+    B, H, P, G, C, K = 2, 4, 16, 2, 96, 4
+    widths = [H * P, C, H]  # z, xBC, dt
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dev)
+
+    t = rand(B, seq, sum(widths), scale=2).bfloat16()  # in_proj's output
+    y, x = rand(B, seq, H, P).bfloat16(), rand(B, seq, H, P).bfloat16()
+    D, w, dt_bias = rand(H), rand(H * P), rand(H)
+    conv_w, conv_b = rand(C, K, scale=0.5).bfloat16(), rand(C).bfloat16()
+    douts = [rand(B, seq, H * P), rand(B, seq, C), rand(B, seq, H)]
+    douts[loud] *= 1000
+
+    def in_proj_grad(amaxes):
+        leaf = t.clone().requires_grad_(True)
+        (z, xBC, dt_raw), slab = split_with_grad_slab(leaf, widths, amaxes)
+        into = [slab.into(i) for i in range(3)]
+        outs = [
+            skip_gated_rms_norm(y, x, D, z, w, G, 1e-5, torch.bfloat16, dz_into=into[0]),
+            conv_silu_triton(xBC, conv_w, conv_b, None, None, into[1]),
+            dt_softplus(dt_raw, dt_bias, ddt_into=into[2]),
+        ]
+        torch.autograd.backward([o.float() for o in outs], douts)
+        return leaf.grad
+
+    box: list = []
+    grad = in_proj_grad(SlabAmaxes(SIGNS, torch.zeros(2, device=dev), box))
+    assert torch.equal(_bits(grad), _bits(in_proj_grad(None))), seed
+    if reduced:
+        assert len(box) == 1 and torch.equal(box[0], _own_pass(grad)), (seed, box)
+    else:
+        assert box == [], seed
+
+
 def _nvfp4_model(cfg: ModelConfig, dev: str) -> tuple[HybridLM, PrecisionPolicy]:
     model = HybridLM(cfg).to(dev)
     policy = PrecisionPolicy(PrecisionConfig(recipe="nvfp4", bf16_first_layers=0, bf16_last_layers=0),
@@ -203,8 +253,10 @@ def test_a_model_whose_producers_hand_over_the_amaxes_trains_the_same(monkeypatc
     plain = _step(model, policy, ids)
     mlps = cfg.pattern.count("-")
     mambas = cfg.pattern.count("M")
-    # one fewer per block and per Mamba layer (out_proj's x), two per MLP (down_proj's x, up_proj's dy)
-    assert len(calls) - passes_handed == passes_handed + cfg.n_layers + 2 * mlps + mambas
+    # one fewer per block, two per MLP (down_proj's x, up_proj's dy), one per Mamba layer (out_proj's x)
+    # and on the GPU kernels a second (in_proj's dy, from its gradient slab)
+    per_mamba = 2 if dev == "cuda" else 1
+    assert len(calls) - passes_handed == passes_handed + cfg.n_layers + 2 * mlps + per_mamba * mambas
     for a, b in zip(handed, plain, strict=True):
         assert torch.equal(a, b)
     if dev == "cuda":  # the plain layers' forward (on CPU its norms are the torch references)

@@ -26,10 +26,11 @@ import torch
 import triton
 import triton.language as tl
 
-from inkling_fp4.model.glue_kernels.common import epilogue_args, grad_buffer, round_to
+from inkling_fp4.model.glue_kernels.common import amax_pair_kwargs, epilogue_args, grad_buffer, round_to
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET, autotune, configs
 from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
 from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
+from inkling_fp4.numerics.kernels.nvfp4_rht import store_amax_pair
 
 CHUNK_L = 256  # positions per backward program (one row of the dweight / dbias partial sums)
 
@@ -206,9 +207,14 @@ def _conv_silu_bwd(
     FP8: tl.constexpr,
     E5M2: tl.constexpr,
     HW: tl.constexpr,
+    pair_ptr,
+    AMAX_PAIR: tl.constexpr,
+    SIGN_BITS: tl.constexpr,
+    NATIVE_BF16: tl.constexpr,
 ):
     """Second pass: dx of this chunk's tiles and the chunk's dweight and dbias sums, from da (k <= 4).
-    ``FP8``: dx as delayed-scaled FP8 bytes (``numerics/kernels/fp8_epilogue.py``).
+    ``FP8``: dx as delayed-scaled FP8 bytes (``numerics/kernels/fp8_epilogue.py``). ``AMAX_PAIR``: also
+    the chunk's part of dx's slab's two NVFP4 amaxes (``common.amax_pair_kwargs``; 16 | L).
 
     The owner of input position t visits each tap once (da_{t+s} feeds dx_t and dweight), so x is read
     once, unshifted. The sums are reduced over the positions once, after the loop: a reduction per tile
@@ -280,6 +286,11 @@ def _conv_silu_bwd(
         tl.store(dw_ptr + (row * K + K - 4) * C + c, tl.sum(dw3, 0), mask=c_ok)
     if FP8:
         record_amax(record_ptr, seen)
+    if AMAX_PAIR:
+        tl.debug_barrier()  # NOTE the rows are read back in another layout: all stores first
+        first_c = tl.program_id(2) * BC
+        store_amax_pair(dx_ptr + b * sdxb, chunk * CHUNK, first_c, first_c + BC, L, C, sdxl, pair_ptr,
+                        SIGN_BITS, CHUNK, BC, NATIVE_BF16)  # fmt: skip
 
 
 def _device(t: torch.Tensor):
@@ -350,7 +361,10 @@ class _ConvSiLU(torch.autograd.Function):
         da = torch.empty(Bsz, L, C, device=x.device, dtype=torch.float32)  # contiguous: read as such
         _pointwise(x, weight, bias, seg, douts, da)
         # [B, L, C]; a column block of in_proj's gradient in the mixer (BF16 values or FP8 bytes)
-        dx, fp8_kw, dx_grad = epilogue_args(grad_buffer(ctx.dx_into, x))
+        target = grad_buffer(ctx.dx_into, x)
+        dx, fp8_kw, dx_grad = epilogue_args(target)
+        # NVFP4: dx's amaxes, where 16-token groups stay inside a sequence
+        pair_kw = amax_pair_kwargs(target, CHUNK_L if L % 16 == 0 else 1, x)
         dw_part = torch.empty(Bsz * n_chunks, K, C, device=x.device, dtype=torch.float32)
         db_part = torch.empty(Bsz * n_chunks, C, device=x.device, dtype=torch.float32)
         with _device(x):
@@ -373,6 +387,7 @@ class _ConvSiLU(torch.autograd.Function):
                 K=K,
                 CHUNK=CHUNK_L,
                 **fp8_kw,
+                **pair_kw,
             )
         dweight = dw_part.sum(0).t().to(weight.dtype)  # [C, k]
         dbias = db_part.sum(0).to(bias.dtype)

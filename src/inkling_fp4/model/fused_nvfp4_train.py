@@ -6,8 +6,9 @@ pre-norm, the MLP's squared ReLU and Mamba-2's gated norm hold x as they write i
 amaxes from the tile they just stored (with the RHT's own butterfly, so the same bits:
 ``nvfp4_rht.store_amax_pair``) and hand them to the one linear that reads x (in_proj, qkv_proj or
 up_proj; down_proj; out_proj), which then skips that read. In the backward the squared ReLU does the
-same for its input's gradient, up_proj's dy. Attention's output and the other gradients still leave it
-to the linear.
+same for its input's gradient (up_proj's dy), and the three kernels that write in_proj's gradient into
+its slab (``grad_slab.py``) each for their block of it. Attention's output and the other gradients still
+leave it to the linear.
 
 :func:`fuse_nvfp4_train` swaps the classes in once. Where the path does not apply (another recipe, no
 weight gradient, tokens not a multiple of 16, no Triton, ``gemm.PRODUCER_NVFP4_AMAXES`` off) they run
@@ -20,13 +21,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inkling_fp4.model.compiled import glue_enabled
+from inkling_fp4.model.compiled import fast_forms_on, glue_enabled
 from inkling_fp4.model.fused_nvfp4_decode import (
     NVFP4DecodeBlock,
     NVFP4DecodeMamba,
     NVFP4DecodeMLP,
     first_linear,
 )
+from inkling_fp4.model.grad_slab import SlabAmaxes, split_with_grad_slab
 from inkling_fp4.model.hybrid import Block
 from inkling_fp4.model.mamba2 import Mamba2Mixer
 from inkling_fp4.model.mlp import MLP, squared_relu
@@ -82,6 +84,22 @@ class NVFP4TrainMLP(NVFP4DecodeMLP):
 
 
 class NVFP4TrainMamba(NVFP4DecodeMamba):
+    def _project_in(self, u: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], list]:
+        """As :meth:`Mamba2Mixer._project_in`; in the backward the kernels that write in_proj's gradient
+        into its slab (gated norm, conv, dt softplus) also reduce its amaxes for in_proj."""
+        grad_signs = amax_signs(self.in_proj, u, torch.bfloat16, grad=True)
+        if grad_signs is None or u.dim() != 3 or u.shape[1] % 16:  # groups stay inside a sequence
+            return super()._project_in(u)
+        dy_amaxes: list = []
+        zxbcdt = self.in_proj(u, dy_amaxes=dy_amaxes)  # [B, L, 2E + 2GN + H]
+        if not (zxbcdt.requires_grad and fast_forms_on(zxbcdt)):
+            return self._split_for_grad(zxbcdt)
+        from inkling_fp4.numerics.kernels.amax import zeroed_words  # needs triton
+
+        amaxes = SlabAmaxes(grad_signs, zeroed_words(2, u.device), dy_amaxes)
+        parts, slab = split_with_grad_slab(zxbcdt, self.in_widths, amaxes)
+        return parts, [slab.into(i) for i in range(3)]
+
     def _output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dz_into=None) -> torch.Tensor:
         """As :meth:`Mamba2Mixer._output`; the gated norm also reduces its output's amaxes for out_proj."""
         summed = torch.promote_types(torch.promote_types(y.dtype, x.dtype), self.D.dtype)

@@ -4,7 +4,9 @@ Autograd's backward of a split concatenates the blocks' gradients into a new ten
 write per layer (in_proj's output split into z, xBC and dt). Here the consumers' backward kernels write
 straight into column blocks of one buffer (their ``*_into`` argument), which the split's backward hands
 on. Under delayed-scaled FP8 the buffer holds FP8 bytes and each consumer returns its block's
-placeholder.
+placeholder. Under NVFP4 (``SlabAmaxes``) each consumer also reduces the buffer's two tensor amaxes over
+its block, and the split hands them to the linear whose gradient the buffer is, once every block's
+writer has.
 
 The buffer is allocated by the first consumer backward that asks for it, not in the forward, where it
 would live through everything in between. A gradient that is not exactly its block (a consumer that
@@ -63,16 +65,47 @@ class FP8GradBlock:
     scalar), telling the split's backward the bytes were written."""
 
 
+@dataclass
+class SlabAmaxes:
+    """A BF16 slab's two NVFP4 tensor amaxes, reduced by the kernels that write its blocks
+    (``nvfp4_rht.store_amax_pair``), for the linear whose output gradient the slab is."""
+
+    sign_bits: int
+    """The wgrad RHT's sign mask."""
+    words: torch.Tensor
+    """FP32 [2], zero until the consumers' backward: ``[max |rht(slabᵀ)|, max |slab|]``."""
+    box: list
+    """The linear's ``dy_amaxes``: it gets ``words`` once every block's writer has reduced them."""
+
+
+@dataclass
+class AmaxGradBlock:
+    """A BF16 gradient block whose writer also reduces the slab's amaxes over it; the writer's launch
+    says so (:meth:`reduced`) when it passes the words to its kernel."""
+
+    data: torch.Tensor
+    amaxes: SlabAmaxes
+    slab: GradSlab
+    index: int
+
+    def reduced(self) -> None:
+        self.slab.reduced.add(self.index)
+
+
 class GradSlab:
     """The gradient buffer of one split ``t [..., sum(widths)]``; block i holds block i's gradient,
-    as values of t's dtype, or with ``fp8`` as FP8 bytes (:class:`FP8GradBlock`)."""
+    as values of t's dtype, or with ``fp8`` as FP8 bytes (:class:`FP8GradBlock`); with ``amaxes`` its
+    writers also reduce its NVFP4 tensor amaxes (:class:`AmaxGradBlock`)."""
 
-    def __init__(self, like: torch.Tensor, widths: list[int], fp8: FP8Scaling | None = None):
+    def __init__(self, like: torch.Tensor, widths: list[int], fp8: FP8Scaling | None = None, amaxes=None):
         self._shape, self._dtype, self._device = like.shape, like.dtype, like.device
         self._bounds = [0]
         for w in widths:
             self._bounds.append(self._bounds[-1] + w)
         self.fp8 = fp8
+        self.amaxes: SlabAmaxes | None = amaxes
+        self.reduced: set[int] = set()
+        """The blocks whose writer reduced the amaxes over them."""
         self._zero = zeros_placeholder((), like.dtype, like.device) if fp8 is not None else None
         self.buffer: torch.Tensor | None = None
 
@@ -82,12 +115,14 @@ class GradSlab:
             self.buffer = torch.empty(self._shape, dtype=dtype, device=self._device)
         return self.buffer[..., self._bounds[i] : self._bounds[i + 1]]
 
-    def block(self, i: int) -> torch.Tensor | FP8GradBlock:
+    def block(self, i: int) -> torch.Tensor | FP8GradBlock | AmaxGradBlock:
         """Block i of the buffer [..., widths[i]] (allocated on first use), or its FP8 bytes."""
         view = self._view(i)
-        if self.fp8 is None:
-            return view
-        return FP8GradBlock(view, self.fp8, self._zero.expand(view.shape))
+        if self.fp8 is not None:
+            return FP8GradBlock(view, self.fp8, self._zero.expand(view.shape))
+        if self.amaxes is not None:
+            return AmaxGradBlock(view, self.amaxes, self, i)
+        return view
 
     def into(self, i: int) -> Callable[[], torch.Tensor | FP8GradBlock]:
         """A consumer's ``*_into`` for block i: called in its backward, returns where to write."""
@@ -143,9 +178,12 @@ class _SplitColumns(torch.autograd.Function):
             return None, None, None
         if all(slab.holds(g, i) for i, g in enumerate(grads)):
             grad = slab.buffer
+            if slab.amaxes is not None and slab.reduced == set(range(len(grads))):
+                slab.amaxes.box.append(slab.amaxes.words)  # every block's writer reduced its part
         else:  # a consumer did not write into its block
             grad = concatenate(grads, ctx.widths)
         slab.buffer = None
+        slab.reduced = set()
         return grad, None, None
 
 
@@ -159,7 +197,10 @@ def concatenate(grads: tuple, widths: list[int]) -> torch.Tensor:
     return torch.cat(parts, -1)
 
 
-def split_with_grad_slab(t: torch.Tensor, widths: list[int]) -> tuple[tuple[torch.Tensor, ...], GradSlab]:
-    """``t.split(widths, -1)`` and the :class:`GradSlab` its consumers may write their gradients into."""
-    slab = GradSlab(t, list(widths))
+def split_with_grad_slab(
+    t: torch.Tensor, widths: list[int], amaxes: SlabAmaxes | None = None
+) -> tuple[tuple[torch.Tensor, ...], GradSlab]:
+    """``t.split(widths, -1)`` and the :class:`GradSlab` its consumers may write their gradients into
+    (reducing ``amaxes`` over them where given)."""
+    slab = GradSlab(t, list(widths), amaxes=amaxes)
     return _SplitColumns.apply(t, list(widths), slab), slab

@@ -24,9 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from inkling_fp4.model.grad_slab import FP8GradBlock, FP8Scaling
+from inkling_fp4.model.grad_slab import AmaxGradBlock, FP8GradBlock, FP8Scaling
 from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
 from inkling_fp4.numerics.kernels.fp8_quantize import conversion_instruction
+from inkling_fp4.numerics.kernels.nvfp4_rht import native_bf16
 
 CHUNK_ROWS = 64  # rows per backward program: one row of the parameter-gradient partial sums
 TILE_FWD = 4096  # elements of a forward program's [BLOCK_R, BLOCK_W] tile (BLOCK_R = TILE // BLOCK_W)
@@ -120,13 +121,13 @@ def as_rows(t: torch.Tensor, width: int) -> torch.Tensor:
     return t if t.stride(1) == 1 else t.contiguous()
 
 
-def grad_buffer(into, like: torch.Tensor) -> torch.Tensor | FP8GradBlock:
+def grad_buffer(into, like: torch.Tensor) -> torch.Tensor | FP8GradBlock | AmaxGradBlock:
     """The tensor a backward writes like's gradient into: ``into()`` (a column block of a shared buffer,
-    ``model/grad_slab.py``, or an :class:`FP8GradBlock`) or a new one."""
+    ``model/grad_slab.py``, or an :class:`FP8GradBlock` / :class:`AmaxGradBlock`) or a new one."""
     if into is None:
         return torch.empty(like.shape, device=like.device, dtype=like.dtype)
     target = into()
-    out = target.data if isinstance(target, FP8GradBlock) else target
+    out = target.data if isinstance(target, FP8GradBlock | AmaxGradBlock) else target
     dtype = torch.uint8 if isinstance(target, FP8GradBlock) else like.dtype
     ok = out.shape == like.shape and out.dtype == dtype and out.device == like.device
     if not ok or out.stride(-1) != 1 or not _rows_of_one_stride(out):
@@ -137,11 +138,30 @@ def grad_buffer(into, like: torch.Tensor) -> torch.Tensor | FP8GradBlock:
     return target
 
 
-def epilogue_args(target: torch.Tensor | FP8GradBlock) -> tuple[torch.Tensor, dict, torch.Tensor]:
+def epilogue_args(
+    target: torch.Tensor | FP8GradBlock | AmaxGradBlock,
+) -> tuple[torch.Tensor, dict, torch.Tensor]:
     """(tensor the kernel stores into, FP8 epilogue launch arguments, gradient the backward returns)."""
     if isinstance(target, FP8GradBlock):
         return target.data, fp8_epilogue_kwargs(target.scaling, target.data), target.placeholder
+    if isinstance(target, AmaxGradBlock):
+        return target.data, fp8_epilogue_kwargs(None, target.data), target.data
     return target, fp8_epilogue_kwargs(None, target), target
+
+
+def amax_pair_kwargs(target, rows_each: int, placeholder: torch.Tensor, block_n: int | None = None) -> dict:
+    """The launch arguments of a gradient kernel's NVFP4 amax epilogue (``nvfp4_rht.store_amax_pair``):
+    on for an :class:`AmaxGradBlock` where each program stores whole 16-token groups (``rows_each``
+    rows from a multiple of them), which it then marks as reduced; else off. ``block_n``: the features
+    read back at a time (PAIR_BLOCK_N), where the kernel takes it."""
+    on = isinstance(target, AmaxGradBlock) and rows_each % 16 == 0
+    if on:
+        target.reduced()
+    kwargs = dict(
+        pair_ptr=target.amaxes.words if on else placeholder, AMAX_PAIR=on,
+        SIGN_BITS=target.amaxes.sign_bits if on else 0, NATIVE_BF16=native_bf16(),
+    )  # fmt: skip
+    return kwargs if block_n is None else dict(kwargs, PAIR_BLOCK_N=block_n)
 
 
 def fp8_epilogue_kwargs(scaling: FP8Scaling | None, out: torch.Tensor) -> dict:

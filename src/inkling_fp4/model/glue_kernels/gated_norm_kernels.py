@@ -22,6 +22,7 @@ import triton.language as tl
 
 from inkling_fp4.model.glue_kernels.common import (
     TL_DTYPES,
+    amax_pair_kwargs,
     as_rows,
     backward_tile,
     cdiv,
@@ -103,7 +104,7 @@ def _gated_fwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, out_ptr, rstd_ptr, R, E, GW, s
     if AMAX_PAIR:
         tl.debug_barrier()  # NOTE the tile is read back in another layout: all stores first
         rows_each = SUBTILES * BLOCK_R
-        store_amax_pair(out_ptr, tl.program_id(0) * rows_each, grp * GW, grp * GW + GW, R, E, pair_ptr,
+        store_amax_pair(out_ptr, tl.program_id(0) * rows_each, grp * GW, grp * GW + GW, R, E, E, pair_ptr,
                         SIGN_BITS, rows_each, PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
 
 
@@ -111,7 +112,8 @@ def _gated_fwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, out_ptr, rstd_ptr, R, E, GW, s
 def _gated_bwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, rstd_ptr, dout_ptr, dy_ptr, dx_ptr, dz_ptr, part_ptr,
                R, E, GW, sy, sx, sz, sdo, sdz, P: tl.constexpr, S_DTYPE: tl.constexpr, CHUNK: tl.constexpr,
                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, amax_ptr, record_ptr, FP8: tl.constexpr,
-               E5M2: tl.constexpr, HW: tl.constexpr):  # fmt: skip
+               E5M2: tl.constexpr, HW: tl.constexpr, pair_ptr, AMAX_PAIR: tl.constexpr,
+               SIGN_BITS: tl.constexpr, NATIVE_BF16: tl.constexpr, PAIR_BLOCK_N: tl.constexpr):  # fmt: skip
     """dy, dx, dz of group program_id(1) over CHUNK rows; the sums of dout u^ and ds x go to row
     program_id(0) of the partial sums [programs, 2, E]. ``FP8``: dz as delayed-scaled FP8 bytes."""
     pid = tl.program_id(0)
@@ -159,6 +161,10 @@ def _gated_bwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, rstd_ptr, dout_ptr, dy_ptr, dx
     tl.store(part_ptr + (pid * 2 + 1) * E + cols, tl.sum(dd, 0), mask=col_ok)
     if FP8:
         record_amax(record_ptr, seen)
+    if AMAX_PAIR:  # dz's part of its slab's NVFP4 amaxes (common.amax_pair_kwargs)
+        tl.debug_barrier()  # NOTE the rows are read back in another layout: all stores first
+        store_amax_pair(dz_ptr, pid * CHUNK, grp * GW, grp * GW + GW, R, E, sdz, pair_ptr, SIGN_BITS, CHUNK,
+                        PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
 
 
 def gated_forward(
@@ -212,20 +218,22 @@ def gated_backward(y, x, D, z, weight, rstd, dout, dz_into=None):
     dy = torch.empty(y.shape, device=y.device, dtype=y.dtype)
     dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     # [..., E]; a column block of in_proj's gradient in the mixer (BF16 values or FP8 bytes)
-    dz_out, fp8_kw, dz = epilogue_args(grad_buffer(dz_into, z))
+    dz_target = grad_buffer(dz_into, z)
+    dz_out, fp8_kw, dz = epilogue_args(dz_target)
     dz2 = dz_out.view(-1, E)
     block_c, block_r, warps, chunk = backward_tile(E // G, BWD_PER_THREAD, BWD_CHUNK_ROWS)
     n_prog = max(1, cdiv(R, chunk))
     # at the tuned elements per thread only: a wider group (more per thread) keeps ptxas's own count
     tuned = block_r * block_c <= BWD_PER_THREAD * 32 * warps
     cap = dict(maxnreg=BWD_FP8_REGS) if fp8_kw["FP8"] and tuned else {}
+    pair_kw = amax_pair_kwargs(dz_target, chunk, rstd, min(block_c, 32 * warps))  # NVFP4: dz's amaxes
     part = torch.empty(n_prog, 2, E, device=z.device, dtype=torch.float32)  # dweight, dD partial sums
     with on_device(z):
         _gated_bwd[(n_prog, G)](
             y2, x2, D, z2, weight, rstd, dout2, dy, dx, dz2, part, R, E, E // G,
             y2.stride(0), x2.stride(0), z2.stride(0), dout2.stride(0), dz2.stride(0),
             P=P, S_DTYPE=TL_DTYPES[skip_dtype(y, x, D)], CHUNK=chunk, BLOCK_R=block_r, BLOCK_C=block_c,
-            num_warps=warps, enable_fp_fusion=True, **fp8_kw, **cap,
+            num_warps=warps, enable_fp_fusion=True, **fp8_kw, **pair_kw, **cap,
         )  # fmt: skip
     sums = part.sum(0)  # [2, E]
     dD = sums[1].view(H, P).sum(1).to(D.dtype)  # [H]

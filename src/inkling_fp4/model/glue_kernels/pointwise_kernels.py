@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from inkling_fp4.model.glue_kernels.common import (
+    amax_pair_kwargs,
     as_rows,
     cdiv,
     check_inputs,
@@ -71,9 +72,12 @@ def _squared_relu(h_ptr, dout_ptr, out_ptr, n, GRAD: tl.constexpr, BLOCK: tl.con
 @triton.jit
 def _dt_softplus(dt_ptr, bias_ptr, dout_ptr, out_ptr, part_ptr, R, H, sdt, sdo, sout,
                  GRAD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, amax_ptr, record_ptr,
-                 FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr):  # fmt: skip
+                 FP8: tl.constexpr, E5M2: tl.constexpr, HW: tl.constexpr, pair_ptr, AMAX_PAIR: tl.constexpr,
+                 SIGN_BITS: tl.constexpr, NATIVE_BF16: tl.constexpr, PAIR_BLOCK_N: tl.constexpr):  # fmt: skip
     """out = softplus(dt + bias) in FP32, or with GRAD out = d dt and this tile's sum of it into row
-    program_id(0) of the dt_bias partial sums. ``FP8`` (with GRAD): d dt as delayed-scaled FP8 bytes."""
+    program_id(0) of the dt_bias partial sums. ``FP8`` (with GRAD): d dt as delayed-scaled FP8 bytes.
+    ``AMAX_PAIR`` (with GRAD): also the tile's part of d dt's slab's two NVFP4 amaxes
+    (``common.amax_pair_kwargs``)."""
     pid = tl.program_id(0)
     rows = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
@@ -94,6 +98,10 @@ def _dt_softplus(dt_ptr, bias_ptr, dout_ptr, out_ptr, part_ptr, R, H, sdt, sdo, 
                 out_ptr + rows[:, None] * sout + cols[None, :], round_to(dv, out_ptr.dtype.element_ty),
                 mask=mask,
             )  # fmt: skip
+            if AMAX_PAIR:
+                tl.debug_barrier()  # NOTE the rows are read back in another layout: all stores first
+                store_amax_pair(out_ptr, pid * BLOCK_R, 0, H, R, H, sout, pair_ptr, SIGN_BITS, BLOCK_R,
+                                PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
         tl.store(part_ptr + pid * H + cols, tl.sum(dv, 0), mask=cols < H)
     else:
         out = tl.where(v > SOFTPLUS_THRESHOLD, v, log1p(e))
@@ -130,7 +138,7 @@ def _squared_relu_amax_pair(h_ptr, dout_ptr, out_ptr, pair_ptr, R, F, GRAD: tl.c
             out = r * r
         tl.store(out_ptr + offs, round_to(out, out_ptr.dtype.element_ty), mask=mask)
     tl.debug_barrier()  # NOTE the rows are read back in another layout: all stores first
-    store_amax_pair(out_ptr, tl.program_id(0) * 16, 0, F, R, F, pair_ptr, SIGN_BITS, 16, PAIR_BLOCK_N,
+    store_amax_pair(out_ptr, tl.program_id(0) * 16, 0, F, R, F, F, pair_ptr, SIGN_BITS, 16, PAIR_BLOCK_N,
                     NATIVE_BF16)  # fmt: skip
 
 
@@ -193,7 +201,7 @@ class _DtSoftplus(torch.autograd.Function):
             _dt_softplus[(max(1, cdiv(R, block_r)),)](
                 dt2, dt_bias, dt2, out, out, R, H, dt2.stride(0), 0, H,
                 GRAD=False, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=warps, enable_fp_fusion=False,
-                **fp8_epilogue_kwargs(None, out),
+                **fp8_epilogue_kwargs(None, out), **amax_pair_kwargs(out, block_r, out, block_h),
             )  # fmt: skip
         ctx.save_for_backward(dt_raw, dt_bias)
         return out
@@ -207,14 +215,16 @@ class _DtSoftplus(torch.autograd.Function):
         block_h, block_r, warps = forward_tile(H)  # one tile of rows per program, as the forward
         n_prog = max(1, cdiv(R, block_r))
         # [..., H]; a column block of in_proj's gradient in the mixer (BF16 values or FP8 bytes)
-        ddt_out, fp8_kw, ddt = epilogue_args(grad_buffer(ctx.ddt_into, dt_raw))
+        target = grad_buffer(ctx.ddt_into, dt_raw)
+        ddt_out, fp8_kw, ddt = epilogue_args(target)
         ddt2 = ddt_out.view(-1, H)
+        pair_kw = amax_pair_kwargs(target, block_r, ddt2, min(block_h, 32 * warps))  # NVFP4: d dt's amaxes
         part = torch.empty(n_prog, H, device=dt_raw.device, dtype=torch.float32)  # dt_bias partial sums
         with on_device(dt_raw):
             _dt_softplus[(n_prog,)](
                 dt2, dt_bias, dout2, ddt2, part, R, H, dt2.stride(0), dout2.stride(0), ddt2.stride(0),
                 GRAD=True, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=warps, enable_fp_fusion=True,
-                **fp8_kw,
+                **fp8_kw, **pair_kw,
             )  # fmt: skip
         return ddt, part.sum(0).to(dt_bias.dtype), None
 

@@ -117,17 +117,18 @@ def stored_rows_abs_max(x_ptr, first_row, first_feature, end_feature, M, stride_
 
 
 @triton.jit
-def store_amax_pair(x_ptr, first_row, first_feature, end_feature, M, N, pair_ptr, SIGN_BITS: tl.constexpr,
-                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr):  # fmt: skip
+def store_amax_pair(x_ptr, first_row, first_feature, end_feature, M, N, stride_xm, pair_ptr,
+                    SIGN_BITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                    NATIVE_BF16: tl.constexpr):  # fmt: skip
     """:func:`stored_rows_abs_max` over features ``first_feature`` .. ``end_feature`` (the program's own
-    columns: no other program's stores are read) of a contiguous x [M, N], maxed into ``pair_ptr`` [2]
-    as :func:`rht_t_abs_max` lays them out: [rht amax, x amax]."""
+    columns: no other program's stores are read) of x [M, N] (row stride ``stride_xm``, unit column
+    stride), maxed into ``pair_ptr`` [2] as :func:`rht_t_abs_max` lays them out: [rht amax, x amax]."""
     rht_max = tl.zeros([1], dtype=tl.float32)
     x_max = tl.zeros([1], dtype=tl.float32)
     end = tl.minimum(end_feature, N)
     for feature in range(first_feature, end, BLOCK_N):
         a, b = stored_rows_abs_max(
-            x_ptr, first_row, feature, end, M, N, SIGN_BITS, ROWS, BLOCK_N, NATIVE_BF16
+            x_ptr, first_row, feature, end, M, stride_xm, SIGN_BITS, ROWS, BLOCK_N, NATIVE_BF16
         )
         rht_max = tl.maximum(rht_max, a)
         x_max = tl.maximum(x_max, b)
