@@ -124,7 +124,7 @@ class GradSlab:
             return AmaxGradBlock(view, self.amaxes, self, i)
         return view
 
-    def into(self, i: int) -> Callable[[], torch.Tensor | FP8GradBlock]:
+    def into(self, i: int) -> Callable[[], torch.Tensor | FP8GradBlock | AmaxGradBlock]:
         """A consumer's ``*_into`` for block i: called in its backward, returns where to write."""
         return functools.partial(self.block, i)
 

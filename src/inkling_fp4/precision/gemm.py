@@ -59,9 +59,10 @@ def shared_nvfp4_amaxes(
 
 
 PRODUCER_NVFP4_AMAXES = False
-"""Whether x's producer (the block pre-norm, the MLP's squared ReLU: ``model/fused_nvfp4_train.py``)
-reduces x's two NVFP4 tensor amaxes while it writes x, so the linear skips its amax pass over x (the same
-bits). Off until a GPU step shows it faster: ``bench_pretrain.py --producer-amaxes on``."""
+"""Whether the kernels that write a linear's x or dy (the pre-norm, the squared ReLU, the gated norm, the
+writers of in_proj's gradient slab: ``model/fused_nvfp4_train.py``) reduce its two NVFP4 tensor amaxes as
+they write it, so the linear skips its amax pass over it (the same words). Off until a GPU step shows it
+faster: ``bench_pretrain.py --producer-amaxes on``."""
 
 
 FUSED_NVFP4_PAIR = False
