@@ -95,6 +95,31 @@ def test_the_norms_amaxes_are_the_linears_own_pass(add, r, d, special):
 
 
 @kernel_test
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])  # y's gradient its own buffer, or dx
+@pytest.mark.parametrize("r, d, special", [(64, 48, False), (128, 600, True), (16, 40, False)])
+def test_the_norms_backward_gives_ys_gradient_amaxes(x_dtype, r, d, special):
+    """The block norm's add: the gradient of y (the previous mixer's output, its output projection's dy)
+    with the words the projection's own pass over it reduces, and the same gradients as without them."""
+    from inkling_fp4.model.glue_kernels.norm_kernels import add_rms_norm, norm_amax_pair
+
+    dev, seed = _device(), random.randrange(2**31)
+    g = torch.Generator().manual_seed(seed)
+    x = _rows(r, d, g, False).to(x_dtype).to(dev).requires_grad_(True)
+    y = (torch.randn(r, d, generator=g) * 2).bfloat16().to(dev).requires_grad_(True)
+    w = (torch.rand(d, generator=g) + 0.5).to(dev).requires_grad_(True)
+    dout = _rows(r, d, g, special).bfloat16().to(dev)
+    dy_words: list = []
+    _, normed, words = norm_amax_pair(x, y, w, 1e-5, None, (SIGNS, dy_words))
+    assert words is None  # no forward amaxes asked for
+    grads = torch.autograd.grad(normed, [x, y, w], dout)
+    ref_grads = torch.autograd.grad(add_rms_norm(x, y, w, 1e-5, torch.bfloat16)[1], [x, y, w], dout)
+    assert len(dy_words) == 1 and torch.equal(dy_words[0], _own_pass(grads[1])), (seed, dy_words)
+    assert torch.isinf(dy_words[0]).all() == special, seed
+    if not special:
+        assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads, strict=True)), seed
+
+
+@kernel_test
 @pytest.mark.parametrize("lead, f, special", [((2, 16), 48, False), ((48,), 600, True), ((16,), 16, False)])
 def test_the_squared_relus_amaxes_are_the_linears_own_pass(lead, f, special):
     from inkling_fp4.model.glue_kernels.pointwise_kernels import squared_relu, squared_relu_amax_pair
@@ -240,6 +265,7 @@ def test_a_model_whose_producers_hand_over_the_amaxes_trains_the_same(monkeypatc
     monkeypatch.setattr(gemm, "PRODUCER_NVFP4_AMAXES", True)
     cfg = ModelConfig(preset="tiny", pattern="M*-")  # each kind of block once, the last two with a residual
     model, policy = _nvfp4_model(cfg, dev)
+    assert type(model) is fused_nvfp4_train.NVFP4TrainHybridLM
     assert [type(b) for b in model.layers] == [fused_nvfp4_train.NVFP4TrainBlock] * 3
     assert type(model.layers[0].mixer) is fused_nvfp4_train.NVFP4TrainMamba
     ids = torch.randint(0, cfg.vocab_size, (2, 17), device=dev)  # 32 tokens: two 16-token groups
@@ -253,10 +279,11 @@ def test_a_model_whose_producers_hand_over_the_amaxes_trains_the_same(monkeypatc
     plain = _step(model, policy, ids)
     mlps = cfg.pattern.count("-")
     mambas = cfg.pattern.count("M")
-    # one fewer per block, two per MLP (down_proj's x, up_proj's dy), one per Mamba layer (out_proj's x)
-    # and on the GPU kernels a second (in_proj's dy, from its gradient slab)
+    # per block two fewer (the first linear's x, the output projection's dy), two per MLP (down_proj's x,
+    # up_proj's dy), one per Mamba layer (out_proj's x) and on the GPU kernels a second (in_proj's dy,
+    # from its gradient slab)
     per_mamba = 2 if dev == "cuda" else 1
-    assert len(calls) - passes_handed == passes_handed + cfg.n_layers + 2 * mlps + per_mamba * mambas
+    assert len(calls) - passes_handed == passes_handed + 2 * cfg.n_layers + 2 * mlps + per_mamba * mambas
     for a, b in zip(handed, plain, strict=True):
         assert torch.equal(a, b)
     if dev == "cuda":  # the plain layers' forward (on CPU its norms are the torch references)

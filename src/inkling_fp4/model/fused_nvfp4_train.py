@@ -5,10 +5,11 @@ tensor scale from its own amax, so the linear reads x once just for the two amax
 pre-norm, the MLP's squared ReLU and Mamba-2's gated norm hold x as they write it: they reduce both
 amaxes from the tile they just stored (with the RHT's own butterfly, so the same bits:
 ``nvfp4_rht.store_amax_pair``) and hand them to the one linear that reads x (in_proj, qkv_proj or
-up_proj; down_proj; out_proj), which then skips that read. In the backward the squared ReLU does the
-same for its input's gradient (up_proj's dy), and the three kernels that write in_proj's gradient into
-its slab (``grad_slab.py``) each for their block of it. Attention's output and the other gradients still
-leave it to the linear.
+up_proj; down_proj; out_proj), which then skips that read. In the backward the same goes for the
+gradients: the squared ReLU's for up_proj's dy, the three kernels that write in_proj's gradient into
+its slab (``grad_slab.py``) each for their block of it, and the next block's norm (or the final norm)
+for the output projection's dy (the mixer's output gradient; the blocks hand its list along). Only
+attention's output (o_proj's x) and qkv_proj's dy still leave it to the linear.
 
 :func:`fuse_nvfp4_train` swaps the classes in once. Where the path does not apply (another recipe, no
 weight gradient, tokens not a multiple of 16, no Triton, ``gemm.PRODUCER_NVFP4_AMAXES`` off) they run
@@ -21,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from inkling_fp4.model.attention import Attention
 from inkling_fp4.model.compiled import fast_forms_on, glue_enabled
 from inkling_fp4.model.fused_nvfp4_decode import (
     NVFP4DecodeBlock,
@@ -29,10 +31,10 @@ from inkling_fp4.model.fused_nvfp4_decode import (
     first_linear,
 )
 from inkling_fp4.model.grad_slab import SlabAmaxes, split_with_grad_slab
-from inkling_fp4.model.hybrid import Block
+from inkling_fp4.model.hybrid import Block, HybridLM
 from inkling_fp4.model.mamba2 import Mamba2Mixer
 from inkling_fp4.model.mlp import MLP, squared_relu
-from inkling_fp4.model.norm import output_dtype
+from inkling_fp4.model.norm import output_dtype, skip_gated_rms_norm
 from inkling_fp4.model.packing import Packing
 from inkling_fp4.precision.quant_linear import QuantLinear
 
@@ -48,24 +50,63 @@ def amax_signs(
     return linear.producer_amax_signs(x, grad)
 
 
-class NVFP4TrainBlock(NVFP4DecodeBlock):
-    def forward(
-        self, x: torch.Tensor, packing: Packing | None = None, pending: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As :meth:`Block.forward`; the norm also reduces its output's amaxes for the first linear."""
-        linear = first_linear(self.mixer)
-        h_dtype = x.dtype if pending is None else torch.promote_types(x.dtype, pending.dtype)
-        signs = amax_signs(linear, x, output_dtype(h_dtype, x.device))
-        if signs is None:
-            return super().forward(x, packing, pending)
+class NVFP4TrainHybridLM(HybridLM):
+    def forward_hidden(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """As :meth:`HybridLM.forward_hidden`, each block handing the next where its output projection's dy
+        amaxes go (None where nothing reduces them)."""
+        packing = Packing.from_doc_ids(doc_ids, attention="*" in self.cfg.pattern)
+        x = self.embed(input_ids)  # [B, L, D]
+        pending = pending_amaxes = None
+        for block in self.layers:
+            x, pending, pending_amaxes = block(x, packing, pending, pending_amaxes)
+        if pending is None:
+            return self.norm_f(x)
+        if pending_amaxes is None:
+            return self.norm_f.add_and_norm(x, pending)[1]
         from inkling_fp4.model.glue_kernels.norm_kernels import norm_amax_pair  # needs triton
 
-        h, normed, words = norm_amax_pair(x, pending, self.norm.weight, self.norm.eps, signs)
-        linear.hand_over_amaxes(normed, words)
-        return (x if h is None else h), self.mixer(normed, packing)
+        return norm_amax_pair(x, pending, self.norm_f.weight, self.norm_f.eps, None, pending_amaxes)[1]
+
+
+class NVFP4TrainBlock(NVFP4DecodeBlock):
+    def forward(
+        self,
+        x: torch.Tensor,
+        packing: Packing | None = None,
+        pending: torch.Tensor | None = None,
+        pending_amaxes: tuple | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
+        """As :meth:`Block.forward`; the norm also reduces its output's amaxes for the first linear and, in
+        the backward, ``pending``'s gradient's into ``pending_amaxes`` ((sign bits, the previous output
+        projection's ``dy_amaxes``) or None). Returns this block's own such pair third."""
+        linear = first_linear(self.mixer)
+        (out_linear,) = self.mixer.output_projections()
+        h_dtype = x.dtype if pending is None else torch.promote_types(x.dtype, pending.dtype)
+        signs = amax_signs(linear, x, output_dtype(h_dtype, x.device))
+        out_signs = amax_signs(out_linear, x, torch.bfloat16, grad=True)  # its dy has x's tokens
+        out_amaxes = None if out_signs is None else (out_signs, [])
+        if out_amaxes is not None:  # the mixer's output projection takes the list (its class default: None)
+            self.mixer.out_dy_amaxes = out_amaxes[1]
+        try:
+            if signs is None and pending_amaxes is None:
+                x, out = super().forward(x, packing, pending)
+                return x, out, out_amaxes
+            from inkling_fp4.model.glue_kernels.norm_kernels import norm_amax_pair  # needs triton
+
+            norm = self.norm
+            h, normed, words = norm_amax_pair(x, pending, norm.weight, norm.eps, signs, pending_amaxes)
+            if words is not None:
+                linear.hand_over_amaxes(normed, words)
+            return (x if h is None else h), self.mixer(normed, packing), out_amaxes
+        finally:
+            if out_amaxes is not None:
+                self.mixer.out_dy_amaxes = None
 
 
 class NVFP4TrainMLP(NVFP4DecodeMLP):
+    out_dy_amaxes: list | None = None
+    """Where down_proj's dy amaxes go (set by the block around its call; the next norm fills it)."""
+
     def forward(self, x: torch.Tensor, packing=None) -> torch.Tensor:
         """As :meth:`MLP.forward`; the squared ReLU also reduces its output's amaxes for down_proj, and in
         the backward those of its input's gradient (up_proj's dy, u's one consumer) for up_proj."""
@@ -74,16 +115,19 @@ class NVFP4TrainMLP(NVFP4DecodeMLP):
         u = self.up_proj(x, dy_amaxes=dy_amaxes)  # [..., F]
         signs = amax_signs(self.down_proj, u, u.dtype)
         if signs is None and grad_signs is None:
-            return self.down_proj(squared_relu(u))
+            return self.down_proj(squared_relu(u), dy_amaxes=self.out_dy_amaxes)
         from inkling_fp4.model.glue_kernels.pointwise_kernels import squared_relu_amax_pair  # needs triton
 
         h, words = squared_relu_amax_pair(u, signs, grad_signs, dy_amaxes)
         if words is not None:
             self.down_proj.hand_over_amaxes(h, words)
-        return self.down_proj(h)  # [..., D]
+        return self.down_proj(h, dy_amaxes=self.out_dy_amaxes)  # [..., D]
 
 
 class NVFP4TrainMamba(NVFP4DecodeMamba):
+    out_dy_amaxes: list | None = None
+    """Where out_proj's dy amaxes go (set by the block around its call; the next norm fills it)."""
+
     def _project_in(self, u: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], list]:
         """As :meth:`Mamba2Mixer._project_in`; in the backward the kernels that write in_proj's gradient
         into its slab (gated norm, conv, dt softplus) also reduce its amaxes for in_proj."""
@@ -105,7 +149,9 @@ class NVFP4TrainMamba(NVFP4DecodeMamba):
         summed = torch.promote_types(torch.promote_types(y.dtype, x.dtype), self.D.dtype)
         signs = amax_signs(self.out_proj, z, output_dtype(summed, y.device))  # h has z's shape [..., E]
         if signs is None:
-            return super()._output(y, x, z, dz_into)
+            h = skip_gated_rms_norm(y, x, self.D, z, self.norm.weight, self.G, self.norm.eps,
+                                    output_dtype(summed, y.device), dz_into=dz_into)  # fmt: skip
+            return self.out_proj(h, dy_amaxes=self.out_dy_amaxes)
         from inkling_fp4.model.glue_kernels.gated_norm_kernels import (
             skip_gated_norm_amax_pair,  # needs triton
         )
@@ -113,18 +159,29 @@ class NVFP4TrainMamba(NVFP4DecodeMamba):
         norm = self.norm
         h, words = skip_gated_norm_amax_pair(y, x, self.D, z, norm.weight, self.G, norm.eps, signs, dz_into)
         self.out_proj.hand_over_amaxes(h, words)
-        return self.out_proj(h)  # [..., D]
+        return self.out_proj(h, dy_amaxes=self.out_dy_amaxes)  # [..., D]
 
 
-FUSED = {Block: NVFP4TrainBlock, NVFP4DecodeBlock: NVFP4TrainBlock, MLP: NVFP4TrainMLP,
-         NVFP4DecodeMLP: NVFP4TrainMLP, Mamba2Mixer: NVFP4TrainMamba,
-         NVFP4DecodeMamba: NVFP4TrainMamba}  # fmt: skip
+class NVFP4TrainAttention(Attention):
+    out_dy_amaxes: list | None = None
+    """Where o_proj's dy amaxes go (set by the block around its call; the next norm fills it)."""
+
+    def forward(self, x: torch.Tensor, packing: Packing | None = None):
+        """As :meth:`Attention.forward`, o_proj's dy amaxes from the next norm."""
+        q, k, v = self._qkv(x)
+        y = self._attend(q, k, v, None if packing is None else packing.attn_mask)
+        return self.o_proj(y, dy_amaxes=self.out_dy_amaxes)
+
+
+FUSED = {HybridLM: NVFP4TrainHybridLM, Block: NVFP4TrainBlock, NVFP4DecodeBlock: NVFP4TrainBlock,
+         MLP: NVFP4TrainMLP, NVFP4DecodeMLP: NVFP4TrainMLP, Mamba2Mixer: NVFP4TrainMamba,
+         NVFP4DecodeMamba: NVFP4TrainMamba, Attention: NVFP4TrainAttention}  # fmt: skip
 """Each plain (or decode) class -> its training variant (same parameters; ``forward`` differs)."""
 
 
 def fuse_nvfp4_train(model: nn.Module) -> nn.Module:
-    """Give ``model``'s blocks, MLPs and Mamba-2 mixers the classes above, in place (idempotent). Call it
-    before wrapping the model: FSDP subclasses the class it finds."""
+    """Give ``model`` and its layers the classes above, in place (idempotent). Call it before wrapping the
+    model: FSDP subclasses the class it finds."""
     for module in model.modules():
         fused = FUSED.get(type(module))
         if fused is not None:

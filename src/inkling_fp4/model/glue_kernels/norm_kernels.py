@@ -106,9 +106,12 @@ def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
 def _norm_bwd(h_ptr, w_ptr, rstd_ptr, dout_ptr, dh_ptr, dx_ptr, dy_ptr, dw_ptr, R, D, sh, sdo, sdh,
               HAS_DH: tl.constexpr, TWO: tl.constexpr, CHUNK: tl.constexpr, BLOCK_R: tl.constexpr,
               BLOCK_D: tl.constexpr, amax_ptr, record_ptr, FP8: tl.constexpr, E5M2: tl.constexpr,
-              HW: tl.constexpr):  # fmt: skip
+              HW: tl.constexpr, pair_ptr, AMAX_PAIR: tl.constexpr, SIGN_BITS: tl.constexpr,
+              NATIVE_BF16: tl.constexpr, PAIR_BLOCK_N: tl.constexpr):  # fmt: skip
     """dx (plus dh when HAS_DH; also stored as dy when TWO) of this program's CHUNK rows, and their sum of
-    dout h^ into its row of the dweight partial sums. ``FP8``: dy as delayed-scaled FP8 bytes."""
+    dout h^ into its row of the dweight partial sums. ``FP8``: dy as delayed-scaled FP8 bytes.
+    ``AMAX_PAIR``: also the rows' part of dy's two NVFP4 tensor amaxes into ``pair_ptr`` [2] (the
+    gradient of the add's y: the output projection before it; 16 | CHUNK)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     col_ok = cols < D
@@ -142,6 +145,10 @@ def _norm_bwd(h_ptr, w_ptr, rstd_ptr, dout_ptr, dh_ptr, dx_ptr, dy_ptr, dw_ptr, 
     tl.store(dw_ptr + pid * D + cols, dw, mask=col_ok)
     if FP8:
         record_amax(record_ptr, seen)
+    if AMAX_PAIR:  # dy is dx itself where not TWO
+        tl.debug_barrier()  # NOTE the rows are read back in another layout: all stores first
+        store_amax_pair(dy_ptr if TWO else dx_ptr, pid * CHUNK, 0, D, R, D, D, pair_ptr, SIGN_BITS, CHUNK,
+                        PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
 
 
 def norm_forward(
@@ -187,9 +194,10 @@ def norm_forward(
     return out, rstd
 
 
-def norm_backward(h, weight, rstd, dout, dh, dx_dtype, dy_dtype, dy_into=None):
+def norm_backward(h, weight, rstd, dout, dh, dx_dtype, dy_dtype, dy_into=None, dy_amaxes=None):
     """The (add +) rms_norm backward: dx, dy (dx itself when the dtypes agree) and dweight; ``dy_into``:
-    where dy goes (``common.grad_buffer``)."""
+    where dy goes (``common.grad_buffer``). ``dy_amaxes``: (RHT sign bits, a list to append dy's two
+    NVFP4 tensor amaxes to, ``[max |rht(dyᵀ)|, max |dy|]``; 16 | R)."""
     D = h.shape[-1]
     h2, dout2 = as_rows(h, D), as_rows(dout, D)
     dh2 = None if dh is None else as_rows(dh, D)
@@ -206,13 +214,22 @@ def norm_backward(h, weight, rstd, dout, dh, dx_dtype, dy_dtype, dy_into=None):
     block_d, block_r, warps, chunk = backward_tile(D)
     n_prog = max(1, cdiv(R, chunk))
     part = torch.empty(n_prog, D, device=h.device, dtype=torch.float32)  # dweight partial sums
+    words = None
+    if dy_amaxes is not None:
+        assert dy_into is None and R % 16 == 0 and chunk % 16 == 0, "dy's amaxes: its own buffer, 16 | R"
+        words = zeroed_words(2, h.device)
+    sign_bits = 0 if dy_amaxes is None else dy_amaxes[0]
     with on_device(h):
         _norm_bwd[(n_prog,)](
             h2, weight, rstd, dout2, dout2 if dh2 is None else dh2, dx, dy_out, part, R, D,
             h2.stride(0), dout2.stride(0), 0 if dh2 is None else dh2.stride(0),
             HAS_DH=dh2 is not None, TWO=two, CHUNK=chunk, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps,
-            enable_fp_fusion=True, **fp8_kw,
+            enable_fp_fusion=True, **fp8_kw, pair_ptr=part if words is None else words,
+            AMAX_PAIR=words is not None, SIGN_BITS=sign_bits, NATIVE_BF16=native_bf16(),
+            PAIR_BLOCK_N=min(block_d, 32 * warps),
         )  # fmt: skip
+    if words is not None:
+        dy_amaxes[1].append(words)
     return dx, dy, part.sum(0).to(weight.dtype)
 
 
@@ -232,12 +249,12 @@ class _RMSNorm(torch.autograd.Function):
 
 class _AddRMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, y, weight, eps, out_dtype, dy_into, amax_pair=None):
+    def forward(ctx, x, y, weight, eps, out_dtype, dy_into, amax_pair=None, dy_amaxes=None):
         ctx.set_materialize_grads(False)  # h is often dropped (the final norm): no zeros to add
         h = torch.empty(x.shape, device=x.device, dtype=torch.promote_types(x.dtype, y.dtype))
         out, rstd = norm_forward(x, y, weight, eps, out_dtype, h, amax_pair=amax_pair)
         ctx.save_for_backward(h, weight, rstd)
-        ctx.dtypes, ctx.dy_into = (x.dtype, y.dtype), dy_into
+        ctx.dtypes, ctx.dy_into, ctx.dy_amaxes = (x.dtype, y.dtype), dy_into, dy_amaxes
         return h, out
 
     @staticmethod
@@ -245,9 +262,11 @@ class _AddRMSNorm(torch.autograd.Function):
         h, weight, rstd = ctx.saved_tensors
         x_dtype, y_dtype = ctx.dtypes
         if dnormed is None:  # only h was used: its gradient passes straight through the add
-            return (None,) * 7 if dh is None else (dh.to(x_dtype), dh.to(y_dtype), *(None,) * 5)
-        dx, dy, dweight = norm_backward(h, weight, rstd, dnormed, dh, x_dtype, y_dtype, ctx.dy_into)
-        return dx, dy, dweight, None, None, None, None
+            return (None,) * 8 if dh is None else (dh.to(x_dtype), dh.to(y_dtype), *(None,) * 6)
+        dx, dy, dweight = norm_backward(
+            h, weight, rstd, dnormed, dh, x_dtype, y_dtype, ctx.dy_into, ctx.dy_amaxes
+        )
+        return dx, dy, dweight, None, None, None, None, None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None):
@@ -268,17 +287,20 @@ def add_rms_norm(
     return _AddRMSNorm.apply(x, y, weight, eps, out_dtype, dy_into)
 
 
-def norm_amax_pair(x, y, weight, eps: float, sign_bits: int):
+def norm_amax_pair(x, y, weight, eps: float, sign_bits: int | None, dy_amaxes=None):
     """The training pre-norm of a BF16 output that also reduces its two NVFP4 tensor amaxes (the wgrad's
-    RHT by ``sign_bits``): x [..., D] (y or None; tokens a multiple of 16) -> (h = x + y or None,
-    normed [..., D] BF16, FP32 [2] ``[max |rht(normedᵀ)|, max |normed|]``, as ``rht_t_abs_max`` gives them
-    for the 2-D normed). Differentiable as :func:`rms_norm` / :func:`add_rms_norm`."""
-    pair = zeroed_words(2, x.device)
+    RHT by ``sign_bits``; None: not these): x [..., D] (y or None; tokens a multiple of 16) -> (h = x + y
+    or None, normed [..., D] BF16, FP32 [2] ``[max |rht(normedᵀ)|, max |normed|]`` or None, as
+    ``rht_t_abs_max`` gives them for the 2-D normed). Differentiable as :func:`rms_norm` /
+    :func:`add_rms_norm`; ``dy_amaxes``: (sign bits, list) for y's gradient (:func:`norm_backward`)."""
+    pair = None if sign_bits is None else zeroed_words(2, x.device)
+    amax_pair = None if pair is None else (sign_bits, pair)
     if y is None:
+        assert dy_amaxes is None, "a norm without the add has no y"
         check_inputs(x, weight)
-        return None, _RMSNorm.apply(x, weight, eps, torch.bfloat16, (sign_bits, pair)), pair
+        return None, _RMSNorm.apply(x, weight, eps, torch.bfloat16, amax_pair), pair
     check_inputs(x, y, weight)
-    h, normed = _AddRMSNorm.apply(x, y, weight, eps, torch.bfloat16, None, (sign_bits, pair))
+    h, normed = _AddRMSNorm.apply(x, y, weight, eps, torch.bfloat16, None, amax_pair, dy_amaxes)
     return h, normed, pair
 
 
