@@ -296,7 +296,7 @@ def test_a_model_whose_producers_hand_over_the_amaxes_trains_the_same(monkeypatc
 def test_the_producers_hand_over_only_where_the_linear_reads_x_for_both_amaxes(monkeypatch):
     """Each condition alone turns it off: the switch, a BF16 linear, row scales (no tensor amax), the
     FP8 recipe, a no-grad forward, a frozen weight (no wgrad, so no RHT amax), tokens not a multiple
-    of 16; for dy also an x without a gradient (no dgrad)."""
+    of 16, a producer output wider than BF16; for dy also an x without a gradient (no dgrad)."""
     dev = _device()
     cfg = ModelConfig(preset="tiny", pattern="-")
     x = torch.randn(2, 16, cfg.d_model, device=dev, requires_grad=True)
@@ -313,6 +313,8 @@ def test_the_producers_hand_over_only_where_the_linear_reads_x_for_both_amaxes(m
     assert nvfp4.producer_amax_signs(x) is None
     monkeypatch.setattr(gemm, "PRODUCER_NVFP4_AMAXES", True)
     assert isinstance(nvfp4.producer_amax_signs(x), int)
+    assert fused_nvfp4_train.amax_signs(nvfp4, x, torch.bfloat16) == nvfp4.producer_amax_signs(x)
+    assert fused_nvfp4_train.amax_signs(nvfp4, x, torch.float32) is None  # no autocast: no BF16 producer
     assert nvfp4.producer_amax_signs(x, grad=True) == nvfp4.producer_amax_signs(x)
     assert nvfp4.producer_amax_signs(x.detach(), grad=True) is None
     assert isinstance(nvfp4.producer_amax_signs(x.detach()), int)

@@ -82,8 +82,9 @@ class NVFP4TrainBlock(NVFP4DecodeBlock):
         linear = first_linear(self.mixer)
         (out_linear,) = self.mixer.output_projections()
         h_dtype = x.dtype if pending is None else torch.promote_types(x.dtype, pending.dtype)
-        signs = amax_signs(linear, x, output_dtype(h_dtype, x.device))
-        out_signs = amax_signs(out_linear, x, torch.bfloat16, grad=True)  # its dy has x's tokens
+        norm_dtype = output_dtype(h_dtype, x.device)  # the next norm's too: the same stream and mixer dtypes
+        signs = amax_signs(linear, x, norm_dtype)
+        out_signs = amax_signs(out_linear, x, norm_dtype, grad=True)  # the next norm's backward: x's tokens
         out_amaxes = None if out_signs is None else (out_signs, [])
         if out_amaxes is not None:  # the mixer's output projection takes the list (its class default: None)
             self.mixer.out_dy_amaxes = out_amaxes[1]
