@@ -1,8 +1,9 @@
-"""The training producers that reduce the NVFP4 tensor amaxes of their output
-(``norm_kernels.norm_amax_pair``, ``pointwise_kernels.squared_relu_amax_pair``,
-``model/fused_nvfp4_train.py``): their outputs are the plain kernels' bits, their two amaxes are the
-words the linear's own pass over the output reduces (``rht_t_abs_max``), and a model whose producers hand
-them over trains, bit for bit, as the same model whose linears read x for them, with that read gone.
+"""The training producers that reduce the NVFP4 tensor amaxes of what they write, a linear's x or dy
+(``model/fused_nvfp4_train.py``): the pre-norm, the squared ReLU and the gated norm forward, the squared
+ReLU's and the norm's backward, and the three writers of in_proj's gradient slab. Their outputs are the
+plain kernels' bits, their two amaxes the words the linear's own pass reduces (``rht_t_abs_max``), and a
+model whose producers hand them over trains, bit for bit, as the same model whose linears read x and dy
+for them, with those reads gone.
 
 On CPU the kernels run in a TRITON_INTERPRET=1 child process; on a GPU directly. Fresh random rows
 each run, with a zero row, an outlier, tiny values, a row of NaN and one with an Inf among them.
