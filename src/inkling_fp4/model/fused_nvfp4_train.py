@@ -116,12 +116,13 @@ class NVFP4TrainMLP(NVFP4DecodeMLP):
         u = self.up_proj(x, dy_amaxes=dy_amaxes)  # [..., F]
         signs = amax_signs(self.down_proj, u, u.dtype)
         if signs is None and grad_signs is None:
-            return self.down_proj(squared_relu(u), dy_amaxes=self.out_dy_amaxes)
-        from inkling_fp4.model.glue_kernels.pointwise_kernels import squared_relu_amax_pair  # needs triton
+            h = squared_relu(u)
+        else:
+            from inkling_fp4.model.glue_kernels import pointwise_kernels  # needs triton
 
-        h, words = squared_relu_amax_pair(u, signs, grad_signs, dy_amaxes)
-        if words is not None:
-            self.down_proj.hand_over_amaxes(h, words)
+            h, words = pointwise_kernels.squared_relu_amax_pair(u, signs, grad_signs, dy_amaxes)
+            if words is not None:
+                self.down_proj.hand_over_amaxes(h, words)
         return self.down_proj(h, dy_amaxes=self.out_dy_amaxes)  # [..., D]
 
 
@@ -148,18 +149,15 @@ class NVFP4TrainMamba(NVFP4DecodeMamba):
     def _output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, dz_into=None) -> torch.Tensor:
         """As :meth:`Mamba2Mixer._output`; the gated norm also reduces its output's amaxes for out_proj."""
         summed = torch.promote_types(torch.promote_types(y.dtype, x.dtype), self.D.dtype)
-        signs = amax_signs(self.out_proj, z, output_dtype(summed, y.device))  # h has z's shape [..., E]
+        out_dtype, w, eps = output_dtype(summed, y.device), self.norm.weight, self.norm.eps
+        signs = amax_signs(self.out_proj, z, out_dtype)  # h has z's shape [..., E]
         if signs is None:
-            h = skip_gated_rms_norm(y, x, self.D, z, self.norm.weight, self.G, self.norm.eps,
-                                    output_dtype(summed, y.device), dz_into=dz_into)  # fmt: skip
-            return self.out_proj(h, dy_amaxes=self.out_dy_amaxes)
-        from inkling_fp4.model.glue_kernels.gated_norm_kernels import (
-            skip_gated_norm_amax_pair,  # needs triton
-        )
+            h = skip_gated_rms_norm(y, x, self.D, z, w, self.G, eps, out_dtype, dz_into=dz_into)
+        else:
+            from inkling_fp4.model.glue_kernels import gated_norm_kernels as kernels  # needs triton
 
-        norm = self.norm
-        h, words = skip_gated_norm_amax_pair(y, x, self.D, z, norm.weight, self.G, norm.eps, signs, dz_into)
-        self.out_proj.hand_over_amaxes(h, words)
+            h, words = kernels.skip_gated_norm_amax_pair(y, x, self.D, z, w, self.G, eps, signs, dz_into)
+            self.out_proj.hand_over_amaxes(h, words)
         return self.out_proj(h, dy_amaxes=self.out_dy_amaxes)  # [..., D]
 
 

@@ -149,19 +149,28 @@ def epilogue_args(
     return target, fp8_epilogue_kwargs(None, target), target
 
 
+def amax_epilogue_kwargs(
+    amax_pair: tuple[int, torch.Tensor] | None, placeholder: torch.Tensor, block_n: int | None = None
+) -> dict:
+    """The launch arguments of a kernel's NVFP4 amax epilogue (``nvfp4_rht.store_amax_pair``): on with
+    ``amax_pair`` (RHT sign bits, FP32 words [2] at zero), off without (``placeholder`` for the words).
+    ``block_n``: the features read back at a time (PAIR_BLOCK_N), where the kernel takes it."""
+    sign_bits, words = amax_pair or (0, placeholder)
+    kwargs = dict(
+        pair_ptr=words, AMAX_PAIR=amax_pair is not None, SIGN_BITS=sign_bits, NATIVE_BF16=native_bf16()
+    )
+    return kwargs if block_n is None else dict(kwargs, PAIR_BLOCK_N=block_n)
+
+
 def amax_pair_kwargs(target, rows_each: int, placeholder: torch.Tensor, block_n: int | None = None) -> dict:
-    """The launch arguments of a gradient kernel's NVFP4 amax epilogue (``nvfp4_rht.store_amax_pair``):
-    on for an :class:`AmaxGradBlock` where each program stores whole 16-token groups (``rows_each``
-    rows from a multiple of them), which it then marks as reduced; else off. ``block_n``: the features
-    read back at a time (PAIR_BLOCK_N), where the kernel takes it."""
+    """:func:`amax_epilogue_kwargs` for a gradient kernel writing ``target``: on for an
+    :class:`AmaxGradBlock` where each program stores whole 16-token groups (``rows_each`` rows from a
+    multiple of them), which it then marks as reduced; else off."""
     on = isinstance(target, AmaxGradBlock) and rows_each % 16 == 0
     if on:
         target.reduced()
-    kwargs = dict(
-        pair_ptr=target.amaxes.words if on else placeholder, AMAX_PAIR=on,
-        SIGN_BITS=target.amaxes.sign_bits if on else 0, NATIVE_BF16=native_bf16(),
-    )  # fmt: skip
-    return kwargs if block_n is None else dict(kwargs, PAIR_BLOCK_N=block_n)
+    amax_pair = (target.amaxes.sign_bits, target.amaxes.words) if on else None
+    return amax_epilogue_kwargs(amax_pair, placeholder, block_n)
 
 
 def fp8_epilogue_kwargs(scaling: FP8Scaling | None, out: torch.Tensor) -> dict:

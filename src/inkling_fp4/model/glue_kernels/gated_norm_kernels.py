@@ -22,6 +22,7 @@ import triton.language as tl
 
 from inkling_fp4.model.glue_kernels.common import (
     TL_DTYPES,
+    amax_epilogue_kwargs,
     amax_pair_kwargs,
     as_rows,
     backward_tile,
@@ -42,7 +43,7 @@ from inkling_fp4.model.ssd_kernels.tuning import INTERPRET
 from inkling_fp4.numerics.kernels.amax import zeroed_words
 from inkling_fp4.numerics.kernels.fp8_epilogue import bf16_fp8_bytes, fp8_scale, running_amax
 from inkling_fp4.numerics.kernels.fp8_quantize import record_amax
-from inkling_fp4.numerics.kernels.nvfp4_rht import native_bf16, store_amax_pair
+from inkling_fp4.numerics.kernels.nvfp4_rht import store_amax_pair
 
 # The backward's tile: 8 elements per thread (a group row of 256 is then one warp's, so its sums stay in
 # the warp) and 128 rows per program; faster than the shared defaults on an H200.
@@ -197,13 +198,12 @@ def gated_forward(
     if amax_pair is not None:
         assert out_dtype == torch.bfloat16 and R % 16 == 0, "the amaxes are of a BF16 output, 16 | R"
         subtiles = max(1, 16 // block_r)  # a program's rows: whole 16-token groups
-    sign_bits, pair = amax_pair or (0, rstd)
     with on_device(z):
         _gated_fwd[(max(1, cdiv(R, block_r * subtiles)), n_groups)](
             y2, x2, D, z2, weight, out, rstd, R, E, GW, y2.stride(0), x2.stride(0), z2.stride(0), eps,
             P=P, S_DTYPE=TL_DTYPES[s_dtype], BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps,
-            enable_fp_fusion=False, **fp8_kw, pair_ptr=pair, AMAX_PAIR=amax_pair is not None,
-            SIGN_BITS=sign_bits, NATIVE_BF16=native_bf16(), PAIR_BLOCK_N=min(block_c, 32 * warps),
+            enable_fp_fusion=False, **fp8_kw,
+            **amax_epilogue_kwargs(amax_pair, rstd, min(block_c, 32 * warps)),
             SUBTILES=subtiles,
         )  # fmt: skip
     return out, rstd

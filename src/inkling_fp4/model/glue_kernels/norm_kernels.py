@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from inkling_fp4.model.glue_kernels.common import (
+    amax_epilogue_kwargs,
     as_rows,
     backward_tile,
     cdiv,
@@ -44,7 +45,7 @@ from inkling_fp4.numerics.kernels.nvfp4_decode_gemm import (
     row_warps,
     rows_fit_in_registers,
 )
-from inkling_fp4.numerics.kernels.nvfp4_rht import native_bf16, store_amax_pair
+from inkling_fp4.numerics.kernels.nvfp4_rht import store_amax_pair
 
 
 @triton.jit
@@ -174,7 +175,6 @@ def norm_forward(
         assert out_dtype == torch.bfloat16 and R % 16 == 0, "the amaxes are of a BF16 output, 16 | R"
         assert fp8_out is None and nvfp4_rows is None, "the amaxes are of the BF16 output alone"
         subtiles = max(1, 16 // block_r)  # a program's rows: whole 16-token groups
-    sign_bits, pair = amax_pair or (0, rstd)
     if in_registers:
         # NOTE one row a program, as the squared ReLU's rows: regrouping a several-row tile into 16-value
         # blocks shuffles it across 16 warps (7.4 us a launch at D = 768 and 64 rows, against 2.5 us
@@ -187,8 +187,7 @@ def norm_forward(
             ADD=y is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps, enable_fp_fusion=False,
             **fp8_epilogue_kwargs(fp8_out, out), w_decode_ptr=w_decode, values_ptr=values,
             out_scale_ptr=out_scale, max_ptr=largest, NVFP4_ROWS=nvfp4_rows is not None, NV_BLOCK_K=256,
-            NV_IN_REGISTERS=in_registers, pair_ptr=pair, AMAX_PAIR=amax_pair is not None,
-            SIGN_BITS=sign_bits, NATIVE_BF16=native_bf16(), PAIR_BLOCK_N=min(block_d, 32 * warps),
+            NV_IN_REGISTERS=in_registers, **amax_epilogue_kwargs(amax_pair, rstd, min(block_d, 32 * warps)),
             SUBTILES=subtiles,
         )  # fmt: skip
     return out, rstd
@@ -218,15 +217,14 @@ def norm_backward(h, weight, rstd, dout, dh, dx_dtype, dy_dtype, dy_into=None, d
     if dy_amaxes is not None:
         assert dy_into is None and R % 16 == 0 and chunk % 16 == 0, "dy's amaxes: its own buffer, 16 | R"
         words = zeroed_words(2, h.device)
-    sign_bits = 0 if dy_amaxes is None else dy_amaxes[0]
+    amax_pair = None if words is None else (dy_amaxes[0], words)
     with on_device(h):
         _norm_bwd[(n_prog,)](
             h2, weight, rstd, dout2, dout2 if dh2 is None else dh2, dx, dy_out, part, R, D,
             h2.stride(0), dout2.stride(0), 0 if dh2 is None else dh2.stride(0),
             HAS_DH=dh2 is not None, TWO=two, CHUNK=chunk, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=warps,
-            enable_fp_fusion=True, **fp8_kw, pair_ptr=part if words is None else words,
-            AMAX_PAIR=words is not None, SIGN_BITS=sign_bits, NATIVE_BF16=native_bf16(),
-            PAIR_BLOCK_N=min(block_d, 32 * warps),
+            enable_fp_fusion=True, **fp8_kw,
+            **amax_epilogue_kwargs(amax_pair, part, min(block_d, 32 * warps)),
         )  # fmt: skip
     if words is not None:
         dy_amaxes[1].append(words)

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from inkling_fp4.model.glue_kernels.common import (
+    amax_epilogue_kwargs,
     amax_pair_kwargs,
     as_rows,
     cdiv,
@@ -201,7 +202,7 @@ class _DtSoftplus(torch.autograd.Function):
             _dt_softplus[(max(1, cdiv(R, block_r)),)](
                 dt2, dt_bias, dt2, out, out, R, H, dt2.stride(0), 0, H,
                 GRAD=False, BLOCK_R=block_r, BLOCK_H=block_h, num_warps=warps, enable_fp_fusion=False,
-                **fp8_epilogue_kwargs(None, out), **amax_pair_kwargs(out, block_r, out, block_h),
+                **fp8_epilogue_kwargs(None, out), **amax_epilogue_kwargs(None, out, block_h),
             )  # fmt: skip
         ctx.save_for_backward(dt_raw, dt_bias)
         return out

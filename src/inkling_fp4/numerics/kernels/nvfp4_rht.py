@@ -93,6 +93,13 @@ def _rht_group(col_ptrs, group, M, stride_xm, feature_ok,
 
 
 @triton.jit
+def _running_abs_max(running, t):
+    """max(running, |t|) elementwise, NaN counting as +Inf (the amax a NaN/Inf check reads)."""
+    t = tl.abs(t)
+    return tl.maximum(running, tl.where(t == t, t, float("inf")))
+
+
+@triton.jit
 def stored_rows_abs_max(x_ptr, first_row, first_feature, end_feature, M, stride_xm, SIGN_BITS: tl.constexpr,
                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr):  # fmt: skip
     """(``max |rht(xᵀ)|``, ``max |x|``) over rows ``first_row`` .. + ROWS (a multiple of 16, from a
@@ -109,10 +116,8 @@ def stored_rows_abs_max(x_ptr, first_row, first_feature, end_feature, M, stride_
     for g in tl.static_range(ROWS // 16):
         group = first_row // 16 + g + tl.arange(0, 1)
         x, y = _rht_group(col_ptrs, group, M, stride_xm, feature_ok, SIGN_BITS, BLOCK_N, NATIVE_BF16)
-        y = tl.abs(y)
-        x = tl.abs(x)
-        running = tl.maximum(running, tl.where(y == y, y, float("inf")))
-        running_x = tl.maximum(running_x, tl.where(x == x, x, float("inf")))
+        running = _running_abs_max(running, y)
+        running_x = _running_abs_max(running_x, x)
     return tl.max(tl.max(running, axis=1), axis=0), tl.max(tl.max(running_x, axis=1), axis=0)
 
 
@@ -250,11 +255,9 @@ def _rht_kernel(
         for g in range(GROUPS):
             group = first + g + tl.arange(0, 1)
             x, y = _rht_group(col_ptrs, group, M, stride_xm, feature_ok, SIGN_BITS, BLOCK_N, NATIVE_BF16)
-            y = tl.abs(y)
-            running = tl.maximum(running, tl.where(y == y, y, float("inf")))
+            running = _running_abs_max(running, y)
             if X_AMAX:
-                x = tl.abs(x)
-                running_x = tl.maximum(running_x, tl.where(x == x, x, float("inf")))
+                running_x = _running_abs_max(running_x, x)
         tl.atomic_max(amax_ptr, tl.max(tl.max(running, axis=1), axis=0))
         if X_AMAX:  # the plain amax of x, from the same loads, into the word after rht's
             tl.atomic_max(amax_ptr + 1, tl.max(tl.max(running_x, axis=1), axis=0))
