@@ -62,6 +62,7 @@ from inkling_fp4.config import RunConfig, from_dict, to_dict
 from inkling_fp4.config.trainer import OptimConfig
 from inkling_fp4.model.config import ModelConfig
 from inkling_fp4.model.fused_fp8.layers import fuse_fp8
+from inkling_fp4.model.fused_nvfp4_train import fuse_nvfp4_train
 from inkling_fp4.model.hybrid import HybridLM
 from inkling_fp4.numerics.kernels import nvfp4_quantize, nvfp4_rht
 from inkling_fp4.precision import gemm
@@ -218,14 +219,24 @@ def batches(args, dist, cfg: RunConfig, micro: int, accum: int, n_steps: int):
         yield step
 
 
-def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int) -> dict:
-    device = dist.device
+def build_model(recipe: str, cfg: RunConfig, device) -> HybridLM:
+    """The model as the trainer builds it for ``recipe``: seed 0, with its fused training paths (the FP8
+    ones under delayed scaling, each off under --without; the producers' NVFP4 amaxes under nvfp4)."""
     torch.manual_seed(0)
     model = HybridLM(cfg.model).to(device)
+    if recipe == DELAYED:
+        fuse_fp8(model)
+    elif recipe == "nvfp4":
+        fuse_nvfp4_train(model)
+    return model
+
+
+def bench_recipe(recipe: str, args, dist, cfg: RunConfig, micro: int, accum: int) -> dict:
+    device = dist.device
+    model = build_model(recipe, cfg, device)
     scaling = {"recipe": recipe}
     if recipe == DELAYED:
         scaling = {"recipe": "fp8-tensorwise", "fp8_scaling": "delayed"}
-        fuse_fp8(model)  # as the trainer does: the fused FP8 paths (each off under --without)
     policy = PrecisionPolicy(PrecisionConfig(backend=BACKENDS[recipe], **scaling), cfg.model.n_layers)
     policy.set_generator_seed(dist.rank)
     policy.apply(model)

@@ -9,6 +9,7 @@ import importlib
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -73,3 +74,21 @@ def test_the_nvfp4_switches_set_the_trainers(bench, monkeypatch, capsys, flag, c
     assert bench.main() == 2
     assert getattr(gemm, attr) is fused
     assert (said_on if fused else said_off) in capsys.readouterr().out
+
+
+def test_the_model_is_built_as_the_trainer_builds_it(bench):
+    """The bench times the trainer's model: the fused FP8 classes under delayed scaling, the NVFP4
+    training classes (the producers' amaxes) under nvfp4, the plain ones otherwise; same weights."""
+    from inkling_fp4.config import load_config
+    from inkling_fp4.model.fused_fp8.layers import FusedFP8Block
+    from inkling_fp4.model.fused_nvfp4_train import NVFP4TrainBlock
+    from inkling_fp4.model.hybrid import Block
+
+    cfg = load_config("tiny", ["train.device=cpu"])
+    built = {recipe: bench.build_model(recipe, cfg, "cpu") for recipe in ("bf16", "nvfp4", bench.DELAYED)}
+    expected = {"bf16": Block, "nvfp4": NVFP4TrainBlock, bench.DELAYED: FusedFP8Block}
+    for recipe, model in built.items():
+        assert {type(b) for b in model.layers} == {expected[recipe]}, recipe
+    plain = built["bf16"].state_dict()
+    for model in built.values():
+        assert all(torch.equal(v, plain[k]) for k, v in model.state_dict().items())

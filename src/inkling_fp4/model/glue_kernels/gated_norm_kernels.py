@@ -104,7 +104,7 @@ def _gated_fwd(y_ptr, x_ptr, D_ptr, z_ptr, w_ptr, out_ptr, rstd_ptr, R, E, GW, s
         tl.store(rstd_ptr + rows * tl.num_programs(1) + grp, rstd, mask=rows < R)
     if AMAX_PAIR:
         tl.debug_barrier()  # NOTE the tile is read back in another layout: all stores first
-        rows_each = SUBTILES * BLOCK_R
+        rows_each: tl.constexpr = SUBTILES * BLOCK_R  # a constexpr: the amax loop unrolls over it
         store_amax_pair(out_ptr, tl.program_id(0) * rows_each, grp * GW, grp * GW + GW, R, E, E, pair_ptr,
                         SIGN_BITS, rows_each, PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
 

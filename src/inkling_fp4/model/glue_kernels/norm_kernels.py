@@ -98,7 +98,7 @@ def _norm_fwd(x_ptr, y_ptr, w_ptr, h_ptr, out_ptr, rstd_ptr, R, D, sx, sy, eps,
         tl.store(rstd_ptr + rows, rstd, mask=rows < R)
     if AMAX_PAIR:
         tl.debug_barrier()  # NOTE the rows are read back in another layout: all stores first
-        rows_each = SUBTILES * BLOCK_R
+        rows_each: tl.constexpr = SUBTILES * BLOCK_R  # a constexpr: the amax loop unrolls over it
         store_amax_pair(out_ptr, tl.program_id(0) * rows_each, 0, D, R, D, D, pair_ptr, SIGN_BITS,
                         rows_each, PAIR_BLOCK_N, NATIVE_BF16)  # fmt: skip
 
