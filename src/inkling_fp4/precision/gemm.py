@@ -68,7 +68,8 @@ faster: ``bench_pretrain.py --producer-amaxes on``."""
 FUSED_NVFP4_PAIR = False
 """Whether a tensor's two NVFP4 operands (x: fprop rows and the saved wgrad Q(RHT(xᵀ)); dy: dgrad rows and
 wgrad Q(RHT(dyᵀ))) come from one pass over it where :func:`nvfp4_operand_pair` applies, or each from its
-own pass (the same bits). Off until a GPU step shows it faster: ``bench_pretrain.py --nvfp4-pair on``."""
+own pass (the same bits). Off: slower on an H100, in the step (258.7 against 240.1 ms, hybrid-350m) and
+alone (BENCHMARKS.md)."""
 
 
 def nvfp4_operand_pair(
