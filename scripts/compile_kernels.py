@@ -62,6 +62,11 @@ class OfflineDriver:
         return bench
 
 
+def _gpu_rounding() -> bool:
+    """``nvfp4_rht.native_bf16`` as on the GPU: the kernels compile their native FP32 -> BF16 cast."""
+    return True
+
+
 def _raise_compiled(*args, **kwargs):
     raise _Compiled
 
@@ -96,12 +101,16 @@ def main() -> int:
     args, pytest_args = p.parse_known_args()
     compiled, errors = install(args.arch)
     import inkling_fp4
+    from inkling_fp4.numerics.kernels import nvfp4_rht
 
     for module in pkgutil.walk_packages(inkling_fp4.__path__, "inkling_fp4."):
         importlib.import_module(module.name)  # every kernel decorated before the flag below is set
     os.environ["TRITON_INTERPRET"] = "1"  # read at call time: the launchers take CPU tensors
     for name in CALL_TIME_CHECKS:
         sys.modules[name].INTERPRET = True
+    for module in list(sys.modules.values()):  # the flag would also pick the interpreter's BF16 rounding
+        if getattr(module, "native_bf16", None) is nvfp4_rht.native_bf16:
+            module.native_bf16 = _gpu_rounding
     import pytest
 
     import interpreter  # tests/: its kernel_test marks run the tests under the flag
