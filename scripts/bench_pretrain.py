@@ -35,6 +35,8 @@ Examples:
     python scripts/bench_pretrain.py --recipes nvfp4 --nvfp4-pair off      # x's, dy's operands in two passes
     python scripts/bench_pretrain.py --recipes nvfp4 --tiles rht=128,2,2   # the quantizers under other tiles
     python scripts/bench_pretrain.py --recipes nvfp4 --producer-amaxes on  # the producers give the amaxes
+    python scripts/bench_pretrain.py --recipes nvfp4 --tma-gemm on --fused-max-k 8192  # TMA-fed GEMMs
+    python scripts/bench_pretrain.py --recipes nvfp4 --rht-loads wide     # RHT kernel: one tile a group
     torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
         --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
 """
@@ -156,6 +158,23 @@ def parse_args() -> argparse.Namespace:
         choices=("on", "off"),
         help="x's two NVFP4 tensor amaxes reduced by its producer (the pre-norm, the squared ReLU) as it "
         "writes x (on), or by the linear's own pass over x (off); default: gemm.PRODUCER_NVFP4_AMAXES",
+    )
+    p.add_argument(
+        "--tma-gemm",
+        choices=("on", "off"),
+        help="the fused NVFP4 GEMM fed by TMA, persistent (on), or by pointers (off); "
+        "default: scaled_gemm.TMA_FED",
+    )
+    p.add_argument(
+        "--fused-max-k",
+        type=int,
+        help="the longest contraction an NVFP4 GEMM fuses its epilogue at; default: gemm.FUSED_MAX_K",
+    )
+    p.add_argument(
+        "--rht-loads",
+        choices=("wide", "rows"),
+        help="the RHT kernel loads a 16-token group as one tile (wide) or as 16 row loads (rows); "
+        "default: nvfp4_rht.WIDE_LOADS",
     )
     p.add_argument("--batch", type=int, default=None, help="global batch (default 16; peer158m 8)")
     p.add_argument("--micro-batch", type=int, default=None, help="per-GPU micro batch (default: all of it)")
@@ -381,6 +400,22 @@ def main() -> int:
     print(
         f"NVFP4 amaxes of x: {'from its producer' if gemm.PRODUCER_NVFP4_AMAXES else 'a pass of their own'}"
     )
+    if args.tma_gemm or args.fused_max_k:
+        from inkling_fp4.numerics.kernels import scaled_gemm  # needs triton
+
+        if args.tma_gemm:
+            scaled_gemm.TMA_FED = args.tma_gemm == "on"
+        if args.fused_max_k:
+            gemm.FUSED_MAX_K = args.fused_max_k
+        print(
+            f"NVFP4 fused GEMM: fed by {'TMA' if scaled_gemm.TMA_FED else 'pointers'}, "
+            f"K <= {gemm.FUSED_MAX_K}"
+        )
+    if args.rht_loads:
+        from inkling_fp4.numerics.kernels import nvfp4_rht  # needs triton
+
+        nvfp4_rht.WIDE_LOADS = args.rht_loads == "wide"
+        print(f"NVFP4 RHT kernel: {args.rht_loads} loads")
     if args.tiles:
         print(f"NVFP4 quantizer tiles: {' '.join(set_tiles(args.tiles))}")
     if not torch.cuda.is_available():

@@ -43,7 +43,7 @@ from triton.testing import do_bench  # noqa: E402
 
 from inkling_fp4.numerics import formats, nvfp4  # noqa: E402
 from inkling_fp4.numerics.hadamard import rht_signs  # noqa: E402
-from inkling_fp4.numerics.kernels import triton_nvfp4  # noqa: E402
+from inkling_fp4.numerics.kernels import nvfp4_rht, triton_nvfp4  # noqa: E402
 from inkling_fp4.numerics.kernels.amax import abs_max  # noqa: E402
 from inkling_fp4.numerics.kernels.nvfp4_block_values import block_values_from_codes  # noqa: E402
 from inkling_fp4.numerics.kernels.nvfp4_quantize import quantize_rows  # noqa: E402
@@ -205,6 +205,27 @@ def bench_kernels(report: Report, x: torch.Tensor, rep: int) -> None:
     def torch_amax():
         return torch.linalg.vector_norm(x, float("inf")).float().reshape(1)
 
+    def wide(fn):  # the RHT kernel loading a token group as one tile (nvfp4_rht.WIDE_LOADS)
+        def run():
+            nvfp4_rht.WIDE_LOADS = True
+            try:
+                return fn()
+            finally:
+                nvfp4_rht.WIDE_LOADS = False
+
+        return run
+
+    for name, fn, out in (
+        ("rht_t amax + x amax", lambda: rht_t_abs_max(x, bits, with_x_amax=True), None),
+        ("rht_t sr codes", rht(seed=SEED, **t_packed_out), (t_codes, t_scales)),
+        ("rht_t sr values", rht(seed=SEED, codes=None, scales=None, values=t_values), (t_values,)),
+    ):
+        row_loads = [t.clone() for t in out] if out else [fn().clone()]
+        got = wide(fn)()
+        got = [t.clone() for t in out] if out else [got]
+        ok = all(torch.equal(a, b) for a, b in zip(row_loads, got, strict=True))
+        report.check(f"{name}: wide loads = row loads", ok)
+
     table = [
         ("amax (triton)", lambda: abs_max(x), read),
         ("amax (torch x.abs().amax())", lambda: x.abs().amax(), 3 * read),
@@ -224,6 +245,12 @@ def bench_kernels(report: Report, x: torch.Tensor, rep: int) -> None:
         ("rht_t sr (total)", lambda: triton_nvfp4.quantize_rht_t(x, stochastic=True), 2 * read + packed),
         ("rht_t sr values+codes (pass)", rht(seed=SEED, codes=t_codes, scales=t_scales, values=t_values),
          2 * read + packed),
+        ("rht_t sr values (pass)", rht(seed=SEED, codes=None, scales=None, values=t_values), 2 * read),
+        ("rht_t amax + x amax, wide loads", wide(lambda: rht_t_abs_max(x, bits, with_x_amax=True)), read),
+        ("rht_t rn (pass), wide loads", wide(rht(**t_packed_out)), read + packed),
+        ("rht_t sr (pass), wide loads", wide(rht(seed=SEED, **t_packed_out)), read + packed),
+        ("rht_t sr values (pass), wide loads", wide(rht(seed=SEED, codes=None, scales=None, values=t_values)),
+         2 * read),
         ("x: row values + rht codes (2 passes)", two_passes, 3 * read + packed),
         ("x: row values + rht codes (1 pass)", pair, 2 * read + packed),
     ]  # fmt: skip

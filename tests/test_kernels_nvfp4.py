@@ -213,8 +213,17 @@ def test_interp_extreme_tensor_scales():
     check_quantize(wide, "cpu")
 
 
+@pytest.fixture(params=[False, True], ids=["row-loads", "wide-loads"])
+def rht_loads(request, monkeypatch):
+    """The RHT kernel's two ways of loading a 16-token group (``nvfp4_rht.WIDE_LOADS``): the same bits."""
+    from inkling_fp4.numerics.kernels import nvfp4_rht
+
+    monkeypatch.setattr(nvfp4_rht, "WIDE_LOADS", request.param)
+    return request.param
+
+
 @interpreted
-def test_interp_rht_t_matches_reference():
+def test_interp_rht_t_matches_reference(rht_loads):
     seed = _seed()
     check_rht_t(rht_exact((48, 64), torch.bfloat16, seed), "cpu")
     check_rht_t(rht_exact((32, 40), torch.float32, seed + 1), "cpu", rht_signs("random", seed=seed))
@@ -228,7 +237,7 @@ def test_interp_rht_t_matches_reference():
 
 @interpreted
 @pytest.mark.parametrize("groups", [1, 2, 4])
-def test_interp_rht_t_tilings(groups):
+def test_interp_rht_t_tilings(groups, rht_loads):
     """Token groups per program, partial tiles in both dims, codes and values from one pass."""
     x = rht_exact((48, 40), torch.bfloat16, _seed())
     ref = nvfp4.quantize_rht_t_ref(x)
@@ -246,7 +255,7 @@ def test_interp_rht_t_tilings(groups):
 
 @interpreted
 @pytest.mark.parametrize("tile", [None, (128, 1, 1), (32, 4, 1)])
-def test_interp_pair_pass_equals_the_two_quantizers(tile, monkeypatch):
+def test_interp_pair_pass_equals_the_two_quantizers(tile, rht_loads, monkeypatch):
     """x's fprop row values and its saved Q(RHT(xᵀ)) from one pass: the bits of the two passes (values,
     codes, scale bytes, decode scales), the row values also the reference's; partial tiles included."""
     from inkling_fp4.numerics.kernels import nvfp4_rht
@@ -410,7 +419,7 @@ def test_interp_abs_max_pair_serves_both_quantizers():
 
 
 @interpreted
-def test_interp_stochastic_rounding():
+def test_interp_stochastic_rounding(rht_loads):
     seed = _seed()
     x = normal((64, 64), torch.bfloat16, seed)
     gen = torch.Generator().manual_seed(seed)
@@ -607,7 +616,7 @@ def test_launch_arguments_are_validated():
 @pytest.mark.gpu
 @on_gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_gpu_kernels_match_reference(dtype):
+def test_gpu_kernels_match_reference(dtype, rht_loads):
     seed = _seed()
     check_quantize(normal((1024, 4096), dtype, seed, spread=2.0), "cuda")
     check_quantize(normal((1024, 2048), dtype, seed + 1), "cuda", block_2d=True)
@@ -625,7 +634,7 @@ def test_gpu_kernels_match_reference(dtype):
 
 @pytest.mark.gpu
 @on_gpu
-def test_gpu_stochastic_and_dispatch():
+def test_gpu_stochastic_and_dispatch(rht_loads):
     seed = _seed()
     x = normal((128, 512), torch.bfloat16, seed)
     gen = torch.Generator().manual_seed(seed)
@@ -644,7 +653,7 @@ def test_gpu_stochastic_and_dispatch():
 @pytest.mark.gpu
 @on_gpu
 @pytest.mark.parametrize("tile", [None, (128, 2, 2), (256, 1, 2)])
-def test_gpu_pair_pass_equals_the_two_quantizers(tile, monkeypatch):
+def test_gpu_pair_pass_equals_the_two_quantizers(tile, rht_loads, monkeypatch):
     """At a training shape on the GPU: x's pair pass gives the two passes' bits, under other tiles too."""
     from inkling_fp4.numerics.kernels import nvfp4_rht
 

@@ -5,7 +5,8 @@ Where every partial sum is exact in FP32 (block values of a few exponents), the 
 for bit whatever the scale: tiny, huge (overflow to ±Inf), FP32-subnormal products, NaN, per row.
 On NVFP4 block values of fresh random tensors (the seed is printed) only the accumulation order
 differs: each output within one BF16 step of the twin's, nearly all bitwise. Also transposed operand
-views, a crop of a padded product and shapes that no tile divides.
+views, a crop of a padded product and shapes that no tile divides; each through the pointer-fed kernel
+and the TMA-fed one (``scaled_gemm_tma.py``, where the operands' strides let TMA load them).
 """
 
 from __future__ import annotations
@@ -55,13 +56,27 @@ def _assert_bitwise(got, want, what):
     assert bad == 0, f"{what}: {bad} of {want.numel()} outputs differ"
 
 
+@pytest.fixture(params=[False, True], ids=["pointer-fed", "tma-fed"])
+def tma_fed(request, monkeypatch):
+    from inkling_fp4.numerics.kernels import scaled_gemm
+
+    monkeypatch.setattr(scaled_gemm, "TMA_FED", request.param)
+    return request.param
+
+
 @kernel_test
-def test_exact_sums_equal_the_twin_bit_for_bit():
+def test_exact_sums_equal_the_twin_bit_for_bit(tma_fed):
+    from inkling_fp4.numerics.kernels import scaled_gemm_tma
     from inkling_fp4.numerics.kernels.scaled_gemm import scaled_gemm
 
     dev, seed = _device(), random.randrange(2**31)
     g = torch.Generator().manual_seed(seed)
     a, b = _exact_values(70, 96, g).to(dev), _exact_values(45, 96, g).to(dev)  # no tile divides 70, 45
+    # K = 96 rows of 192 bytes: TMA takes a, b and bᵀ's view of a [96, 48] tensor
+    bt = _exact_values(48, 96, g).to(dev).t().contiguous().t()
+    assert scaled_gemm_tma.fits(a, b) and scaled_gemm_tma.fits(a, bt)
+    scale = torch.tensor([0.7], device=dev)
+    _assert_bitwise(scaled_gemm(a, bt, scale), _twin(a, bt, scale), f"seed={seed} b as [K, N]")
     for s in SCALES:
         scale = torch.tensor([s], device=dev)
         _assert_bitwise(scaled_gemm(a, b, scale), _twin(a, b, scale), f"seed={seed} scale={s}")
@@ -77,7 +92,7 @@ def test_exact_sums_equal_the_twin_bit_for_bit():
 
 
 @kernel_test
-def test_random_nvfp4_values_within_one_bf16_step():
+def test_random_nvfp4_values_within_one_bf16_step(tma_fed):
     from inkling_fp4.numerics.kernels.scaled_gemm import scaled_gemm
 
     dev, seed = _device(), random.randrange(2**31)

@@ -22,6 +22,7 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "_quantize_rows_kernel",
             "_quantize_rows_whole_kernel",
             "_scaled_gemm_kernel",
+            "_scaled_gemm_tma_kernel",
             "_quantize_fp8_kernel",
             "_rht_kernel",
             "_abs_max_kernel",

@@ -71,18 +71,32 @@ def _load_token_group(ptrs, stride, mask, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _load_token_group_wide(ptrs, stride, mask, BLOCK_N: tl.constexpr):
+    """:func:`_load_token_group` as one [16 tokens, BLOCK_N] load (each thread a vector of features),
+    transposed by the compiler (through shared memory) to [BLOCK_N, 16]: the same values in fewer,
+    wider loads."""
+    tokens = tl.arange(0, 16).to(tl.int64)[:, None]
+    x = tl.load(ptrs[None, :] + tokens * stride, mask=mask[None, :], other=0.0)  # [16, BLOCK_N]
+    return tl.trans(x).to(tl.float32)
+
+
+@triton.jit
 def _halves(y, BLOCK_N: tl.constexpr):
     """[BLOCK_N, 16] -> (elements 0..7, elements 8..15), each [BLOCK_N, 8]."""
     return tl.split(tl.permute(tl.reshape(y, [BLOCK_N, 2, 8]), [0, 2, 1]))
 
 
 @triton.jit
-def _rht_group(col_ptrs, group, M, stride_xm, feature_ok,
-               SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr, NATIVE_BF16: tl.constexpr):  # fmt: skip
+def _rht_group(col_ptrs, group, M, stride_xm, feature_ok, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+               NATIVE_BF16: tl.constexpr, WIDE_LOADS: tl.constexpr = False):  # fmt: skip
     """rht along the 16 tokens of ``group`` ([1]) for the features at ``col_ptrs`` ([BLOCK_N]) ->
     (x, y), both FP32 [BLOCK_N, 16], y holding BF16 values."""
     m0 = group * 16
-    x = _load_token_group(col_ptrs + m0.to(tl.int64) * stride_xm, stride_xm, feature_ok & (m0 < M), BLOCK_N)
+    ptrs, mask = col_ptrs + m0.to(tl.int64) * stride_xm, feature_ok & (m0 < M)
+    if WIDE_LOADS:
+        x = _load_token_group_wide(ptrs, stride_xm, mask, BLOCK_N)
+    else:
+        x = _load_token_group(ptrs, stride_xm, mask, BLOCK_N)
     # diag(s)/4 first (exact), then H16 by four butterfly stages out[2k + s] = in[k] ± in[k + 8]
     token = tl.arange(0, 16)[None, :]
     y = x * tl.where(((SIGN_BITS >> token) & 1) != 0, -0.25, 0.25)
@@ -189,10 +203,10 @@ def _store_row_values(x, group, features, feature_ok, M, N, row_ptr, row_s_enc, 
 def _encode_group(col_ptrs, group, features, feature_ok, M, N, stride_xm, s_enc, decode_scale, seed,
                   row_ptr, row_s_enc, row_decode, row_seed, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr,
                   NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, ROW_VALUES: tl.constexpr,
-                  ROW_STOCHASTIC: tl.constexpr):  # fmt: skip
+                  ROW_STOCHASTIC: tl.constexpr, WIDE_LOADS: tl.constexpr = False):  # fmt: skip
     """One 16-token group (``group``: [1]) -> its output block column: packed codes [BLOCK_N, 8],
     scale bytes [BLOCK_N, 1] and block values [BLOCK_N, 16]; with ``ROW_VALUES`` x's row values stored."""
-    x, y = _rht_group(col_ptrs, group, M, stride_xm, feature_ok, SIGN_BITS, BLOCK_N, NATIVE_BF16)
+    x, y = _rht_group(col_ptrs, group, M, stride_xm, feature_ok, SIGN_BITS, BLOCK_N, NATIVE_BF16, WIDE_LOADS)
     if ROW_VALUES:
         _store_row_values(x, group, features, feature_ok, M, N, row_ptr, row_s_enc, row_decode, row_seed,
                           BLOCK_N, ROW_STOCHASTIC)  # fmt: skip
@@ -213,17 +227,17 @@ def _encode_group(col_ptrs, group, features, feature_ok, M, N, stride_xm, s_enc,
 def _encode_pair(col_ptrs, group, features, feature_ok, M, N, stride_xm, s_enc, decode_scale, seed,
                  row_ptr, row_s_enc, row_decode, row_seed, SIGN_BITS: tl.constexpr, BLOCK_N: tl.constexpr,
                  NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, ROW_VALUES: tl.constexpr,
-                 ROW_STOCHASTIC: tl.constexpr):  # fmt: skip
+                 ROW_STOCHASTIC: tl.constexpr, WIDE_LOADS: tl.constexpr = False):  # fmt: skip
     """Groups ``group`` and ``group + 1`` side by side: codes [BLOCK_N, 16], scales [BLOCK_N, 2],
     values [BLOCK_N, 32]."""
     codes0, scales0, values0 = _encode_group(col_ptrs, group, features, feature_ok, M, N, stride_xm, s_enc,
                                              decode_scale, seed, row_ptr, row_s_enc, row_decode, row_seed,
                                              SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC, ROW_VALUES,
-                                             ROW_STOCHASTIC)  # fmt: skip
+                                             ROW_STOCHASTIC, WIDE_LOADS)  # fmt: skip
     codes1, scales1, values1 = _encode_group(col_ptrs, group + 1, features, feature_ok, M, N, stride_xm,
                                              s_enc, decode_scale, seed, row_ptr, row_s_enc, row_decode,
                                              row_seed, SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC,
-                                             ROW_VALUES, ROW_STOCHASTIC)  # fmt: skip
+                                             ROW_VALUES, ROW_STOCHASTIC, WIDE_LOADS)  # fmt: skip
     return (
         _concat(codes0, codes1, BLOCK_N, 8),
         _concat(scales0, scales1, BLOCK_N, 1),
@@ -239,7 +253,7 @@ def _rht_kernel(
     NATIVE_BF16: tl.constexpr, STOCHASTIC: tl.constexpr, SEED_PTR: tl.constexpr, WRITE_CODES: tl.constexpr,
     WRITE_VALUES: tl.constexpr, WRITE_DECODE: tl.constexpr, PARTNER: tl.constexpr, X_AMAX: tl.constexpr,
     ROW_VALUES: tl.constexpr, ROW_STOCHASTIC: tl.constexpr, ROW_SEED_PTR: tl.constexpr,
-    ROW_PARTNER: tl.constexpr,
+    ROW_PARTNER: tl.constexpr, WIDE_LOADS: tl.constexpr = False,
 ):  # fmt: skip
     if SEED_PTR:  # replayed by a CUDA graph: the seed from the device word (see seeds.py)
         seed = replay_seed(seed_ptr, seed)
@@ -254,7 +268,9 @@ def _rht_kernel(
         running_x = tl.zeros([BLOCK_N, 16], dtype=tl.float32)
         for g in range(GROUPS):
             group = first + g + tl.arange(0, 1)
-            x, y = _rht_group(col_ptrs, group, M, stride_xm, feature_ok, SIGN_BITS, BLOCK_N, NATIVE_BF16)
+            x, y = _rht_group(
+                col_ptrs, group, M, stride_xm, feature_ok, SIGN_BITS, BLOCK_N, NATIVE_BF16, WIDE_LOADS
+            )
             running = _running_abs_max(running, y)
             if X_AMAX:
                 running_x = _running_abs_max(running_x, x)
@@ -276,18 +292,18 @@ def _rht_kernel(
             codes, scales, values = _encode_group(col_ptrs, group, features, feature_ok, M, N, stride_xm,
                                                   s_enc, decode_scale, seed, row_ptr, row_s_enc, row_decode,
                                                   row_seed, SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC,
-                                                  ROW_VALUES, ROW_STOCHASTIC)  # fmt: skip
+                                                  ROW_VALUES, ROW_STOCHASTIC, WIDE_LOADS)  # fmt: skip
         else:
             codes, scales, values = _encode_pair(col_ptrs, group, features, feature_ok, M, N, stride_xm,
                                                  s_enc, decode_scale, seed, row_ptr, row_s_enc, row_decode,
                                                  row_seed, SIGN_BITS, BLOCK_N, NATIVE_BF16, STOCHASTIC,
-                                                 ROW_VALUES, ROW_STOCHASTIC)  # fmt: skip
+                                                 ROW_VALUES, ROW_STOCHASTIC, WIDE_LOADS)  # fmt: skip
             if GROUPS == 4:
                 codes2, scales2, values2 = _encode_pair(col_ptrs, group + 2, features, feature_ok, M, N,
                                                         stride_xm, s_enc, decode_scale, seed, row_ptr,
                                                         row_s_enc, row_decode, row_seed, SIGN_BITS, BLOCK_N,
                                                         NATIVE_BF16, STOCHASTIC, ROW_VALUES,
-                                                        ROW_STOCHASTIC)  # fmt: skip
+                                                        ROW_STOCHASTIC, WIDE_LOADS)  # fmt: skip
                 codes = _concat(codes, codes2, BLOCK_N, 16)
                 scales = _concat(scales, scales2, BLOCK_N, 2)
                 values = _concat(values, values2, BLOCK_N, 32)
@@ -312,6 +328,10 @@ def _rht_kernel(
 # Module attributes, so that a benchmark can time a step under other tiles (``bench_pretrain --tiles``).
 AMAX_TILE = (256, 8, 4)
 QUANTIZE_TILE = (64, 2, 2)
+WIDE_LOADS = False
+"""Whether the two launches load a 16-token group as one [16, BLOCK_N] tile transposed by the compiler
+(:func:`_load_token_group_wide`) instead of sixteen row loads joined in the thread (the same values).
+Off until ``bench_quant.py`` shows it faster on a GPU."""
 
 
 def sign_bits(signs: torch.Tensor) -> int:
@@ -371,7 +391,7 @@ def rht_t_abs_max(
         SIGN_BITS=signs, BLOCK_N=block_n, GROUPS=groups, AMAX_ONLY=True, NATIVE_BF16=native_bf16(),
         STOCHASTIC=False, SEED_PTR=False, WRITE_CODES=False, WRITE_VALUES=False, WRITE_DECODE=False,
         PARTNER=False, X_AMAX=with_x_amax, ROW_VALUES=False, ROW_STOCHASTIC=False, ROW_SEED_PTR=False,
-        ROW_PARTNER=False, num_warps=num_warps,
+        ROW_PARTNER=False, WIDE_LOADS=WIDE_LOADS, num_warps=num_warps,
     )  # fmt: skip
     return amax
 
@@ -422,5 +442,5 @@ def quantize_rht_t_tiles(
         STOCHASTIC=seed is not None, SEED_PTR=from_ptr, WRITE_CODES=write_codes, WRITE_VALUES=write_values,
         WRITE_DECODE=decode is not None, PARTNER=partner is not None, X_AMAX=False,
         ROW_VALUES=write_rows, ROW_STOCHASTIC=rows.seed is not None, ROW_SEED_PTR=row_from_ptr,
-        ROW_PARTNER=rows.partner is not None, num_warps=num_warps,
+        ROW_PARTNER=rows.partner is not None, WIDE_LOADS=WIDE_LOADS, num_warps=num_warps,
     )  # fmt: skip

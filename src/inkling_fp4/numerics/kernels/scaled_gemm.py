@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from inkling_fp4.numerics.kernels import scaled_gemm_tma
 from inkling_fp4.numerics.kernels.common import load_fp32
 from inkling_fp4.numerics.kernels.scale_output import scaled_bf16
 
@@ -28,6 +29,10 @@ CONFIGS = [
 ]
 """Tilings tried once per GEMM shape on CUDA (Hopper's wgmma wants 64-row multiples and 4+ warps)."""
 INTERPRETER_TILE = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32}
+TMA_FED = False
+"""Whether operands that TMA can load go to the persistent TMA-fed kernel (``scaled_gemm_tma.py``)
+instead of this pointer-fed one (the same bits but for the order of the sums). Off until a GPU
+shows it faster: ``scripts/bench_scaled_gemm.py`` times both."""
 
 
 @triton.jit
@@ -97,13 +102,16 @@ def scaled_gemm(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, size: tup
     args = (a, b, scale, out, m, n, a.shape[1], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             out.stride(0), bucket)  # fmt: skip
     k = a.shape[1]
+    native = a.is_cuda or os.environ.get("TRITON_INTERPRET") != "1"
+    if TMA_FED and scaled_gemm_tma.fits(a, b):
+        scaled_gemm_tma.scaled_gemm_tma(a, b, scale, out, m, n, bucket, row_scale, native)
+        return out
     if a.is_cuda:
         grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
         _tuned[grid](*args, ROW_SCALE=row_scale, NATIVE_BF16=True, EVEN_K=k % CUDA_BLOCK_K == 0)
     else:  # the interpreter (TRITON_INTERPRET=1): one small tiling
         t = INTERPRETER_TILE
         grid = (triton.cdiv(m, t["BLOCK_M"]) * triton.cdiv(n, t["BLOCK_N"]),)
-        native = os.environ.get("TRITON_INTERPRET") != "1"
         _scaled_gemm_kernel[grid](*args, ROW_SCALE=row_scale, NATIVE_BF16=native,
                                   EVEN_K=k % t["BLOCK_K"] == 0, **t)  # fmt: skip
     return out
