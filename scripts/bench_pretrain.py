@@ -37,6 +37,7 @@ Examples:
     python scripts/bench_pretrain.py --recipes nvfp4 --producer-amaxes on  # the producers give the amaxes
     python scripts/bench_pretrain.py --recipes nvfp4 --tma-gemm on --fused-max-k 8192  # TMA-fed GEMMs
     python scripts/bench_pretrain.py --recipes nvfp4 --rht-loads wide     # RHT kernel: one tile a group
+    python scripts/bench_pretrain.py --recipes nvfp4 --saved-x values     # wgrad's x kept as BF16 values
     torchrun --nproc_per_node 2 scripts/bench_pretrain.py --recipes bf16 --steps 100 \
         --out bench_2gpu.json --compare-to bench_1gpu.json      # scaling and loss curve vs 1 GPU
 """
@@ -175,6 +176,12 @@ def parse_args() -> argparse.Namespace:
         choices=("wide", "rows"),
         help="the RHT kernel loads a 16-token group as one tile (wide) or as 16 row loads (rows); "
         "default: nvfp4_rht.WIDE_LOADS",
+    )
+    p.add_argument(
+        "--saved-x",
+        choices=("values", "codes"),
+        help="x's wgrad operand kept for the backward as BF16 values or as codes; "
+        "default: gemm.SAVED_WGRAD_VALUES",
     )
     p.add_argument("--batch", type=int, default=None, help="global batch (default 16; peer158m 8)")
     p.add_argument("--micro-batch", type=int, default=None, help="per-GPU micro batch (default: all of it)")
@@ -411,6 +418,9 @@ def main() -> int:
             f"NVFP4 fused GEMM: fed by {'TMA' if scaled_gemm.TMA_FED else 'pointers'}, "
             f"K <= {gemm.FUSED_MAX_K}"
         )
+    if args.saved_x:
+        gemm.SAVED_WGRAD_VALUES = args.saved_x == "values"
+        print(f"NVFP4 x kept for wgrad: {'BF16 values' if gemm.SAVED_WGRAD_VALUES else 'codes'}")
     if args.rht_loads:
         from inkling_fp4.numerics.kernels import nvfp4_rht  # needs triton
 

@@ -56,24 +56,30 @@ def test_tiles_set_the_quantizer_tiles_and_refuse_bad_items(bench, monkeypatch):
         bench.set_tiles("cols=1,2,3")
 
 
-SWITCHES = {  # flag -> (the gemm attribute it sets, what the run prints when on, when off)
-    "--nvfp4-pair": ("FUSED_NVFP4_PAIR", "one pass", "two passes"),
-    "--producer-amaxes": ("PRODUCER_NVFP4_AMAXES", "from its producer", "a pass of their own"),
-}
+SWITCHES = {  # flag -> (module, attribute it sets, choice on, choice off, printed when on, when off)
+    "--nvfp4-pair": ("precision.gemm", "FUSED_NVFP4_PAIR", "on", "off", "one pass", "two passes"),
+    "--producer-amaxes": (
+        "precision.gemm", "PRODUCER_NVFP4_AMAXES", "on", "off", "from its producer", "a pass of their own"
+    ),
+    "--tma-gemm": ("numerics.kernels.scaled_gemm", "TMA_FED", "on", "off", "fed by TMA", "fed by pointers"),
+    "--rht-loads": ("numerics.kernels.nvfp4_rht", "WIDE_LOADS", "wide", "rows", "wide loads", "rows loads"),
+    "--saved-x": ("precision.gemm", "SAVED_WGRAD_VALUES", "values", "codes", "BF16 values", "wgrad: codes"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("flag", sorted(SWITCHES))
-@pytest.mark.parametrize("choice, fused", [("on", True), ("off", False)])
-def test_the_nvfp4_switches_set_the_trainers(bench, monkeypatch, capsys, flag, choice, fused):
-    from inkling_fp4.precision import gemm
+@pytest.mark.parametrize("on", [True, False])
+def test_the_nvfp4_switches_set_the_trainers(bench, monkeypatch, capsys, flag, on):
+    import importlib
 
-    attr, said_on, said_off = SWITCHES[flag]
-    monkeypatch.setattr(gemm, attr, not fused)
+    path, attr, choice_on, choice_off, said_on, said_off = SWITCHES[flag]
+    module = importlib.import_module(f"inkling_fp4.{path}")
+    monkeypatch.setattr(module, attr, not on)
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)  # stops after the switches
-    monkeypatch.setattr("sys.argv", ["bench_pretrain.py", flag, choice])
+    monkeypatch.setattr("sys.argv", ["bench_pretrain.py", flag, choice_on if on else choice_off])
     assert bench.main() == 2
-    assert getattr(gemm, attr) is fused
-    assert (said_on if fused else said_off) in capsys.readouterr().out
+    assert getattr(module, attr) is on
+    assert (said_on if on else said_off) in capsys.readouterr().out
 
 
 def test_the_model_is_built_as_the_trainer_builds_it(bench):

@@ -378,7 +378,7 @@ def test_captured_records_are_checked_after_each_replay():
 _FUSED_CHECK = """
 import torch
 from inkling_fp4.errors import NumericsError
-from inkling_fp4.precision import finite_guard, fused_kernels, gemm
+from inkling_fp4.precision import finite_guard, fused_kernels, gemm, linear_gemms
 from inkling_fp4.precision.policy import RoundingRNG
 from inkling_fp4.precision.quant_linear import QuantLinear
 from inkling_fp4.precision.recipes import nvfp4_recipe
@@ -403,6 +403,18 @@ gemm.FUSED_NVFP4_PAIR = False  # each operand in its own pass
 two_passes = run(torch.float32) + run(torch.bfloat16)
 assert len(pairs) == 8 and all(p is None for p in pairs[4:]), pairs
 for a, b in zip(fused, two_passes, strict=True):
+    assert torch.equal(a, b), float((a.float() - b.float()).abs().max())
+kinds = []  # x's wgrad operand kept as BF16 values instead of codes (gemm.SAVED_WGRAD_VALUES)
+save = linear_gemms.save_operands
+linear_gemms.save_operands = lambda ctx, saved: save(ctx, saved) or kinds.extend(
+    entry[0] for entry in ctx.layout.values()
+)
+gemm.SAVED_WGRAD_VALUES = True
+values_saved = run(torch.float32) + run(torch.bfloat16)
+gemm.SAVED_WGRAD_VALUES = False
+linear_gemms.save_operands = save
+assert kinds.count("values") == 2 and kinds.count("operand") == 2, kinds  # x as values, W packed
+for a, b in zip(values_saved, two_passes, strict=True):
     assert torch.equal(a, b), float((a.float() - b.float()).abs().max())
 finite_guard.raise_if_non_finite()
 # NaN on the fused path: no error (and no sync) while quantizing, a named one at the check.

@@ -65,6 +65,13 @@ they write it, so the linear skips its amax pass over it (the same words). Off u
 faster: ``bench_pretrain.py --producer-amaxes on``."""
 
 
+SAVED_WGRAD_VALUES = False
+"""Whether a linear keeps x's wgrad operand Q(RHT(xᵀ)) for the backward as BF16 block values (2 bytes an
+element) rather than codes and scale bytes (0.56), where the fused kernels run: the backward then skips
+the pass that decodes them, for 1.44 more bytes an element of saved activations. Off until a GPU step
+shows it faster: ``bench_pretrain.py --saved-x values``."""
+
+
 FUSED_NVFP4_PAIR = False
 """Whether a tensor's two NVFP4 operands (x: fprop rows and the saved wgrad Q(RHT(xᵀ)); dy: dgrad rows and
 wgrad Q(RHT(dyᵀ))) come from one pass over it where :func:`nvfp4_operand_pair` applies, or each from its

@@ -195,8 +195,9 @@ class LinearGEMMs:
                 saved["x"] = dataclasses.replace(xq.packed(), transposed=True)  # [K, M] logical
             elif plan.saved_x == "own":  # Q(RHT(xᵀ)): [K, M], blocked along the tokens
                 saved["x"] = _transposed_operand(
-                    x2d, wgrad.b, recipe, generator, f"{name} x", keep=True, amax=amax_xt
-                )
+                    x2d, wgrad.b, recipe, generator, f"{name} x", keep=not gemm.SAVED_WGRAD_VALUES,
+                    amax=amax_xt,
+                )  # fmt: skip
         return y, saved
 
     def backward(
@@ -288,6 +289,10 @@ def save_operands(ctx, saved: dict) -> None:
             layout[key] = ("tensor", len(tensors))
             tensors.append(item)
             continue
+        if item.q is None:  # BF16 block values alone (gemm.SAVED_WGRAD_VALUES) and their decode scale
+            layout[key] = ("values", len(tensors), item.spec, item.transposed)
+            tensors += [item.values, item.decode_scale]
+            continue
         assert item.values is None, "operands are saved packed (Operand.packed)"
         q = item.q
         fields = {}
@@ -313,6 +318,10 @@ def saved_operands(ctx) -> dict:
     for key, entry in ctx.layout.items():
         if entry[0] == "tensor":
             out[key] = tensors[entry[1]]
+            continue
+        if entry[0] == "values":
+            _, i, spec, transposed = entry
+            out[key] = gemm.Operand(None, spec, transposed, values=tensors[i], decode_scale=tensors[i + 1])
             continue
         _, cls, fields, spec, transposed, decode = entry
         kwargs = {name: tensors[v] if kind == "tensor" else v for name, (kind, v) in fields.items()}
