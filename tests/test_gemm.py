@@ -408,13 +408,14 @@ def test_cuda_fp8_pair_equals_reference():
 @gpu
 @pytest.mark.parametrize("k", [1024, 2048])
 def test_cuda_bf16_output_fuses_its_epilogue_up_to_max_k(k, monkeypatch):
-    """A BF16-output NVFP4 GEMM on CUDA runs scaled_gemm where K <= FUSED_MAX_K and the two passes
+    """A BF16-output NVFP4 GEMM on CUDA runs scaled_gemm where K <= FUSED_MAX_K (here 1024) and the two passes
     beyond it; either way it is the two-pass product to within one BF16 step (the order of the sums)."""
     from inkling_fp4.numerics.kernels import scaled_gemm
 
     calls = []
     fused = scaled_gemm.scaled_gemm
     monkeypatch.setattr(scaled_gemm, "scaled_gemm", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
+    monkeypatch.setattr(gemm, "FUSED_MAX_K", 1024)
     x, w = _randn(300, k, scale=3.0).cuda(), _randn(200, k, scale=0.05).cuda()
     xq = gemm.quantize(x, OperandQuant("nvfp4", (1, 16)))
     wq = gemm.quantize(w, OperandQuant("nvfp4", (16, 16)))

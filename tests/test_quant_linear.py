@@ -393,6 +393,7 @@ def run(dtype):  # BF16 x: BF16 y and dx through the GEMM epilogue kernel (scale
     return y, x.grad, m.weight.grad
 
 assert fused_kernels.fused_for(torch.zeros(1)) is not None
+gemm.SAVED_WGRAD_VALUES = False  # x's wgrad operand as codes, until the values check below
 pairs = []  # x's and dy's two operands from one pass each (gemm.nvfp4_operand_pair)
 one_pass = gemm.nvfp4_operand_pair
 gemm.nvfp4_operand_pair = lambda *a, **k: pairs.append(one_pass(*a, **k)) or pairs[-1]

@@ -65,11 +65,18 @@ they write it, so the linear skips its amax pass over it (the same words). Off u
 faster: ``bench_pretrain.py --producer-amaxes on``."""
 
 
-SAVED_WGRAD_VALUES = False
+SAVED_WGRAD_VALUES = True
 """Whether a linear keeps x's wgrad operand Q(RHT(xᵀ)) for the backward as BF16 block values (2 bytes an
 element) rather than codes and scale bytes (0.56), where the fused kernels run: the backward then skips
-the pass that decodes them, for 1.44 more bytes an element of saved activations. Off until a GPU step
-shows it faster: ``bench_pretrain.py --saved-x values``."""
+the pass that decodes them, for 1.44 more bytes an element of saved activations. The hybrid-350m NVFP4
+step: 235.6 ms against 239.3 ms, peak memory 35.4 GiB against 30.5 (H100, 2026-12-07,
+``bench_pretrain.py --saved-x values|codes``)."""
+
+
+def saves_wgrad_values(x: torch.Tensor) -> bool:
+    """Whether x's wgrad operand is saved as values (:data:`SAVED_WGRAD_VALUES`): only where the fused
+    kernels run, the decode pass it skips being theirs; elsewhere codes keep the memory small."""
+    return SAVED_WGRAD_VALUES and fused_kernels.fused_for(x) is not None
 
 
 FUSED_NVFP4_PAIR = False
@@ -251,10 +258,13 @@ FUSED_EPILOGUE = True
 switches it off to time the two."""
 
 
-FUSED_MAX_K = 1024
-"""The longest contraction the fused kernel takes: there the FP32 pass it saves is a large share of
-the GEMM; at K 2048-6176 cuBLAS's main loop outruns the Triton kernel by more than the pass costs
-(``scripts/bench_scaled_gemm.py``, H100, 2026-12-05)."""
+FUSED_MAX_K = 8192
+"""The longest contraction the fused kernel takes. Fed by pointers it lost to cuBLAS plus the FP32 pass
+beyond K 1024 (``scripts/bench_scaled_gemm.py``, H100, 2026-12-05). Fed by TMA (``scaled_gemm.TMA_FED``)
+with x kept as values, fusing every GEMM of hybrid-350m (K up to 6176) gave a 226.8 ms NVFP4 step
+(226.2 in a second run), where TMA alone at K <= 1024 gave 233.2 and values alone 235.6 (H100,
+2026-12-07, ``bench_pretrain.py --fused-max-k``). Operands TMA cannot load (strides off 16 bytes) take
+the pointer-fed kernel at any K up to this."""
 
 
 def _fused_epilogue(av: torch.Tensor, bv: torch.Tensor) -> bool:

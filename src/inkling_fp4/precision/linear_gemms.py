@@ -3,7 +3,8 @@ and their autograd function. Legend: M tokens, K = in_features, N = out_features
 
 Saved for backward are the *quantized* operands the backward GEMMs consume (packed codes + scales,
 e.g. ``Q(RHT(xᵀ))`` made in the forward), so an NVFP4 layer keeps about 0.56 bytes per element of x
-and W alive instead of BF16's 2.
+and W alive instead of BF16's 2. Where the fused kernels run, x's wgrad operand is kept as its BF16
+block values instead (``gemm.SAVED_WGRAD_VALUES``): 2 bytes, and no decode pass in the backward.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ class LinearGEMMs:
                 saved["x"] = dataclasses.replace(xq.packed(), transposed=True)  # [K, M] logical
             elif plan.saved_x == "own":  # Q(RHT(xᵀ)): [K, M], blocked along the tokens
                 saved["x"] = _transposed_operand(
-                    x2d, wgrad.b, recipe, generator, f"{name} x", keep=not gemm.SAVED_WGRAD_VALUES,
+                    x2d, wgrad.b, recipe, generator, f"{name} x", keep=not gemm.saves_wgrad_values(x2d),
                     amax=amax_xt,
                 )  # fmt: skip
         return y, saved

@@ -331,7 +331,8 @@ QUANTIZE_TILE = (64, 2, 2)
 WIDE_LOADS = False
 """Whether the two launches load a 16-token group as one [16, BLOCK_N] tile transposed by the compiler
 (:func:`_load_token_group_wide`) instead of sixteen row loads joined in the thread (the same values).
-Off until ``bench_quant.py`` shows it faster on a GPU."""
+Off: the hybrid-350m NVFP4 step took 263.3 ms with it against 239.3 ms without (H100, 2026-12-07,
+``bench_pretrain.py --rht-loads wide|rows``)."""
 
 
 def sign_bits(signs: torch.Tensor) -> int:
