@@ -408,8 +408,9 @@ def test_cuda_fp8_pair_equals_reference():
 @gpu
 @pytest.mark.parametrize("k", [1024, 2048])
 def test_cuda_bf16_output_fuses_its_epilogue_up_to_max_k(k, monkeypatch):
-    """A BF16-output NVFP4 GEMM on CUDA runs scaled_gemm where K <= FUSED_MAX_K (here 1024) and the two passes
-    beyond it; either way it is the two-pass product to within one BF16 step (the order of the sums)."""
+    """A BF16-output NVFP4 GEMM on CUDA runs scaled_gemm where K <= FUSED_MAX_K (set to 1024 here) and
+    the two passes beyond it; either way it is the two-pass product to within one BF16 step (the order
+    of the sums)."""
     from inkling_fp4.numerics.kernels import scaled_gemm
 
     calls = []
