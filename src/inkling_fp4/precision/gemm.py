@@ -61,8 +61,8 @@ def shared_nvfp4_amaxes(
 PRODUCER_NVFP4_AMAXES = False
 """Whether the kernels that write a linear's x or dy (the pre-norm, the squared ReLU, the gated norm, the
 writers of in_proj's gradient slab: ``model/fused_nvfp4_train.py``) reduce its two NVFP4 tensor amaxes as
-they write it, so the linear skips its amax pass over it (the same words). Off until a GPU step shows it
-faster: ``bench_pretrain.py --producer-amaxes on``."""
+they write it, so the linear skips its amax pass over it (the same words). Off: the graphed hybrid-350m
+step took 238.5 ms with them against 225.8 without (H100, ``bench_pretrain.py --producer-amaxes on``)."""
 
 
 SAVED_WGRAD_VALUES = True
